@@ -1,0 +1,45 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+CONSTRAINTS := requirements/constraints.txt
+STAMP := $(VENV)/.installed
+# Pinned builds that must go in before the rest (see README: torchrec --no-deps trap).
+TORCH_SPEC ?= torch==2.13.0
+FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
+TORCHREC_SPEC ?= torchrec==1.8.0
+PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
+
+.PHONY: setup run test bench lock clean ui
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) -c $(CONSTRAINTS) "$(TORCH_SPEC)"
+	$(PIP) -c $(CONSTRAINTS) "$(FBGEMM_SPEC)"
+	$(PIP) --no-deps "$(TORCHREC_SPEC)"
+	$(PIP) -c $(CONSTRAINTS) -e ".[dev]"
+	$(BIN)/python -c "import torch, fbgemm_gpu, torchrec, polars, mlflow, prefect"
+	touch $(STAMP)
+
+# The whole pipeline on the embedded defaults (synthetic data, local MLflow, ephemeral Prefect).
+run: $(STAMP)
+	$(BIN)/python -m flows.pipeline
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+
+bench: $(STAMP)
+	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
+
+# Regenerate the constraints file from the current environment (after changing pyproject.toml).
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -vE '^(torchrec|fbgemm-gpu)' > $(CONSTRAINTS)
+
+ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1
+
+clean:
+	rm -rf $(VENV) .pytest_cache

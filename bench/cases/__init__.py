@@ -1,0 +1,1 @@
+"""Benchmark cases, one module per area, run by the bench/*.py entry points."""

@@ -1,0 +1,1 @@
+"""Data: schema, synthetic sessions, Criteo ingest, RecD dedup, KJT loader."""

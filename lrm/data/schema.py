@@ -1,0 +1,149 @@
+"""The dataset schema, defined once for every producer (synthetic, Criteo) and consumer.
+
+Two physical layouts share one logical schema:
+
+* ``impressions`` (``data/raw``): one row per ad impression; session-level (user-side)
+  columns repeat on every impression of the session.
+* ``sessions`` (``data/sessions``, RecD): one row per session; user-side columns are
+  stored once and every per-impression column is a list, one entry per impression.
+
+Datasets are folders of ``day=D/part-NNNNN.parquet``; every file carries the schema as
+JSON in its Arrow metadata (key ``lrm.schema``) so a consumer never has to be told
+where the data came from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lrm.errors import DataError
+
+DAY, SESSION, POSITION, LABEL = "day", "session_id", "position", "label"
+META_KEY = b"lrm.schema"
+LAYOUTS = ("impressions", "sessions")
+_DAY_DIR = re.compile(r"^day=(\d+)$")
+
+
+@dataclass(frozen=True)
+class FeatureSchema:
+    """Which columns are user-side (constant in a session) and which are per impression.
+
+    user_sparse: int64 categorical ids shared by a session (user id, user attributes,
+        session context); null means missing.
+    user_seq: list<int64> sequences shared by a session (e.g. the user's recent ad ids).
+    item_sparse: int64 categorical ids of the impression (ad id, advertiser, ...).
+    dense: float32 per-impression features.
+    vocab: known id-space size per sparse feature (ids lie in [0, vocab)); features not
+        listed are hashed (e.g. Criteo's 32-bit hashes) and must be hashed into a table.
+    """
+
+    name: str
+    user_sparse: tuple[str, ...]
+    user_seq: tuple[str, ...]
+    item_sparse: tuple[str, ...]
+    dense: tuple[str, ...]
+    vocab: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def user_features(self) -> tuple[str, ...]:
+        """Keys of the user-side KJT, in order."""
+        return self.user_sparse + self.user_seq
+
+    @property
+    def sparse_features(self) -> tuple[str, ...]:
+        return self.user_features + self.item_sparse
+
+    def arrow(self, layout: str) -> pa.Schema:
+        """The Arrow schema of a table in `layout` ('impressions' or 'sessions')."""
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+        per_imp: list[tuple[str, pa.DataType]] = (
+            [(POSITION, pa.int16()), (LABEL, pa.int8())]
+            + [(c, pa.int64()) for c in self.item_sparse]
+            + [(c, pa.float32()) for c in self.dense]
+        )
+        if layout == "sessions":
+            per_imp = [(c, pa.list_(t)) for c, t in per_imp]
+        fields = (
+            [(DAY, pa.int32()), (SESSION, pa.int64())]
+            + [(c, pa.int64()) for c in self.user_sparse]
+            + [(c, pa.list_(pa.int64())) for c in self.user_seq]
+            + per_imp
+        )
+        meta = {META_KEY: self.to_json().encode(), b"lrm.layout": layout.encode()}
+        return pa.schema([pa.field(n, t) for n, t in fields], metadata=meta)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> FeatureSchema:
+        d = json.loads(text)
+        return cls(
+            name=d["name"],
+            user_sparse=tuple(d["user_sparse"]),
+            user_seq=tuple(d["user_seq"]),
+            item_sparse=tuple(d["item_sparse"]),
+            dense=tuple(d["dense"]),
+            vocab={k: int(v) for k, v in d.get("vocab", {}).items()},
+        )
+
+
+def synthetic_schema(vocab: dict[str, int] | None = None) -> FeatureSchema:
+    """The session-level synthetic ads log (lrm.data.synthetic)."""
+    return FeatureSchema(
+        name="synthetic",
+        user_sparse=("user_id", "user_age", "user_gender", "user_geo", "user_device",
+                     "session_hour"),
+        user_seq=("user_history",),
+        item_sparse=("ad_id", "advertiser_id", "ad_category", "ad_format"),
+        dense=("d_position", "d_user_activity", "d_ad_age", "d_bid"),
+        vocab=dict(vocab or {}),
+    )
+
+
+CRITEO_INT = tuple(f"I{i}" for i in range(1, 14))
+CRITEO_CAT = tuple(f"C{i}" for i in range(1, 27))
+
+
+def criteo_schema() -> FeatureSchema:
+    """Criteo display-ads TSV: every row is its own session, so nothing is user-side."""
+    return FeatureSchema(name="criteo", user_sparse=(), user_seq=(), item_sparse=CRITEO_CAT,
+                         dense=CRITEO_INT)
+
+
+def part_path(root: Path, day: int, part: int = 0) -> Path:
+    return Path(root) / f"day={day}" / f"part-{part:05d}.parquet"
+
+
+def day_files(root: Path) -> dict[int, list[Path]]:
+    """Map day -> its Parquet files (sorted), for a dataset folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(root, None, None, "dataset folder does not exist")
+    out: dict[int, list[Path]] = {}
+    for d in sorted(root.iterdir()):
+        m = _DAY_DIR.match(d.name)
+        if m and d.is_dir():
+            files = sorted(d.glob("*.parquet"))
+            if files:
+                out[int(m.group(1))] = files
+    if not out:
+        raise DataError(root, None, None, "no day=D/*.parquet partitions found")
+    return dict(sorted(out.items()))
+
+
+def read_schema(root_or_file: Path) -> tuple[FeatureSchema, str]:
+    """Return (schema, layout) stored in a dataset's Parquet metadata."""
+    p = Path(root_or_file)
+    f = p if p.is_file() else next(iter(day_files(p).values()))[0]
+    meta = pq.read_schema(f).metadata or {}
+    if META_KEY not in meta:
+        raise DataError(f, None, None, "Parquet file carries no lrm.schema metadata")
+    return FeatureSchema.from_json(meta[META_KEY].decode()), meta[b"lrm.layout"].decode()

@@ -1,0 +1,32 @@
+"""Errors that carry enough context for a user to fix their input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class LrmError(Exception):
+    """Base class: an error the CLI reports as one line and exit status 2."""
+
+
+@dataclass
+class DataError(LrmError):
+    """Bad input data, located to the file, line (1-based) and field."""
+
+    file: Path | str
+    line: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = str(self.file)
+        if self.line is not None:
+            where += f", line {self.line}"
+        if self.field is not None:
+            where += f", field {self.field}"
+        return f"{where}: {self.message}"
+
+
+class ConfigError(LrmError):
+    """A params.yaml value that cannot work, with the key and why."""
