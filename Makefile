@@ -11,7 +11,7 @@ FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
 TORCHREC_SPEC ?= torchrec==1.8.0
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: setup run test bench lock clean ui
+.PHONY: setup run repro test bench lock clean ui
 
 setup: $(STAMP)
 
@@ -26,13 +26,18 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 # The whole pipeline on the embedded defaults (synthetic data, local MLflow, ephemeral Prefect).
 run: $(STAMP)
-	$(BIN)/python -m flows.pipeline
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m flows.pipeline
+
+# The same DAG through DVC (skips stages whose deps and params did not change).
+repro: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
+BENCHES := $(filter-out bench/common.py bench/__init__.py,$(wildcard bench/*.py))
 bench: $(STAMP)
-	for b in bench/*.py; do $(BIN)/python $$b --quick || exit 1; done
+	for b in $(BENCHES); do $(BIN)/python $$b --quick || exit 1; done
 
 # Regenerate the constraints file from the current environment (after changing pyproject.toml).
 lock: $(STAMP)
