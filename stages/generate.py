@@ -26,14 +26,14 @@ def run(cfg: GenerateConfig, out: Path = OUT) -> dict[str, Any]:
 
 def command(
     out: Path = typer.Option(OUT, "--out", help="output dataset folder"),
-    users: int = typer.Option(None, help="user id space [params: generate.users]"),
-    ads: int = typer.Option(None, help="ad id space [generate.ads]"),
-    days: int = typer.Option(None, help="number of days [generate.days]"),
-    sessions_per_day: int = typer.Option(None, help="[generate.sessions_per_day]"),
-    mean_session_length: float = typer.Option(None, help="[generate.mean_session_length]"),
-    drift: float = typer.Option(None, help="interest drift per day [generate.drift]"),
-    churn: float = typer.Option(None, help="user/ad churn per day [generate.churn]"),
-    seed: int = typer.Option(None, help="[generate.seed]"),
+    users: int = typer.Option(None, help="user id space (params: generate.users)"),
+    ads: int = typer.Option(None, help="ad id space (params: generate.ads)"),
+    days: int = typer.Option(None, help="number of days (params: generate.days)"),
+    sessions_per_day: int = typer.Option(None, help="(params: generate.sessions_per_day)"),
+    mean_session_length: float = typer.Option(None, help="(params: generate.mean_session_length)"),
+    drift: float = typer.Option(None, help="interest drift per day (params: generate.drift)"),
+    churn: float = typer.Option(None, help="user/ad churn per day (params: generate.churn)"),
+    seed: int = typer.Option(None, help="(params: generate.seed)"),
     params: Path = ParamsOption,
     metrics: Path = typer.Option(METRICS, help="where to write the stage metrics"),
 ) -> None:

@@ -1,0 +1,458 @@
+"""RecD dedup: impression rows -> session rows, with user-side features stored once.
+
+In the ``impressions`` layout every impression repeats its session's user-side columns
+(``day``, ``session_id``, ``schema.user_sparse``, ``schema.user_seq``); in the ``sessions``
+layout those columns appear once per session and every other column becomes a list with
+one entry per impression. Sessions must be contiguous in the input (the generator and
+ingest write them so); they are kept in the order they come.
+
+Everything is vectorized over Arrow buffers: session boundaries are the run starts of
+``session_id``, user-side constancy is checked by comparing each row with its session's
+first row, and list columns are built from the run offsets without copying values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lrm import io
+from lrm.config import DedupConfig
+from lrm.data.schema import (
+    DAY,
+    LABEL,
+    META_KEY,
+    SESSION,
+    FeatureSchema,
+    day_files,
+    part_path,
+    read_schema,
+)
+from lrm.errors import DataError
+from lrm.progress import Reporter
+
+# Parquet writer settings (see parquet_options). Measured on the synthetic log (mean session
+# 8, history ~80): zstd 9 saves ~2% over 3 at twice the write time; dictionaries roughly
+# halve the integer id columns but inflate noisy floats (d_bid +50%); row-group size
+# changes the bytes by <0.1% and only bounds the memory of a streaming reader.
+ZSTD_LEVEL = 3
+ROW_GROUP_IMPRESSIONS = 128 * 1024  # impressions per row group (sessions: / 8)
+
+
+def parquet_options(schema: pa.Schema, layout: str) -> dict[str, Any]:
+    """Writer settings for a dataset file; the same rules for both layouts.
+
+    zstd; dictionary encoding for integer columns (and integer lists), none for floats;
+    row groups of about ROW_GROUP_IMPRESSIONS impressions. The storage benchmark writes
+    the plain impression layout with exactly these rules, so its comparison is fair.
+    """
+    def leaf(f: pa.Field) -> tuple[str, pa.DataType]:
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+            return f"{f.name}.list.element", f.type.value_type
+        return f.name, f.type
+
+    dict_cols = [name for name, t in map(leaf, schema) if pa.types.is_integer(t)]
+    rows = ROW_GROUP_IMPRESSIONS // (8 if layout == "sessions" else 1)
+    return {"compression": "zstd", "compression_level": ZSTD_LEVEL,
+            "use_dictionary": dict_cols, "row_group_size": rows, "write_statistics": True}
+
+
+READ_CHUNK_ROWS = 64 * 1024  # impressions per streamed input chunk (bounds memory)
+
+
+def session_columns(schema: FeatureSchema) -> tuple[str, ...]:
+    """Columns stored once per session: day, session_id and the user-side features."""
+    return (DAY, SESSION) + schema.user_sparse + schema.user_seq
+
+
+def _layout_of(table: pa.Table) -> str | None:
+    meta = table.schema.metadata or {}
+    v = meta.get(b"lrm.layout")
+    return v.decode() if v is not None else None
+
+
+def _to_array(col: pa.ChunkedArray | pa.Array) -> pa.Array:
+    if isinstance(col, pa.ChunkedArray):
+        return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    return col
+
+
+def run_starts(values: np.ndarray) -> np.ndarray:
+    """Indices where a new run of equal consecutive values begins (first is 0)."""
+    if values.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    change = np.empty(values.size, dtype=bool)
+    change[0] = True
+    np.not_equal(values[1:], values[:-1], out=change[1:])
+    return np.flatnonzero(change)
+
+
+def _session_ids(table: pa.Table, source: Path | str) -> np.ndarray:
+    col = _to_array(table.column(SESSION))
+    if col.null_count:
+        row = int(np.flatnonzero(~col.is_valid().to_numpy(zero_copy_only=False))[0])
+        raise DataError(source, None, SESSION, f"null session_id at row {row}")
+    return col.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _first_duplicate(run_ids: np.ndarray) -> int | None:
+    """Index (into run_ids) of the first run whose id already appeared earlier, or None."""
+    if run_ids.size < 2:
+        return None
+    order = np.argsort(run_ids, kind="stable")
+    s = run_ids[order]
+    dup = np.flatnonzero(s[1:] == s[:-1])
+    return None if dup.size == 0 else int(order[dup + 1].min())
+
+
+def _numpy(arr: pa.Array) -> np.ndarray:
+    """Values as numpy; nulls read as 0 (callers compare validity separately)."""
+    if arr.null_count:
+        arr = pc.fill_null(arr, 0)
+    return _to_array(arr).to_numpy(zero_copy_only=False)
+
+
+def _scalar_mismatch(arr: pa.Array, rep: np.ndarray) -> np.ndarray:
+    """Rows whose value differs from row rep[i]'s (null counts as a value)."""
+    vals = _numpy(arr)
+    bad = vals != vals[rep]
+    if arr.null_count:
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        bad |= valid != valid[rep]
+    return bad
+
+
+def _list_mismatch(arr: pa.Array, rep: np.ndarray) -> np.ndarray:
+    """Rows whose list differs from row rep[i]'s (null lists, lengths, elements).
+
+    Rows of a session are contiguous, and so are their lists in the flattened values:
+    once the lengths agree, element j of a non-first row must equal element j - length,
+    the same element of the row before. One shift, one gather, one comparison.
+    """
+    n = len(arr)
+    lens = _numpy(pc.list_value_length(arr)).astype(np.int64)
+    bad = lens != lens[rep]
+    if arr.null_count:
+        valid = arr.is_valid().to_numpy(zero_copy_only=False)
+        bad |= valid != valid[rep]
+    flat = _to_array(pc.list_flatten(arr))  # values of valid lists, in row order
+    if len(flat) == 0 or bad.any():
+        return bad
+    idx = np.int32 if len(flat) < 2**31 else np.int64
+    first = rep == np.arange(n)
+    shift = np.repeat(np.where(first, 0, lens).astype(idx), lens)
+    ref = np.arange(len(flat), dtype=idx)
+    ref -= shift
+    vals = _numpy(flat)
+    elem_bad = vals[ref] != vals
+    if flat.null_count:
+        fvalid = flat.is_valid().to_numpy(zero_copy_only=False)
+        elem_bad |= fvalid[ref] != fvalid
+    if elem_bad.any():
+        offs = np.concatenate([[0], np.cumsum(lens)])
+        bad[np.searchsorted(offs, np.flatnonzero(elem_bad), side="right") - 1] = True
+    return bad
+
+
+def _check_layout(table: pa.Table, schema: FeatureSchema, layout: str,
+                  source: Path | str) -> None:
+    found = _layout_of(table)
+    if found is not None and found != layout:
+        raise DataError(source, None, None, f"expected the {layout} layout, found {found}")
+    expected = schema.arrow(layout)
+    missing = [f.name for f in expected if f.name not in table.column_names]
+    if missing:
+        raise DataError(source, None, missing[0],
+                        f"column missing for the {layout} layout (missing: {missing})")
+    for f in expected:
+        t = table.schema.field(f.name).type
+        if pa.types.is_list(t) != pa.types.is_list(f.type):
+            raise DataError(source, None, f.name,
+                            f"type {t} does not fit the {layout} layout (expected {f.type})")
+
+
+def _cast(table: pa.Table, target: pa.Schema, source: Path | str) -> pa.Table:
+    """`table` with the known columns cast to `target` (extras kept, appended, as they are)."""
+    known = [f.name for f in target]
+    extra = [c for c in table.column_names if c not in known]
+    cols, fields = [], []
+    for f in target:
+        col = table.column(f.name)
+        if not col.type.equals(f.type):
+            try:
+                col = col.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise DataError(source, None, f.name, f"cannot read as {f.type}: {e}") from None
+        cols.append(col)
+        fields.append(f)
+    for c in extra:
+        cols.append(table.column(c))
+        fields.append(table.schema.field(c))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields, metadata=target.metadata))
+
+
+def dedup_table(table: pa.Table, schema: FeatureSchema, *, source: Path | str = "<table>",
+                first_row: int = 0) -> pa.Table:
+    """Impressions layout -> sessions layout (one row per contiguous session).
+
+    Columns not in the schema are treated as per-impression and become lists. Raises
+    DataError (naming `source`, the session and the field) when a session's rows are not
+    contiguous or a user-side column is not constant within a session; rows in messages
+    are 0-based and counted from `first_row` (the table's first row in `source`).
+    """
+    _check_layout(table, schema, "impressions", source)
+    table = _cast(table, schema.arrow("impressions"), source)
+    n = table.num_rows
+    sid = _session_ids(table, source)
+    starts = run_starts(sid)
+    dup = _first_duplicate(sid[starts])
+    if dup is not None:
+        s = int(sid[starts[dup]])
+        raise DataError(source, None, SESSION,
+                        f"session {s} is not contiguous: its rows resume at row "
+                        f"{first_row + int(starts[dup])}"
+                        " after another session's (sessions must be contiguous)")
+    lengths = np.diff(np.append(starts, n))
+    rep = np.repeat(starts, lengths)
+    sess_cols = session_columns(schema)
+    for c in sess_cols[2:] + (DAY,):
+        arr = _to_array(table.column(c))
+        bad = (_list_mismatch if pa.types.is_list(arr.type) else _scalar_mismatch)(arr, rep)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise DataError(source, None, c,
+                            f"session {int(sid[row])} is not constant in this user-side field "
+                            f"(row {first_row + row} differs from the session's first row "
+                            f"{first_row + int(rep[row])})")
+
+    target = schema.arrow("sessions")
+    offsets = pa.array(np.append(starts, n).astype(np.int32))
+    head = table.select(list(sess_cols)).take(pa.array(starts))
+    cols: list[pa.Array | pa.ChunkedArray] = [head.column(c) for c in sess_cols]
+    fields = [target.field(c) for c in sess_cols]
+    for c in table.column_names:
+        if c in sess_cols:
+            continue
+        lst = pa.ListArray.from_arrays(offsets, _to_array(table.column(c)))
+        cols.append(lst)
+        fields.append(target.field(c) if c in target.names else pa.field(c, lst.type))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields, metadata=target.metadata))
+
+
+def flatten_sessions(table: pa.Table, schema: FeatureSchema | None = None, *,
+                     source: Path | str = "<table>") -> pa.Table:
+    """Sessions layout -> impressions layout: exactly the rows `dedup_table` started from."""
+    if schema is None:
+        meta = table.schema.metadata or {}
+        if META_KEY not in meta:
+            raise DataError(source, None, None, "table carries no lrm.schema metadata")
+        schema = FeatureSchema.from_json(meta[META_KEY].decode())
+    _check_layout(table, schema, "sessions", source)
+    sess_cols = session_columns(schema)
+    per_imp = [c for c in table.column_names if c not in sess_cols]
+    lengths = session_lengths(table, per_imp, source)
+    rep = np.repeat(np.arange(table.num_rows), lengths)
+    head = table.select(list(sess_cols)).take(pa.array(rep))
+    cols = [head.column(c) for c in sess_cols]
+    cols += [pc.list_flatten(table.column(c)) for c in per_imp]
+    out = pa.Table.from_arrays(cols, names=list(sess_cols) + per_imp)
+    return _cast(out, schema.arrow("impressions"), source)
+
+
+def session_lengths(table: pa.Table, per_imp: list[str] | None = None,
+                    source: Path | str = "<table>") -> np.ndarray:
+    """Impressions per session row of a sessions-layout table (checked across list columns)."""
+    per_imp = per_imp or [LABEL]
+    ref: np.ndarray | None = None
+    for c in per_imp:
+        arr = _to_array(table.column(c))
+        if arr.null_count:
+            row = int(np.flatnonzero(~arr.is_valid().to_numpy(zero_copy_only=False))[0])
+            raise DataError(source, None, c, f"null list at session row {row}")
+        lens = _to_array(pc.list_value_length(arr)).to_numpy().astype(np.int64)
+        if ref is None:
+            ref = lens
+        elif not np.array_equal(lens, ref):
+            row = int(np.flatnonzero(lens != ref)[0])
+            raise DataError(source, None, c, f"session row {row} has {lens[row]} entries "
+                            f"but {ref[row]} in {per_imp[0]}")
+    assert ref is not None
+    return ref
+
+
+# ---------------------------------------------------------------------------------------
+# Whole datasets, streamed day by day and chunk by chunk.
+
+
+@dataclass
+class _PartWriter:
+    """Buffers session rows of one day and writes exactly `rows_per_file` per part file."""
+
+    dst: Path
+    day: int
+    rows_per_file: int
+    parts: int = 0
+    bytes_out: int = 0
+    _buf: list[pa.Table] = field(default_factory=list)
+    _buffered: int = 0
+
+    def add(self, sessions: pa.Table) -> None:
+        if sessions.num_rows == 0:
+            return
+        self._buf.append(sessions)
+        self._buffered += sessions.num_rows
+        while self._buffered >= self.rows_per_file:
+            self._flush(self.rows_per_file)
+
+    def close(self) -> None:
+        if self._buffered:
+            self._flush(self._buffered)
+
+    def _flush(self, rows: int) -> None:
+        table = pa.concat_tables(self._buf)
+        out, rest = table.slice(0, rows), table.slice(rows)
+        self.bytes_out += io.write_parquet(out, part_path(self.dst, self.day, self.parts),
+                                           **parquet_options(out.schema, "sessions"))
+        self.parts += 1
+        self._buf = [rest] if rest.num_rows else []
+        self._buffered = rest.num_rows
+
+
+def _file_chunks(path: Path, schema: FeatureSchema, day: int,
+                 rows: int) -> Iterator[tuple[pa.Table, Path, int]]:
+    """(chunk, path, its first row in the file) in chunks of `rows`, checked: layout,
+    schema, columns, day."""
+    target = schema.arrow("impressions")
+    pf = pq.ParquetFile(path)
+    file_meta = pf.schema_arrow.metadata or {}
+    layout = file_meta.get(b"lrm.layout", b"").decode()
+    if layout != "impressions":
+        raise DataError(path, None, None,
+                        f"expected the impressions layout, found {layout or 'no lrm.layout'}")
+    if META_KEY in file_meta and FeatureSchema.from_json(file_meta[META_KEY].decode()) != schema:
+        raise DataError(path, None, None, "schema differs from the dataset's first file")
+    first = 0
+    for rb in pf.iter_batches(batch_size=rows):
+        t = pa.Table.from_batches([rb])
+        _check_layout(t, schema, "impressions", path)
+        _check_day(t, day, path)
+        yield _cast(t, target, path), path, first
+        first += t.num_rows
+
+
+def check_source(src: Path) -> tuple[FeatureSchema, dict[int, list[Path]]]:
+    """The schema and day files of an impressions-layout dataset, or a DataError."""
+    files = day_files(src)
+    schema, layout = read_schema(src)
+    if layout != "impressions":
+        raise DataError(src, None, None,
+                        f"expected the impressions layout (raw data), found {layout}")
+    return schema, files
+
+
+Located = tuple[pa.Table, Path, int]  # a table, its file, its first row in the file
+
+
+def _whole_sessions(chunks: Iterator[Located]) -> Iterator[Located]:
+    """Re-cut a stream of impression chunks at session boundaries.
+
+    Yields tables of whole sessions, located in the file they (start to) come from. A
+    session that straddles chunks (or files) is carried and yielded alone once it ends, so
+    every other table is a zero-copy slice of its chunk.
+    """
+    carry: list[pa.Table] = []  # pieces of one unfinished session
+    carry_sid, carry_at = 0, (Path(), 0)
+    for chunk, src, row0 in chunks:
+        n = chunk.num_rows
+        if n == 0:
+            continue
+        sid = _session_ids(chunk, src)
+        starts = run_starts(sid)
+        if carry:
+            if sid[0] == carry_sid:  # the carried session goes on
+                head = int(starts[1]) if len(starts) > 1 else n
+                carry.append(chunk.slice(0, head))
+                if head == n:
+                    continue
+                chunk, sid, starts = chunk.slice(head), sid[head:], starts[1:] - head
+                row0 += head
+            yield pa.concat_tables(carry), *carry_at
+            carry = []
+        last = int(starts[-1])
+        if last:
+            yield chunk.slice(0, last), src, row0
+        carry, carry_sid, carry_at = [chunk.slice(last)], sid[last], (src, row0 + last)
+    if carry:
+        yield pa.concat_tables(carry), *carry_at
+
+
+def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
+                  chunk_rows: int = READ_CHUNK_ROWS) -> dict[str, Any]:
+    """Dedup every day of `src` into `dst/day=D/part-NNNNN.parquet` (sessions layout).
+
+    Streams day by day and chunk by chunk (memory: a chunk plus one output file's
+    sessions); sessions may straddle input chunks and files, and a session is never split
+    across output files. Returns the metrics (rows, sessions, ratios, bytes).
+    """
+    schema, files = check_source(src)
+    total = sum(pq.read_metadata(f).num_rows for fs in files.values() for f in fs)
+    rows = sessions = bytes_in = parts = 0
+    with Reporter("dedup", total=total, unit="rows") as rep:
+        for day, paths in files.items():
+            bytes_in += sum(p.stat().st_size for p in paths)
+            writer = _PartWriter(Path(dst), day, cfg.rows_per_file)
+            ids: list[np.ndarray] = []  # session ids of the day, in order
+            where: list[tuple[int, Path]] = []  # (index of the first session, file)
+            day_start = sessions
+            chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
+            for table, source, row0 in _whole_sessions(chunks):
+                s = dedup_table(table, schema, source=source, first_row=row0)
+                where.append((sessions - day_start, source))
+                ids.append(s.column(SESSION).to_numpy())
+                writer.add(s)
+                rows += table.num_rows
+                sessions += s.num_rows
+                rep.update(table.num_rows)
+            writer.close()
+            parts += writer.parts
+            _check_day_contiguous(ids, where)
+    bytes_out = io.dir_bytes(dst)
+    return {
+        "rows": rows,
+        "sessions": sessions,
+        "dedup_ratio": rows / sessions if sessions else 0.0,
+        "bytes_in": bytes_in,
+        "bytes_out": bytes_out,
+        "storage_ratio": bytes_in / bytes_out if bytes_out else 0.0,
+        "days": len(files),
+        "files": parts,
+    }
+
+
+def _check_day(chunk: pa.Table, day: int, path: Path) -> None:
+    lo, hi = pc.min_max(chunk.column(DAY)).values()
+    if chunk.num_rows and (lo.as_py() != day or hi.as_py() != day):
+        raise DataError(path, None, DAY,
+                        f"rows of day {lo.as_py()}..{hi.as_py()} in the day={day} partition")
+
+
+def _check_day_contiguous(ids: list[np.ndarray], where: list[tuple[int, Path]]) -> None:
+    """A session id must not reappear later in the day (in another chunk or file)."""
+    if not ids:
+        return
+    all_ids = np.concatenate(ids)
+    dup = _first_duplicate(all_ids)
+    if dup is None:
+        return
+    starts = np.array([w[0] for w in where])
+    source = where[int(np.searchsorted(starts, dup, side="right")) - 1][1]
+    raise DataError(source, None, SESSION,
+                    f"session {int(all_ids[dup])} is not contiguous: it reappears after other "
+                    "sessions (sessions must be contiguous within a day)")

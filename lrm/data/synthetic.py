@@ -1,0 +1,658 @@
+"""Synthetic session-level ads-click logs with a hidden, learnable click model.
+
+A day is `cfg.sessions_per_day` sessions. A session is one user (Zipf-popular) seeing
+1 + Poisson(mean_session_length - 1) ads (Zipf-popular) in positions 0..n-1, ordered by a
+noisy auction score; its rows are contiguous and share the user-side columns, including
+`user_history` (recent ad ids, most recent first, ~0.8 * max_history long on average).
+
+Everything about an id is a pure function of the id and the seed, derived by hashing: user
+attributes, an ad's advertiser, category and format, and the latent interest vectors (sums
+of signed rows of a few small hashed tables: the hashing trick). So `users` and `ads` may
+be as large as 1e9 without a single per-id array.
+
+Popularity and churn: a popularity rank is drawn from a truncated power law by inverse CDF
+and mapped to an id by an affine permutation mod N. Each rank has a hashed phase phi; its
+occupant is replaced whenever `day * churn + phi` crosses an integer, so a fraction `churn`
+of the ranks gets a new id (a hashed jump) every day and the old id fades out. An ad's
+age is the time since its occupant arrived.
+
+The click model, the hidden truth a model should learn, is a logit that sums
+  a user x ad latent dot product: u = normalize(age, geo and individual parts),
+      v = normalize(category, advertiser and individual parts);
+  a nonlinear term sum_m a_m tanh(W_m (u * v) + c_m) that no dot product captures;
+  crosses (user_age, ad_category), hashed (user_geo, advertiser_id), (hour, category);
+  biases of the user, device, hour, ad (its quality), advertiser, category, format;
+  history: 5 x the share of the history in the ad's category, and +0.5 when the
+      advertiser is among the RECENT first history items (retargeting);
+  position (slope per format), bid (weak, also correlated with quality), ad age
+      (freshness), user activity;
+plus an intercept calibrated by bisection so that the day's mean click probability is
+`base_ctr`. At the defaults the logit's std is ~1.3 and its own NE ~0.82, the floor for
+any model. Histories come in bursts of a category drawn from softmax(u . category
+vectors), so they reveal interests. Drift: each day the user-side tables step
+T <- normalize(T + drift * noise) and the category biases take an AR(1) step, so a
+user's interests (and a user x ad pair's probability) move while ids and attributes stay.
+
+Dense features are roughly standardized: d_position = log1p(position), d_user_activity
+(log popularity of the user, noisy), d_ad_age (log1p of days), d_bid (log bid).
+
+Determinism: the world's tables come from SeedSequence([seed, _WORLD]), day d's draws from
+SeedSequence([seed, d, stream]): the same config gives byte-identical tables.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from lrm import io
+from lrm.config import GenerateConfig
+from lrm.data.schema import (
+    DAY, LABEL, POSITION, SESSION, FeatureSchema, part_path, synthetic_schema,
+)
+from lrm.progress import Reporter
+
+AGE_P = (0.08, 0.2, 0.24, 0.2, 0.14, 0.09, 0.05)  # user_age buckets
+GENDER_P = (0.05, 0.48, 0.47)  # user_gender; 0 is "unknown"
+DEVICE_P = (0.55, 0.3, 0.1, 0.05)  # user_device
+FORMAT_P = (0.5, 0.25, 0.15, 0.1)  # ad_format (a function of the ad)
+GEOS, HOURS = 64, 24
+HASH_ROWS, HASH_TABLES = 4096, 2  # hashed latent tables: rows each, tables per id
+CROSS_ROWS = 1 << 16  # hashed (user_geo, advertiser_id) cross table
+MLP_UNITS = 8  # hidden units of the nonlinear term
+RECENT = 20  # leading history items that count as recent (retargeting)
+POOL = 1 << 16  # ads drawn per day to sample histories from
+CALIBRATION_ROWS = 1 << 16  # impressions the intercept is calibrated on
+HISTORY_TEMPERATURE = 6.0  # how sharply histories follow the user's category interests
+HISTORY_BURST = 4  # consecutive history items of one category
+_WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT = range(7)
+_MAX_LIST_VALUES = 2**31 - 1  # list<int64> offsets are int32
+
+
+def vocab(cfg: GenerateConfig) -> dict[str, int]:
+    """The id-space size of every sparse feature."""
+    return {
+        "user_id": cfg.users, "user_age": len(AGE_P), "user_gender": len(GENDER_P),
+        "user_geo": GEOS, "user_device": len(DEVICE_P), "session_hour": HOURS,
+        "user_history": cfg.ads, "ad_id": cfg.ads, "advertiser_id": cfg.advertisers,
+        "ad_category": cfg.categories, "ad_format": len(FORMAT_P),
+    }
+
+
+def schema(cfg: GenerateConfig) -> FeatureSchema:
+    return synthetic_schema(vocab(cfg))
+
+
+# ---------------------------------------------------------------------------- hashing
+
+_U64 = np.uint64
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer on a uint64 array (wraps modulo 2**64)."""
+    x = x ^ (x >> _U64(30))
+    x *= _U64(0xBF58476D1CE4E5B9)
+    x ^= x >> _U64(27)
+    x *= _U64(0x94D049BB133111EB)
+    return x ^ (x >> _U64(31))
+
+
+def _salt(seed: int, name: str) -> np.uint64:
+    key = np.array([(seed * 1_000_003 + zlib.crc32(name.encode())) % 2**64], dtype=np.uint64)
+    return _U64(_mix(key * _GOLDEN)[0])
+
+
+def _hash(x: np.ndarray, salt: np.uint64) -> np.ndarray:
+    """A 64-bit hash per element of a non-negative integer array."""
+    return _mix(np.atleast_1d(np.asarray(x)).astype(np.uint64) * _GOLDEN + salt)
+
+
+def _unit(h: np.ndarray) -> np.ndarray:
+    """Hash -> float64 uniform in [0, 1)."""
+    return (h >> _U64(11)).astype(np.float64) * 2.0**-53
+
+
+def _bucket(h: np.ndarray, n: int) -> np.ndarray:
+    return (h % _U64(n)).astype(np.int64)
+
+
+def _categorical(h: np.ndarray, probs: tuple[float, ...]) -> np.ndarray:
+    cdf = np.cumsum(probs)
+    return np.minimum(np.searchsorted(cdf / cdf[-1], _unit(h), side="right"), len(probs) - 1)
+
+
+def _rng(seed: int, *key: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % 2**64, *key])))
+
+
+def _unit_rows(a: np.ndarray) -> np.ndarray:
+    return a / np.maximum(np.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _normalized_entropy(labels: np.ndarray, logits: np.ndarray) -> float:
+    """NE = log loss / entropy of the empirical CTR (DESIGN.md); 1.0 = the base rate."""
+    y = np.asarray(labels, dtype=np.float64)
+    z = np.asarray(logits, dtype=np.float64)
+    loss = np.mean(np.logaddexp(0.0, z) - y * z)  # -[y log p + (1-y) log(1-p)]
+    c = float(np.clip(y.mean(), 1e-12, 1 - 1e-12))
+    return float(loss / -(c * math.log(c) + (1 - c) * math.log(1 - c)))
+
+
+# ------------------------------------------------------------------ popularity and churn
+
+@dataclass(frozen=True)
+class _PowerLaw:
+    """Ranks 0..n-1 with P(rank) ~ (rank + 1)^-s: a continuous power law on [1, n + 1)."""
+
+    n: int
+    s: float
+
+    def _cdf(self, x: np.ndarray) -> np.ndarray:
+        t, top = 1.0 - self.s, math.log(self.n + 1)
+        if abs(t) < 1e-9:
+            return np.log(x) / top
+        return np.expm1(t * np.log(x)) / math.expm1(t * top)
+
+    def sample(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        u = rng.random(size)
+        t, top = 1.0 - self.s, math.log(self.n + 1)
+        if abs(t) < 1e-9:
+            x = np.exp(u * top)
+        else:
+            x = np.exp(np.log1p(u * math.expm1(t * top)) / t)
+        return np.clip(np.floor(x).astype(np.int64) - 1, 0, self.n - 1)
+
+    def mass(self, rank: np.ndarray) -> np.ndarray:
+        r = rank.astype(np.float64)
+        return self._cdf(r + 2.0) - self._cdf(r + 1.0)
+
+
+@dataclass(frozen=True)
+class _Population:
+    """Popularity rank -> id on a day, with churn; O(1) per lookup, no per-id state.
+
+    Rank r has phase phi(r) in [0, 1); its generation on day d is floor(d * churn + phi).
+    Generation 0 sits at slot r, a later one at a hashed slot; slot -> id is the affine
+    permutation (mul * slot + add) mod n.
+    """
+
+    n: int
+    churn: float
+    mul: int
+    add: int
+    salt: np.uint64
+
+    @classmethod
+    def make(cls, n: int, churn: float, rng: np.random.Generator, salt: np.uint64) -> _Population:
+        mul = 1
+        if n > 2:
+            while True:
+                mul = int(rng.integers(max(2, n // 3), n))
+                if math.gcd(mul, n) == 1:
+                    break
+        return cls(n=n, churn=churn, mul=mul, add=int(rng.integers(0, n)), salt=salt)
+
+    def _phase(self, rank: np.ndarray) -> np.ndarray:
+        return _unit(_hash(rank, self.salt))
+
+    def ids(self, rank: np.ndarray, day: int) -> np.ndarray:
+        if self.n == 1:
+            return np.zeros_like(rank)
+        gen = np.floor(day * self.churn + self._phase(rank)).astype(np.int64)
+        jump = _bucket(_hash(rank * 1_048_576 + gen, self.salt ^ _GOLDEN), self.n - 1) + 1
+        slot = np.where(gen == 0, rank, (rank + jump) % self.n)
+        return (self.mul * slot + self.add) % self.n
+
+    def age_days(self, rank: np.ndarray, day: int) -> np.ndarray:
+        """Days since the rank's current occupant arrived (ids alive at day 0: up to 1/churn)."""
+        phase = self._phase(rank)
+        if self.churn == 0:
+            return day + 30.0 * phase
+        t = day * self.churn + phase
+        return (t - np.floor(t)) / self.churn
+
+
+# ------------------------------------------------------------------------------ world
+
+class _World:
+    """Everything of the synthetic world that does not depend on the day's draws."""
+
+    def __init__(self, cfg: GenerateConfig) -> None:
+        self.cfg = cfg
+        self.schema = schema(cfg)
+        k, C = cfg.latent_dim, cfg.categories
+        rng = _rng(cfg.seed, _WORLD)
+        self.salt = {n: _salt(cfg.seed, n) for n in (
+            "user_pop", "ad_pop", "age", "gender", "geo", "device", "hour", "hist_len",
+            "light", "user_bias", "advertiser", "category", "own_category", "format",
+            "ad_bias", "adv_bias", "bid", "geo_adv", "user_row0", "user_row1", "ad_row0",
+            "ad_row1", "adv_row", "user_sign", "ad_sign")}
+        self.user_law = _PowerLaw(cfg.users, cfg.zipf_users)
+        self.ad_law = _PowerLaw(cfg.ads, cfg.zipf_ads)
+        self.users = _Population.make(cfg.users, cfg.churn, rng, self.salt["user_pop"])
+        self.ads = _Population.make(cfg.ads, cfg.churn, rng, self.salt["ad_pop"])
+
+        def unit(*shape: int) -> np.ndarray:
+            return _unit_rows(rng.standard_normal(shape)).astype(np.float32)
+
+        # User-side latent tables (these drift): hashed individual rows, then age, then geo.
+        self.user_tab0 = unit(HASH_TABLES * HASH_ROWS + len(AGE_P) + GEOS, k)
+        self.ad_tab = unit(HASH_TABLES * HASH_ROWS, k)
+        self.adv_tab = unit(HASH_ROWS, k)
+        self.cat_tab = unit(C, k)
+        # Biases and crosses (logit units).
+        self.user_bias = rng.normal(0, 0.35, HASH_ROWS)
+        self.device_bias = np.array([0.0, 0.15, -0.2, 0.1])
+        self.format_bias = np.array([0.0, 0.25, 0.1, -0.3])
+        self.format_pos = np.array([0.25, 0.45, 0.3, 0.15])  # position slope per format
+        self.ad_quality = rng.normal(0, 1.0, HASH_ROWS)  # standardized; logit = 0.35 * q
+        self.adv_bias = rng.normal(0, 0.3, HASH_ROWS)
+        self.adv_bid = rng.normal(0, 0.6, HASH_ROWS)
+        self.cat_bias0 = rng.normal(0, 0.3, C)
+        self.age_cat = rng.normal(0, 0.3, (len(AGE_P), C))
+        self.hour_cat = rng.normal(0, 0.15, (HOURS, C))
+        self.hour_bias = 0.15 * np.sin(2 * np.pi * (np.arange(HOURS) - 14) / HOURS)
+        self.geo_adv = rng.normal(0, 0.3, CROSS_ROWS)
+        self.mlp_w = rng.standard_normal((MLP_UNITS, k)).astype(np.float32) * 2.0 * math.sqrt(k)
+        self.mlp_c = rng.normal(0, 0.5, MLP_UNITS)
+        self.mlp_a = rng.normal(0, 0.55 / math.sqrt(MLP_UNITS * 0.6), MLP_UNITS)
+        self.dot_scale = 0.6 * math.sqrt(k)  # the dot product's std ~ 1/sqrt(k)
+        self._drifted: dict[int, tuple[np.ndarray, np.ndarray]] = {0: (self.user_tab0,
+                                                                       self.cat_bias0)}
+        self._pools: dict[int, tuple[np.ndarray, ...]] = {}
+
+    # ---- drift
+    def drifted(self, day: int) -> tuple[np.ndarray, np.ndarray]:
+        """(user-side latent tables, category biases) on `day`, stepping from the last cached."""
+        last = max(d for d in self._drifted if d <= day)
+        tab, cat = self._drifted[last]
+        rho = min(self.cfg.drift, 1.0)
+        for d in range(last + 1, day + 1):
+            if self.cfg.drift > 0:
+                rng = _rng(self.cfg.seed, _DRIFT, d)
+                noise = rng.standard_normal(tab.shape).astype(np.float32)
+                tab = _unit_rows(tab + self.cfg.drift / math.sqrt(tab.shape[1]) * noise)
+                cat = cat * math.sqrt(1 - rho**2) + rho * 0.3 * rng.standard_normal(cat.shape)
+        # Keep day 0 and the latest day only: days are mostly asked for in order.
+        self._drifted = {0: self._drifted[0], day: (tab, cat)}
+        return tab, cat
+
+    # ---- users
+    def user_attributes(self, uid: np.ndarray) -> dict[str, np.ndarray]:
+        s, mh = self.salt, self.cfg.max_history
+        u = _unit(_hash(uid, s["hist_len"]))
+        light = _unit(_hash(uid, s["light"])) < 0.1  # 10% of users have short histories
+        hist_len = np.where(light, 1 + np.floor(u * mh), mh - np.floor(0.5 * mh * u * u))
+        return {
+            "user_age": _categorical(_hash(uid, s["age"]), AGE_P),
+            "user_gender": _categorical(_hash(uid, s["gender"]), GENDER_P),
+            "user_geo": np.floor(GEOS * _unit(_hash(uid, s["geo"])) ** 2).astype(np.int64),
+            "user_device": _categorical(_hash(uid, s["device"]), DEVICE_P),
+            "hour_pref": _bucket(_hash(uid, s["hour"]), HOURS),
+            "hist_len": np.clip(hist_len, 1, mh).astype(np.int64),
+        }
+
+    def user_latent(self, day: int, uid: np.ndarray, age: np.ndarray,
+                    geo: np.ndarray) -> np.ndarray:
+        tab, _ = self.drifted(day)
+        ind = np.zeros((len(uid), tab.shape[1]), np.float32)
+        signs = _hash(uid, self.salt["user_sign"])
+        for j in range(HASH_TABLES):
+            row = j * HASH_ROWS + _bucket(_hash(uid, self.salt[f"user_row{j}"]), HASH_ROWS)
+            sign = ((signs >> _U64(j)) & _U64(1)).astype(np.float32) * 2 - 1
+            ind += sign[:, None] * tab[row]
+        base = HASH_TABLES * HASH_ROWS
+        vec = (0.5 * tab[base + age] + 0.4 * tab[base + len(AGE_P) + geo]
+               + 0.75 / math.sqrt(HASH_TABLES) * ind)
+        return _unit_rows(vec)
+
+    # ---- ads
+    def ad_attributes(self, aid: np.ndarray) -> dict[str, np.ndarray]:
+        s, cfg = self.salt, self.cfg
+        adv = _bucket(_hash(aid, s["advertiser"]), cfg.advertisers)
+        own = _unit(_hash(aid, s["own_category"])) < 0.2  # most ads: the advertiser's category
+        cat = np.where(own, _bucket(_hash(aid, s["category"]), cfg.categories),
+                       _bucket(_hash(adv, s["category"]), cfg.categories))
+        return {"advertiser_id": adv, "ad_category": cat,
+                "ad_format": _categorical(_hash(aid, s["format"]), FORMAT_P),
+                "quality": self.ad_quality[_bucket(_hash(aid, s["ad_bias"]), HASH_ROWS)]}
+
+    def ad_latent(self, aid: np.ndarray, adv: np.ndarray, cat: np.ndarray) -> np.ndarray:
+        ind = np.zeros((len(aid), self.cfg.latent_dim), np.float32)
+        signs = _hash(aid, self.salt["ad_sign"])
+        for j in range(HASH_TABLES):
+            row = j * HASH_ROWS + _bucket(_hash(aid, self.salt[f"ad_row{j}"]), HASH_ROWS)
+            sign = ((signs >> _U64(j)) & _U64(1)).astype(np.float32) * 2 - 1
+            ind += sign[:, None] * self.ad_tab[row]
+        vec = (0.6 * self.cat_tab[cat]
+               + 0.4 * self.adv_tab[_bucket(_hash(adv, self.salt["adv_row"]), HASH_ROWS)]
+               + 0.7 / math.sqrt(HASH_TABLES) * ind)
+        return _unit_rows(vec)
+
+    # ---- histories
+    def pool(self, day: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Popular ads of the day grouped by category: (ids, advertisers, start, count)."""
+        if day not in self._pools:
+            rng = _rng(self.cfg.seed, day, _POOL)
+            aid = self.ads.ids(self.ad_law.sample(rng, POOL), day)
+            attrs = self.ad_attributes(aid)
+            order = np.argsort(attrs["ad_category"], kind="stable")
+            count = np.bincount(attrs["ad_category"], minlength=self.cfg.categories)
+            start = np.concatenate([[0], np.cumsum(count)[:-1]])
+            self._pools = {day: (aid[order], attrs["advertiser_id"][order], start, count)}
+        return self._pools[day]
+
+    def history(self, day: int, rng: np.random.Generator, u: np.ndarray,
+                lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat history (ad ids, categories, advertisers) for sessions with latents `u`.
+
+        Histories come in bursts of HISTORY_BURST items of one category (browsing): each
+        burst's category is drawn from softmax(T * u . category vectors) over the
+        categories with ads in the day's pool, each item is a pool ad of that category
+        (so popular ads recur).
+        """
+        ids, advertisers, start, count = self.pool(day)
+        C, S = self.cfg.categories, len(lengths)
+        bursts = -(-lengths // HISTORY_BURST)
+        b_off = np.concatenate([[0], np.cumsum(bursts)])
+        b_seg = np.repeat(np.arange(S), bursts)
+        draw = rng.random(len(b_seg))
+        b_cat = np.empty(len(b_seg), np.int64)
+        chunk = max(1, (1 << 22) // C)
+        for s0 in range(0, S, chunk):
+            s1 = min(s0 + chunk, S)
+            a = HISTORY_TEMPERATURE * (u[s0:s1] @ self.cat_tab.T).astype(np.float64)
+            a[:, count == 0] = -np.inf
+            cdf = np.cumsum(np.exp(a - a.max(axis=1, keepdims=True)), axis=1)
+            cdf /= cdf[:, -1:]
+            cdf += np.arange(s1 - s0)[:, None]  # rows side by side on one increasing axis
+            i0, i1 = b_off[s0], b_off[s1]
+            local = b_seg[i0:i1] - s0
+            flat = np.searchsorted(cdf.ravel(), local + draw[i0:i1], side="right")
+            b_cat[i0:i1] = np.minimum(flat - local * C, C - 1)
+        burst_len = np.full(len(b_seg), HISTORY_BURST)
+        burst_len[b_off[1:] - 1] = lengths - HISTORY_BURST * (bursts - 1)  # last: the rest
+        cats = np.repeat(b_cat, burst_len)
+        pick = start[cats] + np.floor(rng.random(len(cats)) * count[cats]).astype(np.int64)
+        return ids[pick], cats, advertisers[pick]
+
+    # ---- the click model
+    def logit_terms(self, day: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The raw logit's terms (no intercept) for impressions with feature arrays `f`.
+
+        `f` holds the table's per-impression columns plus `hist_share` (share of the
+        history in the ad's category) and `recent_adv` (advertiser among recent history).
+        """
+        s = self.salt
+        u = self.user_latent(day, f["user_id"], f["user_age"], f["user_geo"])
+        v = self.ad_latent(f["ad_id"], f["advertiser_id"], f["ad_category"])
+        uv = u * v
+        _, cat_bias = self.drifted(day)
+        cat, adv, fmt = f["ad_category"], f["advertiser_id"], f["ad_format"]
+        hidden = np.tanh(uv @ self.mlp_w.T + self.mlp_c.astype(np.float32))
+        geo_adv = _bucket(_hash(f["user_geo"] * 1_000_000_007 + adv, s["geo_adv"]), CROSS_ROWS)
+        return {
+            "dot": self.dot_scale * uv.sum(axis=1, dtype=np.float64),
+            "nonlinear": hidden.astype(np.float64) @ self.mlp_a,
+            "user": self.user_bias[_bucket(_hash(f["user_id"], s["user_bias"]), HASH_ROWS)]
+            + self.device_bias[f["user_device"]] + self.hour_bias[f["session_hour"]],
+            "ad": 0.35 * self.ad_attributes(f["ad_id"])["quality"] + cat_bias[cat]
+            + self.adv_bias[_bucket(_hash(adv, s["adv_bias"]), HASH_ROWS)]
+            + self.format_bias[fmt],
+            "crosses": self.age_cat[f["user_age"], cat] + self.geo_adv[geo_adv]
+            + self.hour_cat[f["session_hour"], cat],
+            "history": 5.0 * f["hist_share"] + 0.5 * f["recent_adv"],
+            "position": -self.format_pos[fmt] * np.log1p(f[POSITION].astype(np.float64)),
+            "context": 0.1 * f["d_bid"] - 0.2 * f["d_ad_age"] - 0.1 * f["d_user_activity"],
+        }
+
+    def raw_logit(self, day: int, f: dict[str, np.ndarray]) -> np.ndarray:
+        return np.sum(list(self.logit_terms(day, f).values()), axis=0)
+
+    def history_features(self, hist_off: np.ndarray, hist_cat: np.ndarray,
+                         hist_adv: np.ndarray, seg: np.ndarray, cat: np.ndarray,
+                         adv: np.ndarray) -> dict[str, np.ndarray]:
+        """Per impression (of history segment `seg`): hist_share and recent_adv."""
+        lengths = np.diff(hist_off)
+        hseg = np.repeat(np.arange(len(lengths)), lengths)
+        same_cat = _count_matches(hseg, hist_cat, seg, cat, self.cfg.categories)
+        hit = np.zeros(len(seg), bool)
+        k = np.arange(RECENT)
+        for i0 in range(0, len(seg), 1 << 16):  # compare with the RECENT first items
+            s, a = seg[i0:i0 + (1 << 16)], adv[i0:i0 + (1 << 16), None]
+            idx = np.minimum(hist_off[s, None] + k, max(len(hist_adv) - 1, 0))
+            valid = k < lengths[s, None]
+            hit[i0:i0 + len(s)] = ((hist_adv[idx] == a) & valid).any(axis=1)
+        return {"hist_share": same_cat / np.maximum(lengths[seg], 1),
+                "recent_adv": hit.astype(np.float64)}
+
+
+def _count_matches(item_seg: np.ndarray, item_key: np.ndarray, seg: np.ndarray,
+                   key: np.ndarray, n_keys: int) -> np.ndarray:
+    """For each query (seg, key): how many items of segment `seg` have key `key`.
+
+    `item_seg` and `seg` are non-decreasing (rows of a session are contiguous).
+    """
+    out = np.zeros(len(seg), np.int64)
+    if len(item_seg) == 0 or len(seg) == 0:
+        return out
+    if n_keys > 1 << 16:  # sparse: sort the (segment, key) pairs
+        uniq, counts = np.unique(item_seg * n_keys + item_key, return_counts=True)
+        q = seg * n_keys + key
+        i = np.minimum(np.searchsorted(uniq, q), len(uniq) - 1)
+        return np.where(uniq[i] == q, counts[i], 0)
+    step = max(1, (1 << 22) // n_keys)  # segments per dense bincount
+    for s0 in range(int(seg[0]), int(seg[-1]) + 1, step):
+        a, b = np.searchsorted(item_seg, [s0, s0 + step])
+        qa, qb = np.searchsorted(seg, [s0, s0 + step])
+        counts = np.bincount((item_seg[a:b] - s0) * n_keys + item_key[a:b],
+                             minlength=step * n_keys)
+        out[qa:qb] = counts[(seg[qa:qb] - s0) * n_keys + key[qa:qb]]
+    return out
+
+
+def _calibrate(raw: np.ndarray, ctr: float) -> float:
+    """The intercept b with mean(sigmoid(raw + b)) == ctr (bisection)."""
+    lo, hi = -30.0, 30.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if _sigmoid(raw + mid).mean() < ctr:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+# ------------------------------------------------------------------------------- days
+
+@dataclass
+class _Day:
+    """One simulated day: session-level and impression-level columns."""
+
+    day: int
+    sessions: dict[str, np.ndarray]  # per session: user-side columns
+    imp_off: np.ndarray  # [S + 1] impression offsets of each session
+    hist_off: np.ndarray  # [S + 1] offsets into `hist`
+    hist: np.ndarray  # flat history ad ids, most recent first
+    imps: dict[str, np.ndarray]  # per impression: position, label, item-side, dense
+    logit: np.ndarray  # hidden calibrated logit per impression
+    intercept: float
+    sess_index: np.ndarray  # [n] session of each impression
+
+    @property
+    def rows(self) -> int:
+        return int(self.imp_off[-1])
+
+
+def _simulate(w: _World, day: int) -> _Day:
+    cfg = w.cfg
+    S = cfg.sessions_per_day
+    rs = _rng(cfg.seed, day, _SESSIONS)
+    rank = w.user_law.sample(rs, S)
+    uid = w.users.ids(rank, day)
+    attrs = w.user_attributes(uid)
+    hour = (attrs["hour_pref"] + np.rint(rs.normal(0, 2.5, S)).astype(np.int64)) % HOURS
+    activity = np.log(cfg.users * w.user_law.mass(rank)) + rs.normal(0, 0.3, S)
+    n_imp = 1 + rs.poisson(cfg.mean_session_length - 1, S)
+    hist_len = np.clip(attrs["hist_len"] - rs.integers(0, 5, S), 1, cfg.max_history)
+    sessions = {"user_id": uid, **{c: attrs[c] for c in
+                                   ("user_age", "user_gender", "user_geo", "user_device")},
+                "session_hour": hour}
+
+    u = w.user_latent(day, uid, attrs["user_age"], attrs["user_geo"])
+    hist, hist_cat, hist_adv = w.history(day, _rng(cfg.seed, day, _HISTORY), u, hist_len)
+    hist_off = np.concatenate([[0], np.cumsum(hist_len)])
+
+    ri = _rng(cfg.seed, day, _IMPRESSIONS)
+    imp_off = np.concatenate([[0], np.cumsum(n_imp)])
+    n = int(imp_off[-1])
+    seg = np.repeat(np.arange(S), n_imp)
+    arank = w.ad_law.sample(ri, n)
+    aid = w.ads.ids(arank, day)
+    ad = w.ad_attributes(aid)
+    log_bid = (w.adv_bid[_bucket(_hash(ad["advertiser_id"], w.salt["bid"]), HASH_ROWS)]
+               + 0.4 * ad["quality"] + ri.normal(0, 0.3, n))
+    # Auction: within a session, ads are shown in order of a noisy eCPM score.
+    ecpm = log_bid + 0.5 * ad["quality"] + ri.normal(0, 0.5, n)
+    order = np.lexsort((-ecpm, seg))
+    aid, arank, log_bid = aid[order], arank[order], log_bid[order]
+    ad = {k: v[order] for k, v in ad.items()}
+    position = np.arange(n) - imp_off[seg]
+    imps = {
+        POSITION: position.astype(np.int16),
+        "ad_id": aid, "advertiser_id": ad["advertiser_id"], "ad_category": ad["ad_category"],
+        "ad_format": ad["ad_format"],
+        "d_position": np.log1p(position).astype(np.float32),
+        "d_user_activity": ((activity[seg] - 3.9) / 3.5).astype(np.float32),
+        "d_ad_age": ((np.log1p(w.ads.age_days(arank, day)) - 2.0) / 0.8).astype(np.float32),
+        "d_bid": (log_bid / 0.8).astype(np.float32),
+    }
+    feats = {**{k: v[seg] for k, v in sessions.items()}, **imps,
+             **w.history_features(hist_off, hist_cat, hist_adv, seg, ad["ad_category"],
+                                  ad["advertiser_id"])}
+    raw = w.raw_logit(day, feats)
+    intercept = _calibrate(raw[:CALIBRATION_ROWS], cfg.base_ctr)
+    logit = raw + intercept
+    imps[LABEL] = (_rng(cfg.seed, day, _LABELS).random(n) < _sigmoid(logit)).astype(np.int8)
+    return _Day(day=day, sessions=sessions, imp_off=imp_off, hist_off=hist_off, hist=hist,
+                imps=imps, logit=logit, intercept=intercept, sess_index=seg)
+
+
+def _table(w: _World, d: _Day, s0: int, s1: int) -> pa.Table:
+    """Impression rows of sessions [s0, s1) as a table of the exact impressions schema."""
+    sch = w.schema.arrow("impressions")
+    i0, i1 = int(d.imp_off[s0]), int(d.imp_off[s1])
+    seg = d.sess_index[i0:i1]
+    h0, h1 = int(d.hist_off[s0]), int(d.hist_off[s1])
+    per_session = pa.ListArray.from_arrays(
+        pa.array((d.hist_off[s0:s1 + 1] - h0).astype(np.int32)), pa.array(d.hist[h0:h1]))
+    cols: dict[str, Any] = {
+        DAY: np.full(i1 - i0, d.day, np.int32),
+        SESSION: d.day * w.cfg.sessions_per_day + seg,
+        **{c: d.sessions[c][seg] for c in w.schema.user_sparse},
+        "user_history": per_session.take(pa.array(seg - s0)),
+        **{c: d.imps[c][i0:i1] for c in (POSITION, LABEL, *w.schema.item_sparse,
+                                         *w.schema.dense)},
+    }
+    arrays = [c if isinstance(c := cols[f.name], pa.Array) else pa.array(c, type=f.type)
+              for f in sch]
+    return pa.Table.from_arrays(arrays, schema=sch)
+
+
+def _parts(imp_off: np.ndarray, rows_per_file: int) -> list[tuple[int, int]]:
+    """Session ranges [s0, s1) of at most rows_per_file rows (one session may exceed it)."""
+    out, s0, S = [], 0, len(imp_off) - 1
+    while s0 < S:
+        s1 = int(np.searchsorted(imp_off, imp_off[s0] + rows_per_file, side="right")) - 1
+        s1 = min(max(s1, s0 + 1), S)
+        out.append((s0, s1))
+        s0 = s1
+    return out
+
+
+def generate_day(cfg: GenerateConfig, day: int) -> pa.Table:
+    """Day `day` (any day >= 0, not only < cfg.days) as one impressions table."""
+    w = _World(cfg)
+    d = _simulate(w, day)
+    return _table(w, d, 0, cfg.sessions_per_day)
+
+
+def _table_features(w: _World, table: pa.Table) -> dict[str, np.ndarray]:
+    """The click model's inputs for the rows of an impressions table."""
+    f = {c: table.column(c).to_numpy() for c in (*w.schema.user_sparse, POSITION,
+                                                 *w.schema.item_sparse, *w.schema.dense)}
+    hist = table.column("user_history").combine_chunks()
+    hist_off = hist.offsets.to_numpy().astype(np.int64)
+    h0 = int(hist_off[0])  # a sliced column's offsets need not start at 0
+    hist_off -= h0
+    values = w.ad_attributes(hist.values.to_numpy()[h0:h0 + hist_off[-1]])
+    f.update(w.history_features(hist_off, values["ad_category"], values["advertiser_id"],
+                                np.arange(table.num_rows), f["ad_category"],
+                                f["advertiser_id"]))
+    return f
+
+
+def hidden_logit(cfg: GenerateConfig, table: pa.Table, day: int | None = None) -> np.ndarray:
+    """The ground-truth click logit of each impression row of `table`.
+
+    Uses the click model of each row's own `day` (or of `day` for every row), with that
+    day's calibrated intercept (found by simulating the day). sigmoid of it is the true
+    click probability; its NE on the labels is the best any model can do.
+    """
+    w = _World(cfg)
+    days = table.column(DAY).to_numpy()
+    if day is not None:
+        days = np.full(len(days), day, days.dtype)
+    f = _table_features(w, table)
+    out = np.empty(table.num_rows)
+    for d in np.unique(days):
+        m = days == d
+        raw = w.raw_logit(int(d), {k: v[m] for k, v in f.items()})
+        out[m] = raw + _simulate(w, int(d)).intercept
+    return out
+
+
+def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
+    """Write days 0..cfg.days-1 to out/day=D/part-NNNNN.parquet; return the run's metrics."""
+    w = _World(cfg)
+    rows_per_file = max(1, min(cfg.rows_per_file, _MAX_LIST_VALUES // cfg.max_history))
+    rows = sessions = files = hist_items = clicks = 0
+    users, ads, ctr_day = [], [], {}
+    labels, logits = [], []
+    with Reporter("generate", total=cfg.days, unit="day") as rep:
+        for day in range(cfg.days):
+            d = _simulate(w, day)
+            for p, (s0, s1) in enumerate(_parts(d.imp_off, rows_per_file)):
+                io.write_parquet(_table(w, d, s0, s1), part_path(out, day, p))
+                files += 1
+            y = d.imps[LABEL]
+            rows += d.rows
+            sessions += len(d.imp_off) - 1
+            hist_items += len(d.hist)
+            clicks += int(y.sum())
+            users.append(np.unique(d.sessions["user_id"]))
+            ads.append(np.unique(d.imps["ad_id"]))
+            ctr_day[str(day)] = round(float(y.mean()), 6)
+            labels.append(y)
+            logits.append(d.logit)
+            rep.update(1, rows=rows, ctr=float(y.mean()))
+    return {
+        "rows": rows, "sessions": sessions, "days": cfg.days, "files": files,
+        "mean_session_length": rows / sessions,
+        "mean_history_length": hist_items / sessions,
+        "ctr": clicks / rows, "ctr_per_day": ctr_day,
+        "users_active": int(len(np.unique(np.concatenate(users)))),
+        "ads_active": int(len(np.unique(np.concatenate(ads)))),
+        "oracle_ne": _normalized_entropy(np.concatenate(labels), np.concatenate(logits)),
+    }

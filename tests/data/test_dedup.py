@@ -1,0 +1,240 @@
+"""RecD dedup: impressions <-> sessions on hand-made tables, and whole datasets on disk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from lrm.config import DedupConfig
+from lrm.data import dedup
+from lrm.data.schema import (
+    SESSION,
+    FeatureSchema,
+    day_files,
+    part_path,
+    read_schema,
+    synthetic_schema,
+)
+from lrm.errors import DataError
+
+SCHEMA = synthetic_schema()
+
+
+def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session: int = 0,
+                     schema: FeatureSchema = SCHEMA, max_len: int = 5) -> pa.Table:
+    """A small impressions-layout table with every awkward case: one-impression sessions,
+    null and empty histories, nulls inside histories, null ids, negative ids, null dense."""
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, max_len + 1, n_sessions)
+    lens[::4] = 1
+    n = int(lens.sum())
+    rep = np.repeat(np.arange(n_sessions), lens)
+    sid = (first_session + rng.permutation(n_sessions * 3)[:n_sessions])[rep]
+
+    def ids(k: int, hi: int, null_p: float, neg: bool = False) -> pa.Array:
+        v = rng.integers(-hi if neg else 0, hi, k)
+        return pa.array(v, mask=rng.random(k) < null_p, type=pa.int64())
+
+    cols: dict[str, pa.Array] = {
+        "day": pa.array(np.full(n, day, dtype=np.int32)),
+        "session_id": pa.array(sid, type=pa.int64()),
+    }
+    for i, c in enumerate(schema.user_sparse):
+        cols[c] = ids(n_sessions, 50, 0.2 if i % 2 else 0.0).take(pa.array(rep))
+    for c in schema.user_seq:
+        hl = rng.integers(0, 6, n_sessions)
+        hl[1::5] = 0
+        offs = np.concatenate([[0], np.cumsum(hl)]).astype(np.int32)
+        hist = pa.ListArray.from_arrays(pa.array(offs), ids(int(hl.sum()), 30, 0.05),
+                                        mask=pa.array((rng.random(n_sessions) < 0.1)
+                                                     | (np.arange(n_sessions) % 7 == 2)))
+        cols[c] = hist.take(pa.array(rep))
+    pos = np.concatenate([np.arange(k) for k in lens]).astype(np.int16)
+    cols["position"] = pa.array(pos)
+    cols["label"] = pa.array((rng.random(n) < 0.3).astype(np.int8))
+    for c in schema.item_sparse:
+        cols[c] = ids(n, 40, 0.1, neg=True)
+    for c in schema.dense:
+        cols[c] = pa.array(rng.random(n).astype(np.float32), mask=rng.random(n) < 0.1)
+    return pa.Table.from_pydict(cols, schema=schema.arrow("impressions"))
+
+
+def write_dataset(root, tables_by_day: dict[int, pa.Table], rows_per_file: int) -> None:
+    """Impressions-layout dataset, `rows_per_file` rows per file (sessions may straddle)."""
+    for day, t in tables_by_day.items():
+        for part, start in enumerate(range(0, t.num_rows, rows_per_file)):
+            path = part_path(root, day, part)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(t.slice(start, rows_per_file), path)
+
+
+# --- tables -------------------------------------------------------------------------------
+
+
+def test_dedup_then_flatten_is_the_identity():
+    t = make_impressions(40, seed=1)
+    s = dedup.dedup_table(t, SCHEMA)
+    assert s.schema.metadata[b"lrm.layout"] == b"sessions"
+    assert s.num_rows == len(set(t.column(SESSION).to_pylist())) == 40
+    assert s.schema.remove_metadata().equals(SCHEMA.arrow("sessions").remove_metadata())
+    back = dedup.flatten_sessions(s)
+    assert back.equals(t)
+    assert back.schema.equals(t.schema, check_metadata=True)
+
+
+def test_session_rows_hold_user_fields_once_and_impressions_as_lists():
+    t = make_impressions(12, seed=2)
+    s = dedup.dedup_table(t, SCHEMA)
+    rows, sess = t.to_pylist(), s.to_pylist()
+    i = 0
+    for row in sess:
+        k = len(row["label"])
+        assert k >= 1
+        for j in range(k):
+            r = rows[i + j]
+            for c in dedup.session_columns(SCHEMA):
+                assert r[c] == row[c]
+            for c in ("position", "label", *SCHEMA.item_sparse, *SCHEMA.dense):
+                assert r[c] == row[c][j]
+        i += k
+    assert i == t.num_rows
+    # one-impression sessions, empty and null histories are all present
+    assert any(len(r["label"]) == 1 for r in sess)
+    assert any(r["user_history"] == [] for r in sess)
+    assert any(r["user_history"] is None for r in sess)
+
+
+def test_extra_per_impression_columns_travel_as_lists():
+    t = make_impressions(10, seed=3)
+    t = t.append_column("teacher_logit", pa.array(np.linspace(-1, 1, t.num_rows, dtype=np.float32)))
+    s = dedup.dedup_table(t, SCHEMA)
+    assert s.schema.field("teacher_logit").type == pa.list_(pa.float32())
+    assert dedup.flatten_sessions(s).equals(t)
+
+
+def test_empty_table():
+    t = make_impressions(3).slice(0, 0)
+    s = dedup.dedup_table(t, SCHEMA)
+    assert s.num_rows == 0
+    assert dedup.flatten_sessions(s).num_rows == 0
+
+
+def test_non_contiguous_session_names_the_session():
+    t = make_impressions(6, seed=4)
+    sid = t.column(SESSION).to_numpy().copy()
+    first = sid[0]
+    sid[-1] = first  # the first session comes back at the very end
+    t = t.set_column(1, SESSION, pa.array(sid))
+    with pytest.raises(DataError) as e:
+        dedup.dedup_table(t, SCHEMA, source="x.parquet")
+    assert e.value.field == SESSION and str(e.value.file) == "x.parquet"
+    assert f"session {first} " in str(e.value) and "contiguous" in str(e.value)
+
+
+@pytest.mark.parametrize("field", ["user_age", "user_gender", "user_history", "day"])
+def test_non_constant_user_field_names_session_and_field(field):
+    t = make_impressions(8, seed=5, max_len=4)
+    lens = np.diff(np.flatnonzero(np.r_[True, np.diff(t.column(SESSION).to_numpy()) != 0,
+                                        True]))
+    s_idx = int(np.flatnonzero(lens > 1)[0])  # a session with at least two rows
+    row = int(lens[:s_idx].sum()) + 1  # its second row
+    rows = t.to_pylist()
+    old = rows[row][field]
+    rows[row][field] = ([7, 7] if old != [7, 7] else [8]) if field == "user_history" else (
+        None if old is not None and field == "user_gender" else (old or 0) + 1)
+    bad = pa.Table.from_pylist(rows, schema=t.schema)
+    with pytest.raises(DataError) as e:
+        dedup.dedup_table(bad, SCHEMA, source="f.parquet")
+    assert e.value.field == field
+    assert f"session {rows[row]['session_id']} " in str(e.value)
+
+
+def test_wrong_layout_is_a_data_error():
+    s = dedup.dedup_table(make_impressions(4), SCHEMA)
+    with pytest.raises(DataError, match="layout"):
+        dedup.dedup_table(s, SCHEMA)
+    with pytest.raises(DataError, match="layout"):
+        dedup.flatten_sessions(make_impressions(4), SCHEMA)
+
+
+def test_flatten_rejects_ragged_sessions():
+    s = dedup.dedup_table(make_impressions(4, seed=6), SCHEMA)
+    lab = s.column("label").to_pylist()
+    lab[0] = lab[0] + [1]
+    s = s.set_column(s.schema.get_field_index("label"), "label", pa.array(lab, pa.list_(pa.int8())))
+    with pytest.raises(DataError, match="entries"):
+        dedup.flatten_sessions(s)
+
+
+# --- datasets -------------------------------------------------------------------------------
+
+
+def _read_day(root, day, flatten=False):
+    tabs = [pq.read_table(f) for f in day_files(root)[day]]
+    if flatten:
+        tabs = [dedup.flatten_sessions(t) for t in tabs]
+    return pa.concat_tables(tabs)
+
+
+def test_dedup_dataset_streams_and_never_splits_a_session(tmp_path):
+    src, dst = tmp_path / "raw", tmp_path / "sessions"
+    days = {d: make_impressions(60, seed=10 + d, day=d) for d in (0, 1, 3)}
+    write_dataset(src, days, rows_per_file=37)  # sessions straddle input files
+    m = dedup.dedup_dataset(src, dst, DedupConfig(rows_per_file=16), chunk_rows=23)
+    assert m["rows"] == sum(t.num_rows for t in days.values())
+    assert m["sessions"] == 180
+    assert m["dedup_ratio"] == pytest.approx(m["rows"] / 180)
+    assert m["bytes_out"] > 0
+    assert m["storage_ratio"] == pytest.approx(m["bytes_in"] / m["bytes_out"])
+    assert read_schema(dst) == (SCHEMA, "sessions")
+    files = day_files(dst)
+    assert sorted(files) == [0, 1, 3]
+    for d, t in days.items():
+        counts = [pq.read_metadata(f).num_rows for f in files[d]]
+        assert counts == [16, 16, 16, 12]
+        assert _read_day(dst, d, flatten=True).equals(t)
+
+
+def test_dedup_dataset_finds_a_session_split_across_files(tmp_path):
+    t = make_impressions(20, seed=7, day=1)
+    sid = t.column(SESSION).to_numpy().copy()
+    sid[-1] = sid[0]  # session comes back, in the second file of day 1
+    t = t.set_column(1, SESSION, pa.array(sid))
+    write_dataset(tmp_path / "raw", {0: make_impressions(30, seed=8), 1: t},
+                  rows_per_file=t.num_rows - 1)
+    with pytest.raises(DataError) as e:
+        dedup.dedup_dataset(tmp_path / "raw", tmp_path / "out", DedupConfig(), chunk_rows=8)
+    assert e.value.field == SESSION and f"session {sid[0]} " in str(e.value)
+    assert "day=1" in str(e.value.file) and "part-00001" in str(e.value.file)
+
+
+def test_dedup_dataset_error_names_the_row_in_its_file(tmp_path):
+    t = make_impressions(40, seed=11)
+    sid = t.column(SESSION).to_numpy()
+    rows_per_file = 50
+    # the second row of a session that lies inside the second file
+    row = next(i for i in range(rows_per_file + 10, t.num_rows)
+               if sid[i] == sid[i - 1] and sid[i - 1] == sid[i - 2])
+    rows = t.to_pylist()
+    rows[row]["user_geo"] = 999
+    write_dataset(tmp_path / "raw", {0: pa.Table.from_pylist(rows, schema=t.schema)},
+                  rows_per_file=rows_per_file)
+    with pytest.raises(DataError) as e:
+        dedup.dedup_dataset(tmp_path / "raw", tmp_path / "out", DedupConfig(), chunk_rows=7)
+    assert e.value.field == "user_geo" and "part-00001" in str(e.value.file)
+    assert f"session {sid[row]} " in str(e.value)
+    assert f"(row {row - rows_per_file} differs" in str(e.value)
+
+
+def test_dedup_dataset_rejects_sessions_layout_and_wrong_day(tmp_path):
+    src = tmp_path / "raw"
+    write_dataset(src, {0: make_impressions(5)}, rows_per_file=100)
+    dedup.dedup_dataset(src, tmp_path / "s", DedupConfig())
+    with pytest.raises(DataError, match="impressions layout"):
+        dedup.dedup_dataset(tmp_path / "s", tmp_path / "s2", DedupConfig())
+    wrong = tmp_path / "wrong"
+    write_dataset(wrong, {2: make_impressions(5, day=1)}, rows_per_file=100)
+    with pytest.raises(DataError, match="day=2"):
+        dedup.dedup_dataset(wrong, tmp_path / "w2", DedupConfig())

@@ -1,0 +1,227 @@
+"""lrm.data.synthetic: schema, determinism, session structure, popularity, churn, drift."""
+
+from __future__ import annotations
+
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from lrm.config import GenerateConfig
+from lrm.data import synthetic
+from lrm.data.schema import day_files, read_schema, synthetic_schema
+
+USER_SIDE = ("user_id", "user_age", "user_gender", "user_geo", "user_device", "session_hour")
+USER_ATTRS = ("user_age", "user_gender", "user_geo", "user_device")
+
+
+def tiny(**kw: object) -> GenerateConfig:
+    base = dict(users=2_000, ads=500, days=2, sessions_per_day=300, seed=1)
+    return GenerateConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def col(t: pa.Table, name: str) -> np.ndarray:
+    return t.column(name).to_numpy()
+
+
+def session_starts(t: pa.Table) -> np.ndarray:
+    """Index of the first row of each row's session (sessions are contiguous)."""
+    sid = col(t, "session_id")
+    new = np.r_[True, sid[1:] != sid[:-1]]
+    return np.flatnonzero(new)[np.cumsum(new) - 1]
+
+
+def ne(labels: np.ndarray, logits: np.ndarray) -> float:
+    """Normalized entropy by hand: log loss over the entropy of the empirical CTR."""
+    y = labels.astype(np.float64)
+    p = np.clip(1 / (1 + np.exp(-logits)), 1e-12, 1 - 1e-12)
+    c = y.mean()
+    return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
+                 / -(c * np.log(c) + (1 - c) * np.log(1 - c)))
+
+
+def test_schema_matches_exactly_and_ids_lie_in_their_vocab() -> None:
+    cfg = tiny()
+    t = synthetic.generate_day(cfg, 0)
+    vocab = synthetic.vocab(cfg)
+    assert t.schema.equals(synthetic_schema(vocab).arrow("impressions"), check_metadata=True)
+    assert vocab["user_id"] == cfg.users and vocab["ad_id"] == vocab["user_history"] == cfg.ads
+    assert vocab["advertiser_id"] == cfg.advertisers and vocab["ad_category"] == cfg.categories
+    for name, size in vocab.items():
+        arr = t.column(name).combine_chunks()
+        values = arr.values if name == "user_history" else arr
+        v = values.to_numpy()
+        assert v.min() >= 0 and v.max() < size, name
+        assert arr.null_count == 0, name
+    for name in synthetic.schema(cfg).dense:
+        assert np.isfinite(col(t, name)).all() and np.abs(col(t, name)).max() < 10, name
+
+
+def test_same_config_same_bytes_and_seed_changes_output(tmp_path: Path) -> None:
+    cfg = tiny()
+    assert synthetic.generate_day(cfg, 1).equals(synthetic.generate_day(cfg, 1))
+    assert not synthetic.generate_day(cfg, 1).equals(synthetic.generate_day(tiny(seed=2), 1))
+    assert not synthetic.generate_day(cfg, 0).equals(synthetic.generate_day(cfg, 1))
+    m1 = synthetic.generate(cfg, tmp_path / "a")
+    m2 = synthetic.generate(cfg, tmp_path / "b")
+    assert m1 == m2
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
+    assert files == [Path("day=0/part-00000.parquet"), Path("day=1/part-00000.parquet")]
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+
+
+def test_sessions_are_contiguous_and_share_user_side_columns() -> None:
+    cfg = tiny()
+    days = [synthetic.generate_day(cfg, d) for d in range(2)]
+    for t in days:
+        sid, start = col(t, "session_id"), session_starts(t)
+        runs = np.count_nonzero(np.r_[True, sid[1:] != sid[:-1]])
+        assert runs == len(np.unique(sid)) == cfg.sessions_per_day  # contiguous
+        assert (col(t, "position") == np.arange(t.num_rows) - start).all()  # 0..n-1
+        for name in USER_SIDE:
+            assert (col(t, name) == col(t, name)[start]).all(), name
+        hist = t.column("user_history").to_pylist()
+        assert all(hist[i] == hist[s] for i, s in enumerate(start))
+        lengths = np.array([len(h) for h in hist])
+        assert lengths.min() >= 1 and lengths.max() <= cfg.max_history
+    sids = [set(col(t, "session_id")) for t in days]
+    assert not sids[0] & sids[1]  # globally unique across days
+    both = pa.concat_tables(days)
+    for name in USER_ATTRS:  # attributes are a function of the user, on every day
+        pairs = np.unique(np.c_[col(both, "user_id"), col(both, name)], axis=0)
+        assert len(pairs) == len(np.unique(col(both, "user_id"))), name
+    for name in ("advertiser_id", "ad_category", "ad_format"):  # ... and of the ad
+        pairs = np.unique(np.c_[col(both, "ad_id"), col(both, name)], axis=0)
+        assert len(pairs) == len(np.unique(col(both, "ad_id"))), name
+
+
+def test_session_length_ctr_and_history_near_targets() -> None:
+    cfg = tiny(days=1, sessions_per_day=4_000, users=20_000, ads=5_000)
+    t = synthetic.generate_day(cfg, 0)
+    assert t.num_rows / cfg.sessions_per_day == pytest.approx(cfg.mean_session_length, abs=0.2)
+    assert col(t, "label").mean() == pytest.approx(cfg.base_ctr, abs=0.005)
+    truth = 1 / (1 + np.exp(-synthetic.hidden_logit(cfg, t)))
+    assert truth.mean() == pytest.approx(cfg.base_ctr, rel=1e-3)  # calibrated intercept
+    lengths = pc.list_value_length(t.column("user_history")).to_numpy()
+    assert 60 <= lengths.mean() <= 95
+    short = tiny(days=1, mean_session_length=1.0, base_ctr=0.1, max_history=5)
+    t = synthetic.generate_day(short, 0)
+    assert t.num_rows == short.sessions_per_day and (col(t, "position") == 0).all()
+    assert pc.list_value_length(t.column("user_history")).to_numpy().max() <= 5
+
+
+def test_degenerate_id_spaces_still_work() -> None:
+    cfg = tiny(users=1, ads=1, advertisers=1, categories=3, churn=0.5)
+    t = synthetic.generate_day(cfg, 2)
+    assert t.num_rows > cfg.sessions_per_day
+    assert set(col(t, "user_id")) == set(col(t, "ad_id")) == {0}
+    assert set(pc.list_flatten(t.column("user_history")).to_numpy()) == {0}
+
+
+def test_user_and_ad_popularity_is_skewed() -> None:
+    cfg = tiny(users=10_000, ads=10_000, sessions_per_day=5_000)
+    t = synthetic.generate_day(cfg, 0)
+    starts = np.unique(session_starts(t))
+    for ids, space in ((col(t, "user_id")[starts], cfg.users), (col(t, "ad_id"), cfg.ads)):
+        counts = np.sort(np.bincount(ids, minlength=space))[::-1]
+        top = counts[: space // 100].sum() / counts.sum()
+        assert top > 0.2, top  # the top 1% of ids get far more than 1% of the traffic
+
+
+def test_churn_replaces_a_fraction_of_ids_per_day() -> None:
+    ranks = np.arange(20_000)
+    for churn in (0.0, 0.1, 0.3):
+        pop = synthetic._World(tiny(users=10**6, churn=churn)).users
+        changed = (pop.ids(ranks, 0) != pop.ids(ranks, 1)).mean()
+        assert changed == pytest.approx(churn, abs=0.02)
+        assert (pop.ids(ranks, 3) != pop.ids(ranks, 0)).mean() == pytest.approx(
+            min(3 * churn, 1.0), abs=0.04)
+
+    def overlap(churn: float) -> float:
+        """Share of day 1's impressions whose ad was already seen on day 0."""
+        cfg = tiny(ads=10**6, churn=churn, sessions_per_day=1_000)
+        seen = set(col(synthetic.generate_day(cfg, 0), "ad_id"))
+        return float(np.isin(col(synthetic.generate_day(cfg, 1), "ad_id"), list(seen)).mean())
+
+    stationary, churned = overlap(0.0), overlap(0.5)
+    assert stationary - churned > 0.15, (stationary, churned)
+
+    def ad_age(churn: float, day: int) -> float:
+        return float(col(synthetic.generate_day(tiny(churn=churn), day), "d_ad_age").mean())
+
+    assert ad_age(0.0, 1) > ad_age(0.0, 0)  # without churn every ad grows older
+
+
+def test_drift_moves_the_click_model_and_zero_drift_does_not() -> None:
+    for drift in (0.0, 0.3):
+        cfg = tiny(drift=drift, churn=0.0)
+        t = synthetic.generate_day(cfg, 0)
+        same_rows_tomorrow = synthetic.hidden_logit(cfg, t, day=1) - synthetic.hidden_logit(cfg, t)
+        spread = same_rows_tomorrow.std()  # the intercept's recalibration is a constant
+        assert (spread > 0.05) if drift else (spread < 1e-9), (drift, spread)
+
+
+def test_a_huge_id_space_is_fast_and_small() -> None:
+    cfg = tiny(users=10**8, ads=10**8)
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    t = synthetic.generate_day(cfg, 3)
+    seconds = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert seconds < 5 and peak < 64 * 2**20, (seconds, peak)
+    assert col(t, "user_id").max() < 10**8 and col(t, "user_id").max() > 10**7
+
+
+def test_labels_are_learnable() -> None:
+    """The hidden logit, and even a small logistic regression, beat the base rate."""
+    cfg = tiny(users=5_000, ads=1_000, sessions_per_day=2_000, seed=3)
+    train, test = (synthetic.generate_day(cfg, d) for d in (0, 1))
+    y_test = col(test, "label")
+    assert ne(y_test, synthetic.hidden_logit(cfg, test)) < 0.9
+
+    def features(t: pa.Table) -> np.ndarray:
+        eye = np.eye
+        return np.concatenate([
+            eye(cfg.categories)[col(t, "ad_category")],
+            eye(10)[np.minimum(col(t, "position"), 9)],
+            eye(4)[col(t, "ad_format")],
+            np.stack([col(t, c) for c in ("d_bid", "d_ad_age", "d_user_activity")], 1),
+            np.ones((t.num_rows, 1)),
+        ], axis=1).astype(np.float64)
+
+    x, y = features(train), col(train, "label").astype(np.float64)
+    w = np.zeros(x.shape[1])
+    w[-1] = np.log(y.mean() / (1 - y.mean()))
+    for _ in range(12):  # Newton steps with a little L2
+        p = 1 / (1 + np.exp(-x @ w))
+        hess = (x * (p * (1 - p))[:, None]).T @ x + np.eye(len(w))
+        w -= np.linalg.solve(hess, x.T @ (p - y) + w * (np.arange(len(w)) < len(w) - 1))
+    assert ne(y_test, features(test) @ w) < 0.99
+
+
+def test_rows_per_file_splits_days_between_sessions(tmp_path: Path) -> None:
+    cfg = tiny(rows_per_file=500)
+    metrics = synthetic.generate(cfg, tmp_path / "raw")
+    files = day_files(tmp_path / "raw")
+    assert sorted(files) == [0, 1] and all(len(f) > 2 for f in files.values())
+    assert read_schema(tmp_path / "raw") == (synthetic.schema(cfg), "impressions")
+    for day, paths in files.items():
+        parts = [pq.read_table(p) for p in paths]
+        assert all(p.num_rows <= 500 for p in parts)
+        sids = [set(col(p, "session_id")) for p in parts]
+        assert sum(map(len, sids)) == len(set().union(*sids))  # no session in two files
+        assert pa.concat_tables(parts).equals(synthetic.generate_day(cfg, day))
+    assert metrics["files"] == sum(len(f) for f in files.values())
+    assert metrics["rows"] == sum(pq.read_metadata(p).num_rows for f in files.values() for p in f)
+    assert metrics["sessions"] == cfg.days * cfg.sessions_per_day
+    assert set(metrics["ctr_per_day"]) == {"0", "1"}
+    assert 0 < metrics["users_active"] <= metrics["sessions"]
+    assert 0 < metrics["ads_active"] <= cfg.ads
+    assert 0 < metrics["oracle_ne"] < 1

@@ -1,0 +1,123 @@
+"""Stage `dedup` through its command line: happy path, params and metrics files, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from lrm.data import dedup
+from lrm.data.schema import day_files, read_schema, synthetic_schema
+from stages import dedup as stage
+from tests.conftest import REPO
+from tests.data.test_dedup import make_impressions, write_dataset
+
+
+def _run(cwd, *args):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "stages.dedup", *map(str, args)], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture
+def raw(tmp_path):
+    src = tmp_path / "raw"
+    write_dataset(src, {0: make_impressions(30, seed=1), 1: make_impressions(30, seed=2, day=1)},
+                  rows_per_file=40)
+    return src
+
+
+def _snapshot(path):
+    return sorted((str(p.relative_to(path)), p.read_bytes()) for p in path.rglob("*")
+                  if p.is_file())
+
+
+def test_stage_writes_sessions_and_metrics(tmp_path, raw):
+    params = tmp_path / "p.yaml"
+    params.write_text("dedup:\n  rows_per_file: 7\n")
+    r = _run(tmp_path, "--in", "raw", "--out", "out/sessions", "--params", params,
+             "--metrics", tmp_path / "m" / "dedup.json")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((tmp_path / "m" / "dedup.json").read_text())
+    assert m["sessions"] == 60 and m["rows"] > 60
+    assert m["dedup_ratio"] == pytest.approx(m["rows"] / 60)
+    out = tmp_path / "out" / "sessions"
+    assert read_schema(out) == (synthetic_schema(), "sessions")
+    files = day_files(out)
+    assert [pq.read_metadata(f).num_rows for f in files[0]] == [7, 7, 7, 7, 2]
+    flat = sum(dedup.flatten_sessions(pq.read_table(f)).num_rows for fs in files.values()
+               for f in fs)
+    assert flat == m["rows"]
+    assert not (tmp_path / "metrics").exists()  # --metrics was honoured
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["sessions"]  # no temp left
+
+
+def _bad_inputs(tmp_path, raw):
+    (tmp_path / "empty").mkdir()
+    dedup.dedup_dataset(raw, tmp_path / "sess", dedup.DedupConfig())
+    return {
+        "missing": ("nope", "does not exist"),
+        "no partitions": ("empty", "no day=D"),
+        "wrong layout": ("sess", "impressions layout"),
+    }
+
+
+def test_stage_bad_input_exits_2_and_leaves_out_untouched(tmp_path, raw):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("previous output")
+    before = _snapshot(out)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = {  # these fail before any work, so run them side by side
+        name: (msg, subprocess.Popen(
+            [sys.executable, "-m", "stages.dedup", "--in", src, "--out", "out", "--params",
+             str(tmp_path / "none.yaml"), "--metrics", str(tmp_path / "m.json")],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for name, (src, msg) in _bad_inputs(tmp_path, raw).items()
+    }
+    for name, (msg, p) in procs.items():
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 2, (name, err)
+        assert "error:" in err and msg in err and "Traceback" not in err, (name, err)
+    assert _snapshot(out) == before
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_stage_non_constant_user_field_exits_2_and_leaves_out_untouched(tmp_path, monkeypatch):
+    """Found while writing (after the MLflow run started): exit 2, nothing left behind.
+    In-process through the same typer command, to spare a second interpreter start."""
+    t = make_impressions(10, seed=3)
+    rows = t.to_pylist()
+    i = next(i for i in range(1, len(rows)) if rows[i]["session_id"] == rows[i - 1]["session_id"])
+    rows[i]["user_id"] = 10**6  # a user field that changes inside a session
+    write_dataset(tmp_path / "broken", {0: pa.Table.from_pylist(rows, schema=t.schema)},
+                  rows_per_file=100)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("previous output")
+    before = _snapshot(out)
+    monkeypatch.chdir(tmp_path)
+    app = typer.Typer()
+    app.command()(stage.command)
+    r = CliRunner().invoke(app, ["--in", "broken", "--out", "out", "--params", "none.yaml",
+                                 "--metrics", "m.json"])
+    assert r.exit_code == 2, r.output
+    assert f"field user_id: session {rows[i]['session_id']} " in r.stderr
+    assert "part-00000.parquet" in r.stderr
+    assert _snapshot(out) == before and not (tmp_path / "m.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken", "out"]
+
+
+def test_lrm_front_door_has_the_stage():
+    from lrm import cli
+
+    cli._register()
+    r = CliRunner().invoke(cli.app, ["dedup", "--help"])
+    assert r.exit_code == 0 and "--in" in r.output and "--rows-per-file" in r.output

@@ -1,0 +1,65 @@
+"""Stage `generate`: the CLI writes partitions and metrics; a bad value exits 2, writes nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import yaml
+
+from lrm.config import GenerateConfig
+from lrm.data.schema import day_files, read_schema
+from stages import generate
+
+PARAMS = {"generate": {"users": 1_000, "ads": 300, "max_history": 20, "seed": 7}}
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (cwd / "params.yaml").write_text(yaml.safe_dump(PARAMS))
+    return subprocess.run(
+        [sys.executable, "-m", "stages.generate", "--params", "params.yaml", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_cli_writes_day_partitions_and_metrics(tmp_path: Path) -> None:
+    proc = cli(tmp_path, "--out", "raw", "--days", "2", "--sessions-per-day", "200",
+               "--metrics", "m/generate.json")
+    assert proc.returncode == 0, proc.stderr
+    files = day_files(tmp_path / "raw")
+    assert sorted(files) == [0, 1]
+    sch, layout = read_schema(tmp_path / "raw")
+    assert (sch.name, layout, sch.vocab["user_id"], sch.vocab["user_history"]) == (
+        "synthetic", "impressions", 1_000, 300)
+    metrics = json.loads((tmp_path / "m/generate.json").read_text())
+    rows = sum(pq.read_metadata(p).num_rows for f in files.values() for p in f)
+    assert metrics["rows"] == rows and metrics["days"] == 2 and metrics["sessions"] == 400
+    assert metrics["bytes"] > 0 and 0 < metrics["ctr"] < 0.2
+    assert not list(tmp_path.glob(".raw.tmp-*"))
+
+
+def test_run_replaces_an_existing_output_whole(tmp_path: Path) -> None:
+    out = tmp_path / "raw"
+    (out / "day=9").mkdir(parents=True)
+    (out / "day=9" / "part-00000.parquet").write_text("stale")
+    cfg = GenerateConfig(users=500, ads=100, days=1, sessions_per_day=50, max_history=10)
+    metrics = generate.run(cfg, out)
+    assert sorted(day_files(out)) == [0]  # the stale day is gone
+    assert metrics["rows"] == pq.read_metadata(day_files(out)[0][0]).num_rows
+
+
+def test_bad_value_exits_2_naming_the_key_and_writes_nothing(tmp_path: Path) -> None:
+    proc = cli(tmp_path, "--out", "raw", "--days", "0", "--metrics", "m.json")
+    assert proc.returncode == 2
+    assert "generate.days" in proc.stderr
+    assert not (tmp_path / "raw").exists() and not (tmp_path / "m.json").exists()
+    PARAMS["generate"]["bogus"] = 1
+    try:
+        proc = cli(tmp_path, "--out", "raw")
+    finally:
+        del PARAMS["generate"]["bogus"]
+    assert proc.returncode == 2 and "bogus" in proc.stderr
+    assert not (tmp_path / "raw").exists()
