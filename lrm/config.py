@@ -158,3 +158,122 @@ class TrackingConfig:
 
     uri: str = "sqlite:///mlflow.db"
     experiment: str = "lrm"
+
+
+def _check_dims(dims: list[int], key: str) -> None:
+    _check(all(d >= 1 for d in dims), key, f"every layer width must be >= 1, got {dims}")
+
+
+@dataclass(kw_only=True)
+class TableConfig:
+    """Embedding tables of both models (lrm.models.tables); the loader hashes ids with them."""
+
+    max_rows: int = 1_000_000  # cap on the rows of a table whose vocab is known
+    hash_size: int = 50_000  # rows of a table whose feature has no known vocab (Criteo)
+    # feature -> feature whose table it shares, e.g. {user_history: ad_id} (same id space)
+    shared: dict[str, str] = field(default_factory=dict)
+    seq_pooling: str = "mean"  # pooling of multi-id features (user_seq): mean | sum
+
+    def __post_init__(self) -> None:
+        _check(self.max_rows >= 1, "max_rows", "must be >= 1")
+        _check(self.hash_size >= 1, "hash_size", "must be >= 1")
+        _check(self.seq_pooling in ("mean", "sum"), "seq_pooling", "must be 'mean' or 'sum'")
+        for f, owner in self.shared.items():
+            _check(f != owner, f"shared.{f}", "a feature cannot share its own table")
+            _check(owner not in self.shared, f"shared.{f}",
+                   f"{owner!r} shares a table itself; point at the table's owner instead")
+
+
+@dataclass(kw_only=True)
+class TeacherConfig:
+    """Wukong teacher (lrm.models.wukong): stacked FM + linear-compress layers."""
+
+    embedding_dim: int = 32  # d: every sparse feature and dense embedding
+    dense_embeddings: int = 2  # dense features are projected into this many d-vectors
+    dense_mlp: list[int] = field(default_factory=lambda: [64])  # hidden widths of that MLP
+    layers: int = 3  # Wukong layers (depth)
+    fm_embeddings: int = 8  # n_F: embeddings out of each FM block
+    lcb_embeddings: int = 8  # n_L: embeddings out of each linear compress block
+    fm_rank: int = 8  # k of the optimized FM X (Xᵀ Y), Y [n, k]; 0: the full X Xᵀ
+    fm_mlp: list[int] = field(default_factory=lambda: [256])  # hidden widths in the FM block
+    top_mlp: list[int] = field(default_factory=lambda: [256, 64])  # last width feeds the head
+
+    def __post_init__(self) -> None:
+        for k in ("embedding_dim", "dense_embeddings", "layers", "fm_embeddings"):
+            _check(getattr(self, k) >= 1, k, "must be >= 1")
+        _check(self.lcb_embeddings >= 0, "lcb_embeddings", "must be >= 0")
+        _check(self.fm_rank >= 0, "fm_rank", "must be >= 0 (0: full FM)")
+        _check_dims(self.dense_mlp, "dense_mlp")
+        _check_dims(self.fm_mlp, "fm_mlp")
+        _check_dims(self.top_mlp, "top_mlp")
+        _check(len(self.top_mlp) >= 1, "top_mlp", "needs at least one layer (it feeds the head)")
+
+
+@dataclass(kw_only=True)
+class StudentConfig:
+    """DLRM-style student (lrm.models.dlrm): bottom MLP, dot interaction, top MLP."""
+
+    embedding_dim: int = 16
+    bottom_mlp: list[int] = field(default_factory=lambda: [64])  # hidden widths; out: embedding_dim
+    top_mlp: list[int] = field(default_factory=lambda: [128, 64])  # last width feeds the head(s)
+
+    def __post_init__(self) -> None:
+        _check(self.embedding_dim >= 1, "embedding_dim", "must be >= 1")
+        _check_dims(self.bottom_mlp, "bottom_mlp")
+        _check_dims(self.top_mlp, "top_mlp")
+        _check(len(self.top_mlp) >= 1, "top_mlp", "needs at least one layer (it feeds the head)")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The `model` section: tables shared by both models, and each model's shape."""
+
+    tables: TableConfig = field(default_factory=TableConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    student: StudentConfig = field(default_factory=StudentConfig)
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """The training loop (lrm.train): data split, batch, optimizers, schedule, checkpoints."""
+
+    days: list[int] = field(default_factory=list)  # train days; empty: every day before eval_day
+    eval_day: int = -1  # held-out day; negative counts from the last day (-1: the last)
+    batch_size: int = 2048  # impressions per step over all ranks (each rank: batch_size / W)
+    epochs: int = 1  # passes over the train days (when steps is 0)
+    steps: int = 0  # optimizer steps (0: `epochs` passes); may span epochs
+    lr: float = 1e-3  # dense part: AdamW
+    weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
+    embedding_lr: float = 0.05  # embedding tables: fbgemm's fused row-wise Adagrad
+    seed: int = 0
+    eval_every: int = 0  # steps between evals on eval_day (0: only at the end)
+    eval_batches: int = 0  # batches per rank in a periodic eval (0: all); the final eval reads all
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
+    keep_checkpoints: int = 2  # complete step-N/ folders kept
+    log_every: int = 10  # steps between progress / MLflow metric points
+    ne_window: int = 100_000  # impressions in the running (windowed) train NE
+    device: str = "auto"  # auto (cuda when present) | cpu | cuda
+    amp: bool = True  # bf16 autocast on GPU (CPU always runs float32)
+    threads: int = 0  # torch intra-op threads per process (0: torch's default)
+
+    def __post_init__(self) -> None:
+        _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
+        _check(len(set(self.days)) == len(self.days), "days", f"repeated days in {self.days}")
+        for k in ("batch_size", "epochs", "keep_checkpoints", "log_every", "ne_window"):
+            _check(getattr(self, k) >= 1, k, "must be >= 1")
+        for k in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
+            _check(getattr(self, k) >= 0, k, "must be >= 0 (0: see the comment in params.yaml)")
+        _check(self.lr > 0 and self.embedding_lr > 0, "lr/embedding_lr", "must be > 0")
+        _check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+
+
+@dataclass(kw_only=True)
+class EvalConfig:
+    """Offline evaluation of a saved model on a held-out day (lrm.train.evaluate)."""
+
+    day: int = -1  # negative counts from the last day (-1: the last)
+    batch_size: int = 8192
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "batch_size", "must be >= 1")

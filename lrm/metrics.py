@@ -1,0 +1,160 @@
+"""Offline metrics of a CTR model: normalized entropy, AUC, calibration.
+
+    NE = -mean(y log p + (1 - y) log(1 - p)) / -(c log c + (1 - c) log(1 - c)),
+    c the empirical CTR of the labels (natural log; the base cancels).
+
+Functions take logits by default (log-sigmoid keeps the log loss finite and exact for
+confident predictions); pass `probs=True` for probabilities, which are clamped to
+[eps, 1 - eps]. Sums are accumulated in float64. A metric that is undefined on its input
+(NE or AUC when every label is the same, calibration with no positive label) is NaN.
+
+AUC is exact and rank-based (Mann-Whitney U with average ranks for ties): one sort,
+O(n log n). torchrec's `metrics.auc` integrates over the sorted order without grouping
+ties (a tie block's pairs count as 0 or 1 depending on the sort, not 0.5), and
+torchmetrics' `binary_auroc` accumulates in float32 and sigmoid-transforms inputs outside
+[0, 1] on its own; neither is both exact and explicit, so this module has its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().reshape(-1).to(torch.float64)
+
+
+def log_losses(preds: torch.Tensor, labels: torch.Tensor, *, probs: bool = False,
+               eps: float = 1e-12) -> torch.Tensor:
+    """Per-sample log loss -(y log p + (1 - y) log(1 - p)), float64."""
+    x, y = _flat(preds), _flat(labels)
+    if x.shape != y.shape:
+        raise ValueError(f"{x.numel()} predictions for {y.numel()} labels")
+    if probs:
+        p = x.clamp(eps, 1 - eps)
+        return -(y * torch.log(p) + (1 - y) * torch.log1p(-p))
+    return -(y * F.logsigmoid(x) + (1 - y) * F.logsigmoid(-x))
+
+
+def entropy(ctr: float) -> float:
+    """-(c log c + (1 - c) log(1 - c)): the log loss of always predicting the base rate."""
+    if not 0 < ctr < 1:
+        return 0.0
+    return -(ctr * math.log(ctr) + (1 - ctr) * math.log1p(-ctr))
+
+
+def _ne(loss_sum: float, pos: float, rows: float) -> float:
+    h = entropy(pos / rows) if rows else 0.0
+    return loss_sum / rows / h if h > 0 else math.nan
+
+
+def normalized_entropy(preds: torch.Tensor, labels: torch.Tensor, *, probs: bool = False,
+                       eps: float = 1e-12) -> float:
+    """NE of logits (or probabilities with probs=True) against 0/1 labels; lower is better."""
+    ll = log_losses(preds, labels, probs=probs, eps=eps)
+    return _ne(float(ll.sum()), float(_flat(labels).sum()), ll.numel())
+
+
+def auc(preds: torch.Tensor, labels: torch.Tensor) -> float:
+    """Exact ROC AUC: P(score of a positive > score of a negative) + 0.5 P(equal).
+
+    Any monotone score works (logits or probabilities give the same AUC).
+    """
+    x, y = _flat(preds), _flat(labels)
+    if x.shape != y.shape:
+        raise ValueError(f"{x.numel()} predictions for {y.numel()} labels")
+    n_pos = float(y.sum())
+    n_neg = y.numel() - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    xs, order = torch.sort(x)
+    _, counts = torch.unique_consecutive(xs, return_counts=True)
+    ends = torch.cumsum(counts, 0)  # 1-based rank of each tie block's last row
+    avg_rank = ends.to(torch.float64) - (counts.to(torch.float64) - 1) / 2
+    pos_upto = torch.cumsum(y[order], 0)[ends - 1]  # positives up to each block's end
+    pos_per_block = torch.diff(pos_upto, prepend=pos_upto.new_zeros(1))
+    rank_sum = float((avg_rank * pos_per_block).sum())
+    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+
+
+def calibration(preds: torch.Tensor, labels: torch.Tensor, *, probs: bool = False) -> float:
+    """Sum of predicted probabilities / sum of labels (1.0: calibrated in aggregate)."""
+    x = _flat(preds)
+    p = x if probs else torch.sigmoid(x)
+    pos = float(_flat(labels).sum())
+    return float(p.sum()) / pos if pos > 0 else math.nan
+
+
+class StreamingMetrics:
+    """Metrics accumulated over batches: `update(logits, labels)` each batch, then `compute()`.
+
+    NE, log loss, CTR and calibration keep four float64 sums (constant memory). AUC needs
+    every prediction: with keep_auc=True (default) the logits (float32) and labels (bool)
+    are kept, 5 bytes per row; keep_auc=False drops them and reports AUC as NaN.
+    `window_ne()` is the NE of the last `window` rows (a ring buffer of per-row log loss
+    and label, for training logs).
+    """
+
+    def __init__(self, *, window: int = 100_000, keep_auc: bool = True,
+                 probs: bool = False) -> None:
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self.window, self.keep_auc, self.probs = window, keep_auc, probs
+        self.reset()
+
+    def reset(self) -> None:
+        self.rows = 0
+        self._loss = self._pos = self._prob = 0.0
+        self._preds: list[torch.Tensor] = []
+        self._labels: list[torch.Tensor] = []
+        self._win_loss = torch.zeros(self.window, dtype=torch.float64)
+        self._win_y = torch.zeros(self.window, dtype=torch.float64)
+        self._win_at = 0  # next slot to write
+        self._win_rows = 0
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        x, y = _flat(logits), _flat(labels)
+        ll = log_losses(x, y, probs=self.probs)
+        self.rows += y.numel()
+        self._loss += float(ll.sum())
+        self._pos += float(y.sum())
+        self._prob += float(x.clamp(0, 1).sum() if self.probs else torch.sigmoid(x).sum())
+        if self.keep_auc:
+            self._preds.append(x.to(torch.float32))
+            self._labels.append(y.to(torch.bool))
+        self._push_window(ll, y)
+
+    def _push_window(self, ll: torch.Tensor, y: torch.Tensor) -> None:
+        n = ll.numel()
+        if n >= self.window:
+            ll, y, n = ll[-self.window:], y[-self.window:], self.window
+        first = min(n, self.window - self._win_at)  # up to the end of the ring, then wrap
+        a = self._win_at
+        self._win_loss[a:a + first], self._win_y[a:a + first] = ll[:first], y[:first]
+        self._win_loss[:n - first], self._win_y[:n - first] = ll[first:], y[first:]
+        self._win_at = (a + n) % self.window
+        self._win_rows = min(self._win_rows + n, self.window)
+
+    def window_ne(self) -> float:
+        """NE of the last `window` rows (fewer before that many were seen)."""
+        k = self._win_rows
+        return _ne(float(self._win_loss[:k].sum()), float(self._win_y[:k].sum()), k)
+
+    def compute(self) -> dict[str, float]:
+        """{ne, auc, calibration, rows, log_loss, ctr, window_ne} over everything seen."""
+        n = self.rows
+        out = {
+            "ne": _ne(self._loss, self._pos, n),
+            "auc": math.nan,
+            "calibration": self._prob / self._pos if self._pos > 0 else math.nan,
+            "rows": n,
+            "log_loss": self._loss / n if n else math.nan,
+            "ctr": self._pos / n if n else math.nan,
+            "window_ne": self.window_ne(),
+        }
+        if self.keep_auc and n:
+            out["auc"] = auc(torch.cat(self._preds), torch.cat(self._labels).to(torch.float64))
+        return out

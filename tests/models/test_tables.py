@@ -1,0 +1,90 @@
+"""Tables from the schema, hash sizes for the loader, and the two-EBC lookup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchrec.modules.embedding_configs import PoolingType
+
+from lrm.config import ModelConfig, TableConfig
+from lrm.errors import ConfigError
+from lrm.models import build_model
+from lrm.models.tables import SparseEmbeddings, embedding_tables, hash_sizes, split_tables
+
+
+def test_one_table_per_feature(synthetic):
+    cfg = TableConfig(max_rows=30, hash_size=7)
+    tables = embedding_tables(synthetic, cfg, 8)
+    assert [t.feature_names for t in tables] == [[f] for f in synthetic.sparse_features]
+    sizes = hash_sizes(tables)
+    assert sizes["user_id"] == 30 and sizes["user_age"] == 8  # min(vocab, max_rows)
+    pooling = {t.feature_names[0]: t.pooling for t in tables}
+    assert pooling["user_history"] == PoolingType.MEAN and pooling["ad_id"] == PoolingType.SUM
+    user_t, item_t = split_tables(synthetic, tables)
+    assert {f for t in user_t for f in t.feature_names} == set(synthetic.user_features)
+    assert {f for t in item_t for f in t.feature_names} == set(synthetic.item_sparse)
+
+
+def test_criteo_is_hashed_and_has_no_user_tables(criteo, small_cfg):
+    tables = embedding_tables(criteo, TableConfig(hash_size=123), 4)
+    assert set(hash_sizes(tables).values()) == {123} and len(tables) == 26
+    model = build_model("student", criteo, small_cfg)
+    assert model.embeddings.user_ebc is None
+
+
+def test_shared_table_across_sides(synthetic, batches):
+    cfg = TableConfig(shared={"user_history": "ad_id"})
+    tables = embedding_tables(synthetic, cfg, 4)
+    (shared,) = [t for t in tables if "ad_id" in t.feature_names]
+    assert shared.feature_names == ["ad_id", "user_history"] and shared.name == "t_ad_id"
+    sizes = hash_sizes(tables)
+    assert sizes["user_history"] == sizes["ad_id"] == 40
+    assert "user_history" not in hash_sizes(split_tables(synthetic, tables)[0])
+
+    torch.manual_seed(0)
+    emb = SparseEmbeddings(synthetic, tables)
+    assert emb.user_features[-1] == "user_history"
+    plain, dedup = batches(synthetic, sessions=6, seed=3)
+    user, item = emb(dedup)
+    assert user.shape == (6, len(synthetic.user_features), 4)
+    assert item.shape == (dedup.size, len(synthetic.item_sparse), 4)
+    # user_history is the mean of its ids' rows of the ad_id table
+    w = emb.item_ebc.embedding_bags["t_ad_id"].weight
+    hist = dedup.user.to_dict()["user_history"]
+    for s in range(6):
+        ids = hist.values()[hist.offsets()[s]:hist.offsets()[s + 1]]
+        want = w[ids].mean(0) if len(ids) else torch.zeros(4)
+        torch.testing.assert_close(user[s, -1], want)
+    pu, pi = emb(plain)
+    torch.testing.assert_close(pu, dedup.expand_user(user), rtol=0, atol=0)
+    torch.testing.assert_close(pi, item, rtol=0, atol=0)
+
+
+def test_lookup_matches_the_weights(synthetic, batches):
+    tables = embedding_tables(synthetic, TableConfig(), 4)
+    emb = SparseEmbeddings(synthetic, tables)
+    _, dedup = batches(synthetic, sessions=4, seed=5)
+    user, item = emb(dedup)
+    ad = dedup.item.to_dict()["ad_id"]
+    w = emb.item_ebc.embedding_bags["t_ad_id"].weight
+    for i in range(dedup.size):
+        ids = ad.values()[ad.offsets()[i]:ad.offsets()[i + 1]]  # 0 or 1 id (missing: zeros)
+        torch.testing.assert_close(item[i, emb.item_features.index("ad_id")], w[ids].sum(0))
+
+
+@pytest.mark.parametrize("shared", [{"nope": "ad_id"}, {"user_history": "nope"}])
+def test_shared_must_name_features(synthetic, shared):
+    with pytest.raises(ConfigError, match="model.tables.shared"):
+        embedding_tables(synthetic, TableConfig(shared=shared), 4)
+
+
+def test_meta_tables_leave_dense_init_unchanged(synthetic):
+    torch.manual_seed(0)
+    cpu = build_model("teacher", synthetic, ModelConfig())
+    torch.manual_seed(0)
+    meta = build_model("teacher", synthetic, ModelConfig(), device="meta")
+    for (name, p), (_, q) in zip(cpu.named_parameters(), meta.named_parameters(), strict=True):
+        if name.startswith("embeddings."):
+            assert q.is_meta
+        else:
+            assert torch.equal(p, q), name

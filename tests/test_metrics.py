@@ -1,0 +1,111 @@
+"""NE, AUC and calibration against hand computations, brute force and torchrec."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lrm.metrics import StreamingMetrics, auc, calibration, normalized_entropy
+
+
+def test_ne_by_hand():
+    # p = (0.8, 0.4, 0.1, 0.3), y = (1, 0, 0, 1); c = 0.5
+    # log loss = -(ln .8 + ln .6 + ln .9 + ln .3) / 4
+    #          = (0.223144 + 0.510826 + 0.105361 + 1.203973) / 4 = 0.510826
+    # entropy  = -(.5 ln .5 + .5 ln .5) = ln 2 = 0.693147;  NE = 0.736966
+    p = torch.tensor([0.8, 0.4, 0.1, 0.3], dtype=torch.float64)
+    y = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    want = (-(math.log(0.8) + math.log(0.6) + math.log(0.9) + math.log(0.3)) / 4) / math.log(2)
+    assert want == pytest.approx(0.736966, abs=1e-6)
+    assert normalized_entropy(p, y, probs=True) == pytest.approx(want, rel=1e-12)
+    assert normalized_entropy(torch.logit(p.double()), y) == pytest.approx(want, rel=1e-12)
+
+
+def test_ne_matches_torchrec():
+    from torchrec.metrics.metrics_config import RecTaskInfo
+    from torchrec.metrics.ne import NEMetric
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 500, generator=g) * 2 - 1
+    y = (torch.rand(4, 500, generator=g) < torch.sigmoid(logits)).float()
+    task = RecTaskInfo(name="ctr", label_name="y", prediction_name="p", weight_name="w")
+    ref = NEMetric(world_size=1, my_rank=0, batch_size=500, tasks=[task], window_size=10_000)
+    for i in range(4):
+        ref.update(predictions={"ctr": torch.sigmoid(logits[i])}, labels={"ctr": y[i]},
+                   weights={"ctr": torch.ones(500)})
+    want = float(ref.compute()["ne-ctr|lifetime_ne"])
+    assert normalized_entropy(logits, y) == pytest.approx(want, rel=1e-6)
+
+
+def test_ne_base_rate_is_one_and_degenerate_is_nan():
+    y = torch.tensor([1.0, 0, 0, 0, 1, 0, 0, 0])  # c = 0.25
+    assert normalized_entropy(torch.full((8,), 0.25), y, probs=True) == pytest.approx(1.0)
+    assert normalized_entropy(torch.full((8,), math.log(0.25 / 0.75)), y) == pytest.approx(1.0)
+    assert math.isnan(normalized_entropy(torch.zeros(3), torch.zeros(3)))
+
+
+def test_ne_logits_stay_finite_when_confident():
+    y = torch.tensor([1.0, 0.0])
+    ne = normalized_entropy(torch.tensor([-200.0, 200.0]), y)  # p underflows to 0 / 1
+    assert ne == pytest.approx(200 / math.log(2), rel=1e-9)
+
+
+def _brute_auc(p: torch.Tensor, y: torch.Tensor) -> float:
+    pos, neg = p[y == 1], p[y == 0]
+    gt = (pos[:, None] > neg[None, :]).double().sum()
+    eq = (pos[:, None] == neg[None, :]).double().sum()
+    return float((gt + 0.5 * eq) / (len(pos) * len(neg)))
+
+
+def test_auc_exact_with_ties():
+    g = torch.Generator().manual_seed(1)
+    p = torch.randint(0, 12, (400,), generator=g).float()  # many ties
+    y = (torch.rand(400, generator=g) < 0.3).float()
+    assert auc(p, y) == pytest.approx(_brute_auc(p, y), abs=1e-12)
+    q = torch.randn(300, generator=g)
+    z = (torch.rand(300, generator=g) < torch.sigmoid(2 * q)).float()
+    assert auc(q, z) == pytest.approx(_brute_auc(q, z), abs=1e-12)
+    assert auc(torch.sigmoid(q), z) == pytest.approx(auc(q, z), abs=1e-12)
+
+
+def test_auc_small_cases():
+    assert auc(torch.tensor([0.1, 0.9]), torch.tensor([0.0, 1.0])) == 1.0
+    assert auc(torch.tensor([0.9, 0.1]), torch.tensor([0.0, 1.0])) == 0.0
+    assert auc(torch.tensor([0.5, 0.5, 0.5]), torch.tensor([0.0, 1.0, 1.0])) == 0.5
+    assert math.isnan(auc(torch.tensor([0.3, 0.4]), torch.tensor([1.0, 1.0])))
+
+
+def test_calibration():
+    p = torch.tensor([0.2, 0.4, 0.1, 0.3])
+    y = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert calibration(p, y, probs=True) == pytest.approx(1.0)
+    assert calibration(torch.logit(p), y) == pytest.approx(1.0, rel=1e-6)
+    assert calibration(p, torch.tensor([1.0, 1.0, 0.0, 0.0]), probs=True) == pytest.approx(0.5)
+
+
+def test_streaming_equals_one_shot_and_window():
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(1000, generator=g) - 1.5
+    y = (torch.rand(1000, generator=g) < torch.sigmoid(logits)).float()
+    m = StreamingMetrics(window=300)
+    for chunk in (slice(0, 130), slice(130, 500), slice(500, 510), slice(510, 1000)):
+        m.update(logits[chunk], y[chunk])
+    out = m.compute()
+    assert out["rows"] == 1000
+    assert out["ne"] == pytest.approx(normalized_entropy(logits, y), rel=1e-12)
+    assert out["auc"] == pytest.approx(auc(logits, y), abs=1e-12)
+    assert out["calibration"] == pytest.approx(calibration(logits, y), rel=1e-9)
+    assert out["ctr"] == pytest.approx(float(y.mean()))
+    assert out["log_loss"] == pytest.approx(
+        float(torch.nn.functional.binary_cross_entropy_with_logits(logits, y)), rel=1e-6)
+    assert m.window_ne() == pytest.approx(normalized_entropy(logits[-300:], y[-300:]), rel=1e-9)
+    assert out["window_ne"] == m.window_ne()
+
+    small = StreamingMetrics(window=5000, keep_auc=False)  # window not yet full
+    small.update(logits[:200], y[:200])
+    assert small.window_ne() == pytest.approx(normalized_entropy(logits[:200], y[:200]))
+    assert math.isnan(small.compute()["auc"])
+    small.reset()
+    assert small.rows == 0 and math.isnan(small.compute()["ne"])
