@@ -7,23 +7,21 @@ from __future__ import annotations
 
 import typer
 
+# Stage modules in DAG order; each exposes `command` (or `app` for a command group).
+STAGES = ("generate", "ingest", "dedup", "train", "evaluate",
+          "teacher", "augment", "student")  # ExFM: teacher -> augment -> students
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="lrm: train and keep retraining large recommendation models.")
 
 
 def _register() -> None:
     # Imported here so `lrm --help` stays fast and the import direction stays one-way.
-    from stages import generate
+    import importlib
 
-    app.command("generate")(generate.command)
-    for name in ("ingest", "dedup"):
-        try:
-            mod = __import__(f"stages.{name}", fromlist=["app", "command"])
-        except ModuleNotFoundError as e:  # a stage not yet present in this checkout
-            if e.name != f"stages.{name}":
-                raise
-            continue
-        if hasattr(mod, "app"):
+    for name in STAGES:
+        mod = importlib.import_module(f"stages.{name}")
+        if hasattr(mod, "app"):  # a command group, e.g. `lrm ingest criteo`
             app.add_typer(mod.app, name=name)
         else:
             app.command(name)(mod.command)

@@ -216,11 +216,23 @@ class StudentConfig:
     embedding_dim: int = 16
     bottom_mlp: list[int] = field(default_factory=lambda: [64])  # hidden widths; out: embedding_dim
     top_mlp: list[int] = field(default_factory=lambda: [128, 64])  # last width feeds the head(s)
+    # ExFM's parts (lrm.models.exfm), set per variant by lrm.train.distill.student_config
+    aux_head: bool = False  # an auxiliary head on the top representation (distillation)
+    adapter: bool = False  # a student adapter on the teacher's logit and the dense features
+    aux_mlp: list[int] = field(default_factory=list)  # hidden widths of the aux head
+    adapter_mlp: list[int] = field(default_factory=lambda: [16])  # hidden widths of the adapter
+    # the adapter's context: the dense features, or those and the student's top
+    # representation (detached: the adapter's loss never trains the student)
+    adapter_context: str = "dense"  # dense | dense+features
 
     def __post_init__(self) -> None:
         _check(self.embedding_dim >= 1, "embedding_dim", "must be >= 1")
         _check_dims(self.bottom_mlp, "bottom_mlp")
         _check_dims(self.top_mlp, "top_mlp")
+        _check_dims(self.aux_mlp, "aux_mlp")
+        _check_dims(self.adapter_mlp, "adapter_mlp")
+        _check(self.adapter_context in ("dense", "dense+features"), "adapter_context",
+               f"must be 'dense' or 'dense+features', got {self.adapter_context!r}")
         _check(len(self.top_mlp) >= 1, "top_mlp", "needs at least one layer (it feeds the head)")
 
 
@@ -277,3 +289,83 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class DistillConfig:
+    """How an ExFM student learns from the teacher (lrm.train.distill); one ablation variant.
+
+    distill false is the labels-only student; aux_head false puts the distillation loss on
+    the serving head; adapter false distills toward the raw teacher logit.
+    """
+
+    distill: bool = True  # a distillation loss against the teacher's soft labels
+    aux_head: bool = True  # ... on an auxiliary head (false: on the serving head)
+    adapter: bool = True  # the student adapter turns the teacher's logit into the target
+    weight: float = 1.0  # weight of the distillation loss
+
+    def __post_init__(self) -> None:
+        _check(self.weight >= 0, "weight", "must be >= 0")
+
+
+@dataclass(kw_only=True)
+class ExFMConfig:
+    """ExFM's split of the days: the teacher trains on [0, T), students on the days after."""
+
+    teacher_days: int = 3  # T
+
+    def __post_init__(self) -> None:
+        _check(self.teacher_days >= 1, "teacher_days", "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class TeacherStageConfig:
+    """Stage `teacher` (ExFM): the Wukong teacher (model.teacher) on days [0, T)."""
+
+    train: TrainConfig = field(default_factory=TrainConfig)  # days/eval_day come from exfm
+    registry_name: str = "lrm-teacher"  # MLflow registered model ("": do not register)
+    alias: str = "champion"  # alias pointed at the new version ("": none)
+
+    def __post_init__(self) -> None:
+        _check(not self.train.days and self.train.eval_day == -1, "train",
+               "leave days and eval_day unset (the teacher trains on days [0, "
+               "exfm.teacher_days) and is evaluated on day exfm.teacher_days)")
+
+
+@dataclass(kw_only=True)
+class AugmentConfig:
+    """Stage `augment` (ExFM's data augmentation system, lrm.exfm.augment)."""
+
+    days: list[int] = field(default_factory=list)  # empty: every day from exfm.teacher_days on
+    batch_size: int = 8192  # impressions per teacher forward
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "batch_size", "must be >= 1")
+        _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
+
+
+def default_variants() -> dict[str, DistillConfig]:
+    return {"labels_only": DistillConfig(distill=False, aux_head=False, adapter=False),
+            "distill_serving": DistillConfig(aux_head=False, adapter=False),
+            "aux_head": DistillConfig(adapter=False),
+            "aux_adapter": DistillConfig()}
+
+
+@dataclass(kw_only=True)
+class StudentsConfig:
+    """Stage `student` (ExFM): student sizes x variants, trained day by day (lrm.exfm.students).
+
+    Tables (rows, hashing) come from the `model.tables` section, shared with the teacher.
+    """
+
+    days: list[int] = field(default_factory=list)  # train days; empty: T .. the day before the last
+    train: TrainConfig = field(default_factory=TrainConfig)  # per day; days/eval_day set per day
+    models: dict[str, StudentConfig] = field(default_factory=lambda: {"small": StudentConfig()})
+    variants: dict[str, DistillConfig] = field(default_factory=default_variants)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.models), "models", "list at least one student")
+        _check(bool(self.variants), "variants", "list at least one variant")
+        _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
+        _check(not self.train.days and self.train.eval_day == -1, "train",
+               "leave days and eval_day unset (each day trains on itself, evaluates on the next)")

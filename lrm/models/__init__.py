@@ -16,13 +16,14 @@ from torch import nn
 from lrm.config import ModelConfig
 from lrm.data.schema import FeatureSchema
 from lrm.models.dlrm import DLRMStudent, DotInteraction
+from lrm.models.exfm import ExFMStudent
 from lrm.models.tables import SparseEmbeddings, embedding_tables, hash_sizes
 from lrm.models.wukong import Wukong
 
 KINDS = ("teacher", "student")
 
-__all__ = ["KINDS", "DLRMStudent", "DotInteraction", "SparseEmbeddings", "Wukong",
-           "build_model", "embedding_tables", "hash_sizes", "num_parameters"]
+__all__ = ["KINDS", "DLRMStudent", "DotInteraction", "ExFMStudent", "SparseEmbeddings",
+           "Wukong", "build_model", "embedding_tables", "hash_sizes", "num_parameters"]
 
 
 def build_model(kind: Literal["teacher", "student"], schema: FeatureSchema, cfg: ModelConfig,
@@ -40,6 +41,9 @@ def build_model(kind: Literal["teacher", "student"], schema: FeatureSchema, cfg:
         return Wukong(schema, tables, cfg.teacher, device=device, dense_device=dense_device)
     if kind == "student":
         tables = embedding_tables(schema, cfg.tables, cfg.student.embedding_dim)
+        if cfg.student.aux_head or cfg.student.adapter:  # ExFM's parts (lrm.models.exfm)
+            return ExFMStudent(schema, tables, cfg.student, device=device,
+                               dense_device=dense_device)
         return DLRMStudent(schema, tables, cfg.student, device=device, dense_device=dense_device)
     raise ValueError(f"unknown model kind {kind!r}; expected one of {KINDS}")
 

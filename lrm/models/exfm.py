@@ -8,7 +8,8 @@ The student keeps its serving head (`head`, scored by `forward`) and may grow tw
   and top MLPs) but never the serving head's own parameters, so a stale teacher does not
   pull the served prediction toward itself.
 * the **student adapter** (`adapter`): a small network on the teacher's logit and context
-  features (the dense features) that learns, from fresh labels, how to correct the
+  features (the dense features; with `adapter_context: dense+features` also the student's
+  top representation, detached) that learns, from fresh labels, how to correct the
   teacher's prediction; its (detached) output is the distillation target. It is residual
   and starts as the identity: adapter(t, x) = t + net(t, x), net's last layer zero.
 
@@ -79,8 +80,9 @@ class ExFMStudent(DLRMStudent):
         # built after every part of the plain student, so those draw the same init
         self.aux_head = (mlp(self.feature_dim, list(cfg.aux_mlp) + [1], last_activation=False)
                          if cfg.aux_head else None)
-        self.adapter = (StudentAdapter(len(schema.dense), cfg.adapter_mlp)
-                        if cfg.adapter else None)
+        self.adapter_features = cfg.adapter_context == "dense+features"
+        n_context = len(schema.dense) + (self.feature_dim if self.adapter_features else 0)
+        self.adapter = StudentAdapter(n_context, cfg.adapter_mlp) if cfg.adapter else None
         if dense_device is not None:
             for m in (self.aux_head, self.adapter):
                 if m is not None:
@@ -98,5 +100,8 @@ class ExFMStudent(DLRMStudent):
             if batch.teacher_logits is None:
                 raise ValueError("the student adapter needs batch.teacher_logits "
                                  "(read augmented data with teacher_column='teacher_logit')")
-            adapted = self.adapter(batch.teacher_logits, batch.dense)
+            context = batch.dense
+            if self.adapter_features:  # detached: the adapter's loss stays off the student
+                context = torch.cat([context, features.detach()], 1)
+            adapted = self.adapter(batch.teacher_logits, context)
         return StudentOutputs(serving=serving, aux=aux, adapter=adapted)

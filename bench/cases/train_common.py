@@ -1,0 +1,110 @@
+"""What the training benchmarks share: the dataset, preloaded batches, the project's step.
+
+Data: the synthetic log at its defaults (100k users, 10k ads, mean session length 8,
+histories of up to 100 ads, ~79 on average): day 0 trains, day 1 is the held-out day
+train() needs. --quick uses 5,000 sessions a day (~40k impressions), the full run 20,000
+(~160k, the default day).
+
+The throughput cases time optimizer steps on batches built beforehand (the loader has its
+own benchmark, data.loader), best of a few repeats after warm-up steps; the `end_to_end`
+variants run lrm.train.train itself (loader in the loop, prefetching in the background).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from lrm.config import DedupConfig, GenerateConfig, ModelConfig
+from lrm.data import dedup, synthetic
+from lrm.data.batch import Batch
+from lrm.data.loader import BatchLoader
+from lrm.data.schema import read_schema
+from lrm.models import build_model
+from lrm.train import parallel
+from lrm.train.dist import process_group, quiet_libraries
+from lrm.train.data import model_hash_sizes
+
+BATCH = 2048  # TrainConfig's default
+LR, EMBEDDING_LR = 1e-3, 0.05  # TrainConfig's defaults
+MODEL = ModelConfig()  # the default student: d=16, bottom [64], top [128, 64]
+
+
+def sessions_per_day(quick: bool) -> int:
+    return 5_000 if quick else 20_000
+
+
+@contextmanager
+def dataset(quick: bool) -> Iterator[dict[str, Any]]:
+    """{"raw": impressions layout, "sessions": its dedup, "rows": day 0 impressions, ...}."""
+    cfg = GenerateConfig(days=2, sessions_per_day=sessions_per_day(quick))
+    with tempfile.TemporaryDirectory(prefix="lrm-bench-train-") as tmp:
+        root = Path(tmp)
+        synthetic.generate(cfg, root / "raw")
+        m = dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+        rows = BatchLoader(root / "raw", BATCH, days=[0]).num_rows()
+        yield {"raw": root / "raw", "sessions": root / "sessions", "rows": rows,
+               "mean_session_length": round(m["rows"] / m["sessions"], 2),
+               "sessions_per_day": cfg.sessions_per_day}
+
+
+def batches(data: Path, dedup_: bool, n: int, hash_sizes: dict[str, int]) -> list[Batch]:
+    """The first `n` batches of day 0 (the same impressions in either form)."""
+    ld = BatchLoader(data, BATCH, days=[0], dedup=dedup_, hash_sizes=hash_sizes,
+                     drop_last=True)
+    out = list(islice(iter(ld), n))
+    if len(out) < n:
+        raise ValueError(f"day 0 holds {len(out)} batches of {BATCH}, {n} wanted")
+    return out
+
+
+def student_hash_sizes(data: Path) -> dict[str, int]:
+    schema, _ = read_schema(data)
+    return model_hash_sizes(build_model("student", schema, MODEL, device="meta"))
+
+
+def time_steps(runs: dict[str, tuple[Callable[[Any], None], list[Any]]], warmup: int,
+               repeat: int) -> dict[str, float]:
+    """Best seconds per pass over its data for each named (step, data), after `warmup`
+    steps each; the passes alternate between the runs, so load that comes and goes on a
+    shared machine disturbs them alike."""
+    for step, data in runs.values():
+        for b in data[:warmup]:
+            step(b)
+    best = {name: float("inf") for name in runs}
+    for _ in range(repeat):
+        for name, (step, data) in runs.items():
+            t0 = time.perf_counter()
+            for b in data:
+                step(b)
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return best
+
+
+@contextmanager
+def project_step(data: Path) -> Iterator[Callable[[Batch], None]]:
+    """The project's training step, as lrm.train.loop runs it: the student sharded by DMP
+    (one process, gloo), fused row-wise Adagrad on the tables, AdamW on the dense part."""
+    quiet_libraries()
+    schema, _ = read_schema(data)
+    with process_group("cpu") as env:
+        torch.manual_seed(0)
+        model = build_model("student", schema, MODEL, device="meta")
+        dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
+        opt = parallel.optimizer(dmp, parallel.dense_optimizer(dmp, LR, 0.0))
+
+        def step(b: Batch) -> None:
+            loss = F.binary_cross_entropy_with_logits(dmp(b), b.labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        yield step

@@ -1,0 +1,84 @@
+"""The final model folder: what evaluate, the MLflow pyfunc and later stages load.
+
+    DIR/model.json      kind, schema, model config, hash sizes, training summary
+    DIR/state_dict.pt   the unsharded state dict, plain CPU tensors (torch.save)
+
+The folder is written atomically (lrm.io.atomic_dir) and read back with
+`torch.load(weights_only=True)`: nothing in it is unpickled as code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from lrm import io
+from lrm.config import ModelConfig, from_dict
+from lrm.data.schema import FeatureSchema
+from lrm.errors import DataError
+from lrm.models import build_model
+
+FORMAT = 1
+CARD = "model.json"
+WEIGHTS = "state_dict.pt"
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """Everything needed to rebuild a trained model and feed it like training did."""
+
+    kind: str
+    schema: FeatureSchema
+    model: ModelConfig
+    hash_sizes: dict[str, int]
+    info: dict[str, Any] = field(default_factory=dict)  # training summary (steps, days, NE)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "format": FORMAT, "kind": self.kind, "schema": json.loads(self.schema.to_json()),
+            "model": dataclasses.asdict(self.model), "hash_sizes": self.hash_sizes,
+            "info": self.info,
+        }, indent=2, sort_keys=True, default=str)
+
+    @classmethod
+    def from_json(cls, text: str, where: Path | str = CARD) -> ModelCard:
+        d = json.loads(text)
+        if d.get("format") != FORMAT:
+            raise DataError(where, None, "format", f"model format {d.get('format')!r}; "
+                                                   f"this lrm reads format {FORMAT}")
+        return cls(kind=d["kind"], schema=FeatureSchema.from_json(json.dumps(d["schema"])),
+                   model=from_dict(ModelConfig, d["model"], "model"),
+                   hash_sizes={k: int(v) for k, v in d["hash_sizes"].items()},
+                   info=d.get("info", {}))
+
+
+def save_model(out: Path, card: ModelCard, state_dict: dict[str, torch.Tensor]) -> Path:
+    """Write the model folder atomically; return `out`."""
+    with io.atomic_dir(out) as tmp:
+        torch.save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
+                   tmp / WEIGHTS)
+        (tmp / CARD).write_text(card.to_json() + "\n")
+    return Path(out)
+
+
+def read_card(path: Path) -> ModelCard:
+    f = Path(path) / CARD
+    if not f.is_file():
+        raise DataError(path, None, None, f"not a model folder (no {CARD})")
+    return ModelCard.from_json(f.read_text(), f)
+
+
+def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelCard]:
+    """The unsharded model (eval mode) and its card, from a folder `save_model` wrote."""
+    card = read_card(path)
+    model = build_model(card.kind, card.schema, card.model,  # type: ignore[arg-type]
+                        device=device, dense_device=device)
+    sd = torch.load(Path(path) / WEIGHTS, map_location=device, weights_only=True)
+    model.load_state_dict(sd, strict=True)
+    return model.eval(), card

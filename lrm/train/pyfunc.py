@@ -1,0 +1,149 @@
+"""The final model as an MLflow pyfunc: impressions in (a DataFrame), click probabilities out.
+
+A model fed KeyedJaggedTensors does not torch.export cleanly, so what MLflow logs is this
+wrapper over the plain model folder (lrm.train.export, artifact "model"), logged as code
+(`mlflow_model.py`, MLflow's models-from-code: nothing is pickled) with an explicit
+signature: the input columns of the impressions layout (session id, user-side ids and
+sequences, item-side ids, dense floats; a missing id is null) and one output column,
+`probability`. Rows are converted exactly as training read them (the same BatchLoader,
+plain form, the model's hash sizes).
+
+    model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    model.predict(frame)  # -> DataFrame {"probability": [...]}
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from mlflow.models import ModelSignature
+from mlflow.types.schema import Array, ColSpec, Schema
+
+from lrm.data.batch import Batch
+from lrm.data.loader import BatchLoader
+from lrm.data.schema import DAY, LABEL, POSITION, SESSION, FeatureSchema, day_files, read_schema
+from lrm.errors import DataError
+from lrm.train.export import ModelCard, load_model, read_card
+
+OUTPUT = "probability"
+MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
+REQUIREMENTS = ("torch", "fbgemm-gpu-cpu", "torchrec", "numpy", "pandas", "pyarrow",
+                "polars", "tensordict", "torchmetrics", "pyre-extensions", "mlflow")
+
+
+def input_columns(schema: FeatureSchema) -> list[str]:
+    return [SESSION, *schema.user_sparse, *schema.user_seq, *schema.item_sparse, *schema.dense]
+
+
+def signature(schema: FeatureSchema) -> ModelSignature:
+    cols = [ColSpec("long", SESSION, required=False)]
+    cols += [ColSpec("long", c, required=False) for c in schema.user_sparse]
+    cols += [ColSpec(Array("long"), c, required=False) for c in schema.user_seq]
+    cols += [ColSpec("long", c, required=False) for c in schema.item_sparse]
+    cols += [ColSpec("float", c, required=False) for c in schema.dense]
+    return ModelSignature(inputs=Schema(cols), outputs=Schema([ColSpec("double", OUTPUT)]))
+
+
+def _to_table(frame: pd.DataFrame, schema: FeatureSchema) -> pa.Table:
+    """The frame as an impressions-layout table (absent bookkeeping columns filled in)."""
+    target = schema.arrow("impressions")
+    n = len(frame)
+    filled = {DAY: np.zeros(n, np.int32), SESSION: np.arange(n, dtype=np.int64),
+              POSITION: np.zeros(n, np.int16), LABEL: np.zeros(n, np.int8)}
+    arrays = []
+    for f in target:
+        if f.name in frame.columns:
+            col = frame[f.name]
+            if pa.types.is_list(f.type):  # lists (or numpy arrays) of ids; None: no value
+                col = [None if v is None or (np.isscalar(v) and pd.isna(v)) else list(v)
+                       for v in col.tolist()]
+            try:
+                arrays.append(pa.array(col, type=f.type, from_pandas=True))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+                raise DataError("<input frame>", None, f.name, f"not {f.type}: {e}") from None
+        elif f.name in filled:
+            arrays.append(pa.array(filled[f.name], type=f.type))
+        else:
+            arrays.append(pa.nulls(n, type=f.type))  # an absent feature: missing everywhere
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+def frame_to_batch(frame: pd.DataFrame, card: ModelCard) -> Batch:
+    """One plain Batch of the frame's rows, in order, converted as the training loader does."""
+    with tempfile.TemporaryDirectory(prefix="lrm-pyfunc-") as tmp:
+        path = Path(tmp) / "day=0" / "part-00000.parquet"
+        path.parent.mkdir()
+        pq.write_table(_to_table(frame, card.schema), path)
+        loader = BatchLoader(Path(tmp), max(len(frame), 1), dedup=False,
+                             hash_sizes=card.hash_sizes, prefetch=0, num_workers=0)
+        return next(iter(loader))
+
+
+def predict_frame(model: torch.nn.Module, card: ModelCard, frame: pd.DataFrame) -> pd.DataFrame:
+    if len(frame) == 0:
+        return pd.DataFrame({OUTPUT: np.zeros(0, np.float64)})
+    with torch.no_grad():
+        p = torch.sigmoid(model(frame_to_batch(frame, card)).float())
+    return pd.DataFrame({OUTPUT: p.double().numpy()})
+
+
+class LrmModel(mlflow.pyfunc.PythonModel):
+    """pyfunc over a model folder: predict(DataFrame of impressions) -> {probability}."""
+
+    def load_context(self, context: Any) -> None:
+        self.model, self.card = load_model(Path(context.artifacts["model"]))
+
+    def predict(self, context: Any, model_input: pd.DataFrame,
+                params: dict[str, Any] | None = None) -> pd.DataFrame:
+        return predict_frame(self.model, self.card, pd.DataFrame(model_input))
+
+
+def example_frame(data: Path, day: int, rows: int = 5) -> pd.DataFrame:
+    """The first `rows` impressions of `day` as a model input frame (either layout)."""
+    from lrm.data.dedup import flatten_sessions
+
+    schema, layout = read_schema(data)
+    files = day_files(data).get(day)
+    if not files:
+        raise DataError(data, None, None, f"no day {day}")
+    first = next(pq.ParquetFile(files[0]).iter_batches(batch_size=rows))
+    table = pa.Table.from_batches([first])
+    if layout == "sessions":
+        table = flatten_sessions(table, schema)
+    table = table.slice(0, rows).select(input_columns(schema))
+    # MLflow's schema enforcement cannot carry a missing value in a `long` column (pandas
+    # NA -> int fails), so columns with a null here are left out of the example: every
+    # column is optional in the signature and an absent one means "missing" (_to_table).
+    table = table.select([c for c in table.column_names if table.column(c).null_count == 0])
+    return table.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+
+
+def _requirements() -> list[str]:
+    reqs = []
+    for name in REQUIREMENTS:
+        try:
+            reqs.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return reqs
+
+
+def log_model(model_dir: Path, data: Path, day: int, name: str = "model") -> Any:
+    """Log the model folder as a pyfunc to the active MLflow run; returns MLflow's ModelInfo."""
+    card = read_card(model_dir)
+    example = example_frame(data, day)
+    return mlflow.pyfunc.log_model(
+        name=name, python_model=str(MODEL_CODE), artifacts={"model": str(model_dir)},
+        signature=signature(card.schema), input_example=example,
+        code_paths=[str(Path(__file__).resolve().parents[1])],  # the lrm package
+        pip_requirements=_requirements(),
+    )

@@ -1,0 +1,75 @@
+"""Stage `evaluate`: metrics JSON of one model, named entries merged, bad input -> exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lrm.config import EvalConfig
+from lrm.errors import ConfigError
+from lrm.train import train
+from stages import evaluate as stage
+from tests.conftest import REPO
+from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
+
+KEYS = {"ne", "auc", "calibration", "rows"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(datasets, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("eval-model") / "student"
+    train("student", tiny_train(steps=10), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
+          out=out)
+    return out
+
+
+def _cli(tmp_path, *args):
+    env = {**os.environ, "PYTHONPATH": str(REPO),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+    return subprocess.Popen([sys.executable, "-m", "stages.evaluate", *map(str, args)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_cli_writes_the_metrics_json(datasets, model_dir, tmp_path):  # noqa: F811
+    p = _cli(tmp_path, "--model", model_dir, "--data", datasets["raw"], "--out", "m/eval.json",
+             "--day", "-1")
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    m = json.loads((tmp_path / "m/eval.json").read_text())
+    assert KEYS <= m.keys() and m["day"] == 2 and m["kind"] == "student"
+    assert 0 < m["ne"] < 2 and 0 <= m["auc"] <= 1 and m["rows"] > 0
+
+
+def test_named_models_merge_into_one_file(datasets, model_dir, tmp_path):  # noqa: F811
+    out = tmp_path / "eval.json"
+    cfg = EvalConfig(day=1, batch_size=4096)
+    stage.run(stage.parse_models([f"student={model_dir}", f"teacher={model_dir}"], None),
+              datasets["sessions"], cfg, out)
+    first = json.loads(out.read_text())
+    assert set(first) == {"student", "teacher"} and KEYS <= first["student"].keys()
+    assert first["student"]["day"] == 1
+    stage.run(stage.parse_models([str(model_dir)], "challenger"), datasets["sessions"], cfg, out)
+    merged = json.loads(out.read_text())
+    assert set(merged) == {"student", "teacher", "challenger"}
+    assert merged["student"] == first["student"] and merged["challenger"] == first["student"]
+
+
+def test_bad_input_exits_2(datasets, model_dir, tmp_path):  # noqa: F811
+    cases = {
+        "no model": (["--model", tmp_path / "nope", "--data", datasets["raw"]], "no model.json"),
+        "names": (["--model", model_dir, "--model", model_dir], "name every model"),
+    }
+    procs = {k: _cli(tmp_path / k, *a, "--out", "e.json") for k, (a, _) in cases.items()
+             if (tmp_path / k).mkdir() is None}
+    for name, p in procs.items():
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 2, (name, err[-2000:])
+        assert cases[name][1] in err and err.count("error: ") == 1, (name, err[-2000:])
+        assert not (tmp_path / name / "e.json").exists()
+    with pytest.raises(ConfigError, match="no day 9"):  # the same path, in-process
+        stage.run([(None, model_dir)], datasets["raw"], EvalConfig(day=9), tmp_path / "e.json")

@@ -1,0 +1,32 @@
+"""Test helper: `[torchrun ...] python tests/train/_run.py ARGS.json` trains and writes, from
+rank 0, the per-step history, the result and the final weights (for the comparisons)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from lrm.config import LoaderConfig, ModelConfig, TrainConfig, from_dict
+from lrm.train import train
+
+
+def main(args_file: str) -> None:
+    a = json.loads(Path(args_file).read_text())
+    cfg = from_dict(TrainConfig, a["train"], "train")
+    model_cfg = from_dict(ModelConfig, a.get("model", {}), "model")
+    loader_cfg = from_dict(LoaderConfig, a.get("loader", {}), "loader")
+    r = train(a.get("kind", "student"), cfg, model_cfg, Path(a["data"]), loader_cfg=loader_cfg,
+              out=Path(a["out"]) if a.get("out") else None,
+              checkpoints=Path(a["checkpoints"]) if a.get("checkpoints") else None,
+              resume=a.get("resume", False))
+    if int(os.environ.get("RANK", "0")) != 0 or "result" not in a:
+        return
+    Path(a["result"]).write_text(json.dumps({
+        "steps": r.steps, "samples": r.samples, "eval": r.eval, "history": r.history,
+        "world_size": r.world_size, "resumed_from": r.resumed_from}, default=str))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

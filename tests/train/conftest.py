@@ -1,0 +1,57 @@
+"""Tiny synthetic datasets (generated once per session) and small training configs."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from lrm.config import DedupConfig, GenerateConfig, LoaderConfig, ModelConfig, StudentConfig, \
+    TrainConfig
+from lrm.data import dedup, synthetic
+from lrm.data.schema import day_files
+
+TINY = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=3,
+                      sessions_per_day=2000, mean_session_length=6.0, max_history=20, seed=3)
+SMALL_MODEL = ModelConfig(student=StudentConfig(embedding_dim=8, bottom_mlp=[16],
+                                                top_mlp=[32, 16]))
+LOADER = LoaderConfig(prefetch=2, num_workers=1)
+
+
+def tiny_train(**kw: object) -> TrainConfig:
+    """256 impressions a step, ~28 steps an epoch over days 0-1; day 2 held out."""
+    base: dict[str, object] = dict(batch_size=512, lr=1e-2, embedding_lr=0.05, log_every=4,
+                                   threads=1)
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{"raw": impressions layout, "sessions": the same data deduplicated}, 3 days."""
+    root = tmp_path_factory.mktemp("train-data")
+    synthetic.generate(TINY, root / "raw")
+    dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+    return {"raw": root / "raw", "sessions": root / "sessions"}
+
+
+def poison_day(src: Path, dst: Path, day: int, column: str = "d_bid") -> Path:
+    """A copy of `src` whose `day` has NaN in a dense column (every impression)."""
+    shutil.copytree(src, dst)
+    for f in day_files(dst)[day]:
+        t = pq.read_table(f)
+        i = t.schema.get_field_index(column)
+        col = t.column(column)
+        if pa.types.is_list(col.type):  # sessions layout: a list per session
+            flat = pc.list_flatten(col)
+            nan = pa.array([float("nan")] * len(flat), type=flat.type)
+            offsets = col.combine_chunks().offsets
+            new = pa.ListArray.from_arrays(offsets, nan, type=col.type)
+        else:
+            new = pa.array([float("nan")] * len(col), type=col.type)
+        pq.write_table(t.set_column(i, t.schema.field(i), new), f)
+    return dst

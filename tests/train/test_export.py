@@ -1,0 +1,71 @@
+"""The final model folder and its pyfunc wrapper (without an MLflow store)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from lrm.config import TrainConfig, from_dict
+from lrm.data.loader import BatchLoader
+from lrm.errors import ConfigError, DataError
+from lrm.train import load_model, train
+from lrm.train.export import CARD, read_card
+from lrm.train.pyfunc import OUTPUT, example_frame, input_columns, predict_frame, signature
+from tests.train.conftest import LOADER, SMALL_MODEL, tiny_train
+
+
+@pytest.fixture(scope="module")
+def model_dir(datasets, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "student"
+    train("student", tiny_train(steps=6), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
+          out=out)
+    return out
+
+
+def test_card_round_trips_and_rejects_other_formats(model_dir, tmp_path):
+    card = read_card(model_dir)
+    assert card.kind == "student" and card.model == SMALL_MODEL
+    assert card.hash_sizes["user_id"] == 2000 and card.info["steps"] == 6
+    (tmp_path / CARD).write_text(json.dumps({**json.loads(card.to_json()), "format": 99}))
+    with pytest.raises(DataError, match="format 99"):
+        read_card(tmp_path)
+
+
+def test_pyfunc_scores_rows_as_the_loader_feeds_them(datasets, model_dir):
+    model, card = load_model(model_dir)
+    frame = example_frame(datasets["sessions"], day=2, rows=64)
+    assert list(frame.columns) == input_columns(card.schema)
+    assert [c.name for c in signature(card.schema).inputs] == list(frame.columns)
+    got = predict_frame(model, card, frame)[OUTPUT].to_numpy()
+    batch = next(iter(BatchLoader(datasets["raw"], 64, days=[2], dedup=False,
+                                  hash_sizes=card.hash_sizes)))  # the same first 64 rows
+    with torch.no_grad():
+        want = torch.sigmoid(model(batch)).double().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_pyfunc_takes_missing_values_and_columns(datasets, model_dir):
+    model, card = load_model(model_dir)
+    frame = example_frame(datasets["sessions"], day=2, rows=8)
+    frame.loc[0, "user_id"] = None
+    frame.loc[1, "d_bid"] = np.nan
+    frame.at[2, "user_history"] = None
+    p = predict_frame(model, card, frame.drop(columns=["ad_format", "session_id"]))[OUTPUT]
+    assert len(p) == 8 and p.between(0, 1).all()
+    assert len(predict_frame(model, card, frame.iloc[:0])) == 0
+    frame["ad_id"] = frame["ad_id"].astype(object)
+    frame.loc[3, "ad_id"] = "x"
+    with pytest.raises(DataError, match="ad_id"):
+        predict_frame(model, card, frame)
+
+
+def test_train_config_validates_at_load():
+    with pytest.raises(ConfigError, match="train.batch_size: must be >= 1"):
+        from_dict(TrainConfig, {"batch_size": 0}, "train")
+    with pytest.raises(ConfigError, match="unknown keys"):
+        from_dict(TrainConfig, {"batchsize": 8}, "train")
+    with pytest.raises(ConfigError, match="device"):
+        TrainConfig(device="tpu")

@@ -1,0 +1,150 @@
+"""The training loop in one process: learning, exact resume, NaN handling, the saved model."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lrm.data.loader import BatchLoader
+from lrm.errors import ConfigError, LrmError
+from lrm.train import NonFiniteLossError, evaluate, load_model, train
+from lrm.train.checkpoint import METADATA, Checkpointer
+from tests.train.conftest import LOADER, SMALL_MODEL, poison_day, tiny_train
+
+
+def _weights(path):
+    return torch.load(path / "state_dict.pt", weights_only=True)
+
+
+def test_short_run_lowers_ne_and_saves_a_loadable_model(datasets, tmp_path):
+    out = tmp_path / "model"
+    r = train("student", tiny_train(epochs=2), SMALL_MODEL, datasets["sessions"],
+              loader_cfg=LOADER, out=out)
+    losses = [h for h in r.history if "loss" in h]
+    assert r.steps == losses[-1]["step"] > 40
+    # train NE over the latest window falls, and the last period beats the first
+    assert losses[-1]["ne_window"] < losses[0]["ne_window"]
+    assert losses[-1]["loss"] < losses[0]["loss"]
+    assert r.eval["ne"] < 1.0 and r.eval["auc"] > 0.6
+    assert r.eval["rows"] == BatchLoader(datasets["sessions"], 512, days=[2]).num_rows()
+    assert r.train_days == [0, 1] and r.eval_day == 2
+
+    model, card = load_model(out)  # torch.load(weights_only=True), strict load
+    assert card.kind == "student" and card.info["steps"] == r.steps
+    assert not any(p.is_meta for p in model.parameters())
+    # the unsharded model scores the held-out day as the sharded one did
+    ev = evaluate(out, datasets["raw"], day=-1, batch_size=1000)
+    assert ev["rows"] == r.eval["rows"] and ev["day"] == 2
+    assert ev["ne"] == pytest.approx(r.eval["ne"], abs=1e-5)
+    assert ev["auc"] == pytest.approx(r.eval["auc"], abs=1e-5)
+
+
+def test_resume_reproduces_the_uninterrupted_run_exactly(datasets, tmp_path):
+    data = datasets["sessions"]
+    # 46 steps an epoch: 60 steps cross an epoch boundary; the interruption is mid-epoch
+    full = train("student", tiny_train(steps=60, checkpoint_every=20), SMALL_MODEL, data,
+                 loader_cfg=LOADER, out=tmp_path / "a", checkpoints=tmp_path / "ck-a")
+    assert Checkpointer(tmp_path / "ck-a").complete() == [40, 60]
+
+    ck = tmp_path / "ck-b"
+    first = train("student", tiny_train(steps=30, checkpoint_every=20), SMALL_MODEL, data,
+                  loader_cfg=LOADER, out=tmp_path / "b0", checkpoints=ck)
+    assert first.steps == 30 and first.checkpoint == ck / "step-30"
+    (ck / "step-50").mkdir()  # a save that never finished: no .metadata, must be ignored
+    second = train("student", tiny_train(steps=60, checkpoint_every=20), SMALL_MODEL, data,
+                   loader_cfg=LOADER, out=tmp_path / "b", checkpoints=ck, resume=True)
+    assert second.resumed_from == 30 and second.steps == 60
+    assert second.samples == full.samples
+
+    a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k  # bit for bit, tables and dense layers
+    assert second.eval == full.eval
+    steps = Checkpointer(ck).complete()
+    assert steps == [40, 60] and all((ck / f"step-{s}" / METADATA).is_file() for s in steps)
+
+
+def test_resume_with_other_batching_is_refused(datasets, tmp_path):
+    ck = tmp_path / "ck"
+    train("student", tiny_train(steps=4), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
+          checkpoints=ck)
+    with pytest.raises(ConfigError, match="batch_size"):
+        train("student", tiny_train(steps=8, batch_size=256), SMALL_MODEL,
+              datasets["sessions"], loader_cfg=LOADER, checkpoints=ck, resume=True)
+
+
+def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(datasets,
+                                                                              tmp_path):
+    data = poison_day(datasets["sessions"], tmp_path / "poisoned", day=1)
+    day0_steps = len(BatchLoader(data, 512, days=[0], drop_last=True))
+    ck, out = tmp_path / "ck", tmp_path / "model"
+    with pytest.raises(NonFiniteLossError) as err:
+        train("student", tiny_train(steps=40, checkpoint_every=5), SMALL_MODEL, data,
+              loader_cfg=LOADER, out=out, checkpoints=ck)
+    assert isinstance(err.value, LrmError)
+    msg = str(err.value)
+    bad_step = int(msg.split("at step ")[1].split()[0])
+    assert day0_steps <= bad_step <= day0_steps + 1  # the first batch that reaches day 1
+    good = [s for s in range(5, bad_step + 1, 5)][-2:]
+    assert "nan" in msg and f"step-{good[-1]}" in msg
+    assert Checkpointer(ck).complete() == good
+    assert not out.exists()  # no final model from a failed run
+
+    # the kept checkpoint is usable: resume on clean data runs to the end
+    r = train("student", tiny_train(steps=good[-1] + 2), SMALL_MODEL, datasets["sessions"],
+              loader_cfg=LOADER, checkpoints=ck, resume=True)
+    assert r.resumed_from == good[-1] and math.isfinite(r.eval["ne"])
+
+
+def test_bad_split_is_a_config_error(datasets):
+    with pytest.raises(ConfigError, match="eval_day"):
+        train("student", tiny_train(days=[1, 2], eval_day=2), SMALL_MODEL,
+              datasets["sessions"], loader_cfg=LOADER)
+    with pytest.raises(ConfigError, match="no data for days"):
+        train("student", tiny_train(days=[0, 7]), SMALL_MODEL, datasets["sessions"],
+              loader_cfg=LOADER)
+
+
+def test_warm_start_custom_loss_and_teacher_column(datasets, tmp_path):
+    first = train("student", tiny_train(steps=10), SMALL_MODEL, datasets["sessions"],
+                  loader_cfg=LOADER, out=tmp_path / "a")
+
+    # a copy of the raw data with a teacher logit per impression (as augment writes it)
+    aug = tmp_path / "aug"
+    for f in sorted(datasets["raw"].rglob("*.parquet")):
+        t = pq.read_table(f)
+        t = t.append_column(pa.field("teacher_logit", pa.float32()),
+                            pa.array(np.full(t.num_rows, -3.5, np.float32)))
+        dst = aug / f.relative_to(datasets["raw"])
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t.replace_schema_metadata(pq.read_schema(f).metadata), dst)
+
+    seen = []
+
+    def loss_fn(model, batch):  # distill toward the teacher; report the label loss
+        assert batch.teacher_logits is not None
+        seen.append(float(batch.teacher_logits.mean()))
+        logits = model(batch)
+        serving = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        return serving + 0.0 * F.mse_loss(logits, batch.teacher_logits), serving
+
+    tiny = dict(lr=1e-12, embedding_lr=1e-12)  # the warm start must carry the weights over
+    r = train("student", tiny_train(steps=2, **tiny), SMALL_MODEL, aug, loader_cfg=LOADER,
+              init_from=tmp_path / "a", loss_fn=loss_fn, teacher_column="teacher_logit",
+              out=tmp_path / "b")
+    assert seen == [-3.5, -3.5]
+    assert r.eval["ne"] == pytest.approx(first.eval["ne"], abs=1e-5)
+    assert load_model(tmp_path / "b")[1].info["init_from"] == str(tmp_path / "a")
+    other = dataclasses.replace(SMALL_MODEL, student=dataclasses.replace(
+        SMALL_MODEL.student, top_mlp=[8]))
+    with pytest.raises(ConfigError, match="init_from"):
+        train("student", tiny_train(steps=2), other, aug, loader_cfg=LOADER,
+              init_from=tmp_path / "a")
