@@ -42,7 +42,7 @@ from lrm.progress import Reporter
 from lrm.train import parallel
 from lrm.train.checkpoint import Checkpointer
 from lrm.train.data import epochs_from, loaders, model_hash_sizes
-from lrm.train.dist import Dist, process_group, quiet_libraries
+from lrm.train.dist import Dist, intra_op_threads, process_group, quiet_libraries
 from lrm.train.evaluate import autocast, predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.meter import Meter
@@ -113,9 +113,10 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
     teacher_column: read into `batch.teacher_logits` for training (augmented data).
     """
     quiet_libraries()
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    opts = Options(loader_cfg or LoaderConfig(), out, checkpoints, resume, plan, log_fn,
+    loader_cfg = loader_cfg or LoaderConfig()
+    loader_threads = loader_cfg.num_workers if loader_cfg.prefetch else 0
+    torch.set_num_threads(intra_op_threads(cfg.threads, loader_threads))
+    opts = Options(loader_cfg, out, checkpoints, resume, plan, log_fn,
                    Path(init_from) if init_from is not None else None, loss_fn,
                    teacher_column)
     with process_group(cfg.device) as env:

@@ -1,0 +1,282 @@
+"""ExFM's data augmentation system: the teacher's logit logged beside every impression.
+
+    augment_dataset(teacher_dir, src, dst, days)    data/sessions -> data/augmented
+
+For each requested day the teacher (a saved model folder, lrm.train.export) scores every
+impression of `src/day=D` and `dst/day=D/` receives the same files (same names, same
+session rows in the same order, every column as it was) plus `teacher_logit`, a
+list<float32> with one entry per impression, like the other per-impression columns. The
+output is row-aligned with its input: flatten both and impression i is the same row.
+
+Versioning: the teacher's version is the content hash of its saved model (the card
+without its training summary, and the weights file), plus its MLflow registry version when
+the caller knows it. It is in every file's Parquet metadata (key `lrm.teacher_version`,
+JSON) and in the day's manifest `dst/day=D/_manifest.json`, written last: {day, teacher
+version, source fingerprint (file names, sizes, sha256), rows, sessions, files, teacher
+NE/AUC on the day}. A day whose manifest names the same teacher hash and the same source
+fingerprint is skipped, so a rerun (or a second student asking) costs only the hashing.
+
+Streaming: the teacher reads the day through the training BatchLoader (so its features
+are hashed exactly as in training) in batches of `batch_size` impressions, while the
+source files are re-read in chunks of session rows (one output row group each); each chunk
+takes the next logits of the stream. Memory is bounded by a chunk and the loader's
+prefetch (plus 5 bytes an impression for the day's teacher AUC), not by a day's data. Each day is written into a temporary folder that replaces
+`dst/day=D` only when complete (lrm.io.atomic_dir), with Parquet's own writer streaming
+the chunks into each file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import torch
+from torch import nn
+
+from lrm import io
+from lrm.data.dedup import parquet_options
+from lrm.data.loader import BatchLoader
+from lrm.data.schema import LABEL, day_files, read_schema
+from lrm.errors import ConfigError, DataError
+from lrm.metrics import StreamingMetrics
+from lrm.progress import Reporter
+from lrm.train.export import CARD, WEIGHTS, ModelCard, load_model, read_card
+
+log = logging.getLogger("lrm")
+
+TEACHER_COLUMN = "teacher_logit"
+MANIFEST = "_manifest.json"
+META_VERSION = b"lrm.teacher_version"
+_HASH_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True)
+class TeacherVersion:
+    """Which teacher produced the logits: its content hash, and its registry version."""
+
+    hash: str  # "sha256:<hex>" of the saved model (see `teacher_hash`)
+    registry: str | None = None  # e.g. "lrm-teacher/3" when known
+
+    @property
+    def label(self) -> str:
+        short = self.hash.removeprefix("sha256:")[:12]
+        return short + (f" ({self.registry})" if self.registry else "")
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def teacher_hash(model_dir: Path) -> str:
+    """Content hash of a saved model: its card without the training summary, its weights.
+
+    Two folders hash alike exactly when they predict alike (same architecture, schema,
+    hash sizes and weights), whatever their training logs say.
+    """
+    model_dir = Path(model_dir)
+    card = json.loads((model_dir / CARD).read_text()) if (model_dir / CARD).is_file() else None
+    if card is None or not (model_dir / WEIGHTS).is_file():
+        raise DataError(model_dir, None, None, f"not a model folder (needs {CARD} and {WEIGHTS})")
+    card.pop("info", None)
+    h = hashlib.sha256(json.dumps(card, sort_keys=True).encode())
+    h.update(_file_sha256(model_dir / WEIGHTS).encode())
+    return "sha256:" + h.hexdigest()
+
+
+def source_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:
+    """[{file, bytes, sha256}] of a day's input files: what the manifest pins."""
+    return [{"file": Path(f).name, "bytes": Path(f).stat().st_size, "sha256": _file_sha256(f)}
+            for f in files]
+
+
+def read_manifest(day_dir: Path) -> dict[str, Any] | None:
+    """The manifest of an augmented day folder, or None when absent or unreadable."""
+    try:
+        doc = json.loads((Path(day_dir) / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def is_current(day_dir: Path, version: TeacherVersion, fingerprint: list[dict[str, Any]]
+               ) -> bool:
+    """Whether `day_dir` already holds this day augmented by this teacher from this input."""
+    m = read_manifest(day_dir)
+    if m is None or m.get("teacher", {}).get("hash") != version.hash:
+        return False
+    if m.get("source") != fingerprint:
+        return False
+    return all((Path(day_dir) / f["file"]).is_file() for f in fingerprint)
+
+
+# ------------------------------------------------------------------------- scoring
+
+@torch.no_grad()
+def teacher_logits(model: nn.Module, loader: BatchLoader) -> Iterator[np.ndarray]:
+    """The teacher's logits of every impression the loader yields, batch by batch."""
+    model.eval()
+    for batch in loader:
+        yield model(batch).float().numpy()
+
+
+class _Take:
+    """Cuts a stream of arrays into pieces of requested lengths, in order."""
+
+    def __init__(self, stream: Iterator[np.ndarray]) -> None:
+        self.stream = stream
+        self.buf: deque[np.ndarray] = deque()
+        self.held = 0
+
+    def take(self, n: int, where: str) -> np.ndarray:
+        while self.held < n:
+            nxt = next(self.stream, None)
+            if nxt is None:
+                raise DataError(where, None, None, f"the teacher scored fewer impressions than "
+                                                   f"the file holds (short by {n - self.held})")
+            self.buf.append(nxt)
+            self.held += len(nxt)
+        out, need = [], n
+        while need:
+            a = self.buf.popleft()
+            if len(a) > need:
+                self.buf.appendleft(a[need:])
+                a = a[:need]
+            out.append(a)
+            need -= len(a)
+        self.held -= n
+        return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+    def left(self) -> int:
+        return self.held + sum(len(a) for a in self.stream)
+
+
+def _with_logits(rb: pa.RecordBatch, logits: np.ndarray) -> pa.Table:
+    lens = pc.fill_null(pc.list_value_length(rb.column(rb.schema.get_field_index(LABEL))), 0)
+    offsets = np.zeros(len(rb) + 1, dtype=np.int32)
+    np.cumsum(lens.to_numpy(zero_copy_only=False), out=offsets[1:])
+    col = pa.ListArray.from_arrays(pa.array(offsets), pa.array(logits, type=pa.float32()))
+    return pa.Table.from_batches([rb]).append_column(TEACHER_COLUMN, col)
+
+
+def _check_teacher(card: ModelCard, src: Path) -> None:
+    schema, layout = read_schema(src)
+    if layout != "sessions":
+        raise DataError(src, None, None, f"augment reads the sessions layout (dedup's output), "
+                                         f"found {layout}")
+    if (schema.sparse_features, schema.dense) != (card.schema.sparse_features,
+                                                  card.schema.dense):
+        raise ConfigError(f"augment: the teacher was trained on schema {card.schema.name!r}, "
+                          f"whose features differ from {src}'s ({schema.name!r})")
+
+
+def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src: Path,
+                day: int, dst: Path, *, batch_size: int = 8192,
+                reporter: Reporter | None = None) -> dict[str, Any]:
+    """Write `dst/day=D/` (module docstring); return its manifest."""
+    files = day_files(src)[day]
+    fingerprint = source_fingerprint(files)
+    loader = BatchLoader(src, batch_size, days=[day], dedup=True, hash_sizes=card.hash_sizes)
+    stream = _Take(teacher_logits(model, loader))
+    meter = StreamingMetrics(window=1)
+    rows = sessions = 0
+    t0 = time.perf_counter()
+    meta_version = json.dumps(asdict(version), sort_keys=True).encode()
+    with io.atomic_dir(Path(dst) / f"day={day}") as tmp:
+        for f in files:
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow.append(pa.field(TEACHER_COLUMN, pa.list_(pa.float32())))
+            schema = schema.with_metadata({**(schema.metadata or {}), META_VERSION: meta_version})
+            opts = parquet_options(schema, "sessions")
+            group = opts.pop("row_group_size")  # a chunk is one row group
+            file_rows = 0
+            with pq.ParquetWriter(tmp / f.name, schema, **opts) as writer:
+                for rb in pf.iter_batches(batch_size=group):
+                    labels = pc.list_flatten(rb.column(rb.schema.get_field_index(LABEL)))
+                    n = len(labels)
+                    logits = stream.take(n, str(f))
+                    writer.write_table(_with_logits(rb, logits).cast(schema))
+                    meter.update(torch.from_numpy(logits),
+                                 torch.from_numpy(labels.to_numpy(zero_copy_only=False)
+                                                  .astype(np.float32)))
+                    rows += n
+                    sessions += len(rb)
+                    file_rows += len(rb)
+                    if reporter is not None:
+                        reporter.update(n)
+            written = pq.read_metadata(tmp / f.name).num_rows
+            if written != file_rows:
+                raise OSError(f"{tmp / f.name}: wrote {written} session rows, "
+                              f"expected {file_rows}")
+        extra = stream.left()
+        if extra:
+            raise DataError(src, None, None, f"day {day}: the teacher scored {extra} more "
+                                             "impressions than the files hold")
+        m = meter.compute()
+        manifest = {
+            "day": day, "teacher": asdict(version), "source": fingerprint,
+            "files": [f.name for f in files], "rows": rows, "sessions": sessions,
+            "column": TEACHER_COLUMN,
+            "teacher_metrics": {k: m[k] for k in ("ne", "auc", "calibration", "ctr")},
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+        io.write_json(manifest, tmp / MANIFEST)  # last: the day is complete
+    return manifest
+
+
+def augment_dataset(teacher_dir: Path, src: Path, dst: Path, days: Sequence[int] | None = None,
+                    *, batch_size: int = 8192, registry: str | None = None,
+                    force: bool = False) -> dict[str, Any]:
+    """Augment `days` of `src` (default: every day) into `dst`; skip days already current.
+
+    registry: the teacher's registry version ("lrm-teacher/3"), recorded when given.
+    Returns metrics: the teacher version, days written and skipped, rows, rows/s, and the
+    per-day manifests' teacher NE/AUC.
+    """
+    src, dst = Path(src), Path(dst)
+    available = day_files(src)
+    days = sorted(available) if days is None else sorted(set(days))
+    missing = [d for d in days if d not in available]
+    if missing:
+        raise ConfigError(f"augment.days: no data for days {missing} in {src} "
+                          f"(days: {sorted(available)})")
+    version = TeacherVersion(hash=teacher_hash(teacher_dir), registry=registry)
+    card = read_card(teacher_dir)
+    _check_teacher(card, src)
+    todo = [d for d in days if force or not is_current(
+        dst / f"day={d}", version, source_fingerprint(available[d]))]
+    skipped = [d for d in days if d not in todo]
+    for d in skipped:
+        log.info("augment: day %d already augmented by teacher %s: skipped", d, version.label)
+    written: dict[int, dict[str, Any]] = {}
+    seconds = 0.0
+    if todo:
+        model, _ = load_model(teacher_dir)
+        total = BatchLoader(src, batch_size, days=todo).num_rows()
+        with Reporter("augment", total=total, unit="rows") as rep:
+            for d in todo:
+                written[d] = augment_day(model, card, version, src, d, dst,
+                                         batch_size=batch_size, reporter=rep)
+                seconds += written[d]["seconds"]
+    per_day = {d: (written.get(d) or read_manifest(dst / f"day={d}") or {}) for d in days}
+    rows = sum(written[d]["rows"] for d in written)
+    return {
+        "teacher_version": asdict(version),
+        "days": days, "written": sorted(written), "skipped": skipped,
+        "rows": rows, "rows_per_s": rows / seconds if seconds else 0.0,
+        "teacher": {str(d): m.get("teacher_metrics", {}) for d, m in per_day.items()},
+    }
