@@ -76,17 +76,22 @@ def write_parquet(table: pa.Table, path: Path, **kwargs: Any) -> int:
     return path.stat().st_size
 
 
-def write_json(obj: Any, path: Path) -> None:
-    """Write JSON atomically (sorted keys, trailing newline)."""
+def write_text(text: str, path: Path) -> None:
+    """Write a text file atomically (a sibling temporary, then a rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(text)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_json(obj: Any, path: Path) -> None:
+    """Write JSON atomically (sorted keys, trailing newline)."""
+    write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
 
 
 def dir_bytes(path: Path) -> int:

@@ -46,7 +46,8 @@ def entropy(ctr: float) -> float:
     return -(ctr * math.log(ctr) + (1 - ctr) * math.log1p(-ctr))
 
 
-def _ne(loss_sum: float, pos: float, rows: float) -> float:
+def ne_from_sums(loss_sum: float, pos: float, rows: float) -> float:
+    """NE from sums of per-row log loss and of labels over `rows` rows (NaN if undefined)."""
     h = entropy(pos / rows) if rows else 0.0
     return loss_sum / rows / h if h > 0 else math.nan
 
@@ -55,7 +56,7 @@ def normalized_entropy(preds: torch.Tensor, labels: torch.Tensor, *, probs: bool
                        eps: float = 1e-12) -> float:
     """NE of logits (or probabilities with probs=True) against 0/1 labels; lower is better."""
     ll = log_losses(preds, labels, probs=probs, eps=eps)
-    return _ne(float(ll.sum()), float(_flat(labels).sum()), ll.numel())
+    return ne_from_sums(float(ll.sum()), float(_flat(labels).sum()), ll.numel())
 
 
 def auc(preds: torch.Tensor, labels: torch.Tensor) -> float:
@@ -141,13 +142,13 @@ class StreamingMetrics:
     def window_ne(self) -> float:
         """NE of the last `window` rows (fewer before that many were seen)."""
         k = self._win_rows
-        return _ne(float(self._win_loss[:k].sum()), float(self._win_y[:k].sum()), k)
+        return ne_from_sums(float(self._win_loss[:k].sum()), float(self._win_y[:k].sum()), k)
 
     def compute(self) -> dict[str, float]:
         """{ne, auc, calibration, rows, log_loss, ctr, window_ne} over everything seen."""
         n = self.rows
         out = {
-            "ne": _ne(self._loss, self._pos, n),
+            "ne": ne_from_sums(self._loss, self._pos, n),
             "auc": math.nan,
             "calibration": self._prob / self._pos if self._pos > 0 else math.nan,
             "rows": n,

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TypeVar
 
 from rich.console import Console
 from rich.progress import (
@@ -17,9 +14,6 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
-
-T = TypeVar("T")
-log = logging.getLogger("lrm")
 
 _console = Console(stderr=True)
 
@@ -82,11 +76,3 @@ class Reporter:
         else:
             self._log_line(time.monotonic())
 
-
-def track(items: Iterable[T], desc: str, total: float | None = None, unit: str = "it",
-          weight: Callable[[T], float] | None = None) -> Iterator[T]:
-    """Iterate `items` with progress; `weight(item)` says how many units each item is."""
-    with Reporter(desc, total=total, unit=unit) as rep:
-        for item in items:
-            yield item
-            rep.update(weight(item) if weight else 1)

@@ -50,10 +50,10 @@ def run(cfg: AugmentConfig, exfm: ExFMConfig, data: Path, teacher: Path, out: Pa
     from lrm.exfm.augment import augment_dataset, teacher_hash
 
     days = list(cfg.days) or [d for d in day_files(data) if d >= exfm.teacher_days]
-    reg = registry_version(registry_name, teacher_hash(teacher), tracking_cfg) \
-        if registry_name else None
+    content = teacher_hash(teacher)  # hashed once: the registry lookup and the manifests
+    reg = registry_version(registry_name, content, tracking_cfg) if registry_name else None
     return augment_dataset(teacher, data, out, days, batch_size=cfg.batch_size, registry=reg,
-                           force=force)
+                           force=force, content_hash=content)
 
 
 def command(

@@ -37,9 +37,7 @@ def _group() -> None:
 def run(cfg: IngestConfig, files: Sequence[Path], out: Path = OUT) -> dict[str, Any]:
     """Ingest Criteo TSV `files` into `out` (replaced atomically); return the stage metrics."""
     with io.atomic_dir(out) as tmp:
-        metrics = criteo.ingest(files, tmp, cfg)
-    metrics["bytes"] = io.dir_bytes(out)
-    return metrics
+        return criteo.ingest(files, tmp, cfg)
 
 
 @app.command("criteo")

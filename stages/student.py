@@ -39,14 +39,6 @@ PLOT = Path("plots/exfm_ne.csv")
 log = logging.getLogger("lrm")
 
 
-def write_text(text: str, path: Path) -> None:
-    """Write a text file atomically (a sibling temporary, then a rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def write_plot(per_day: list[dict[str, Any]], path: Path) -> None:
     """NE per evaluation day, one column per model (wide CSV for `dvc plots`), atomically."""
     cols = list(per_day[0]) if per_day else ["day"]
@@ -55,7 +47,7 @@ def write_plot(per_day: list[dict[str, Any]], path: Path) -> None:
     w.writeheader()
     for row in per_day:
         w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in row.items()})
-    write_text(buf.getvalue(), path)
+    io.write_text(buf.getvalue(), path)
 
 
 def run(cfg: StudentsConfig, exfm: ExFMConfig, data: Path, out: Path = OUT, *,
@@ -77,7 +69,7 @@ def run(cfg: StudentsConfig, exfm: ExFMConfig, data: Path, out: Path = OUT, *,
     rep["days"] = {"train": days, "eval": [d + 1 for d in days]}
     rep["per_day_detail"] = results
     io.write_json(rep, metrics)
-    write_text(S.markdown(rep["table"]), metrics.with_suffix(".md"))
+    io.write_text(S.markdown(rep["table"]), metrics.with_suffix(".md"))
     write_plot(rep["per_day"], plot)
     if log_mlflow:
         for point in rep["per_day"]:

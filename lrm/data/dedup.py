@@ -350,7 +350,7 @@ def _file_chunks(path: Path, schema: FeatureSchema, day: int,
 def check_source(src: Path) -> tuple[FeatureSchema, dict[int, list[Path]]]:
     """The schema and day files of an impressions-layout dataset, or a DataError."""
     files = day_files(src)
-    schema, layout = read_schema(src)
+    schema, layout = read_schema(next(iter(files.values()))[0])
     if layout != "impressions":
         raise DataError(src, None, None,
                         f"expected the impressions layout (raw data), found {layout}")
@@ -403,7 +403,7 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
     """
     schema, files = check_source(src)
     total = sum(pq.read_metadata(f).num_rows for fs in files.values() for f in fs)
-    rows = sessions = bytes_in = parts = 0
+    rows = sessions = bytes_in = bytes_out = parts = 0
     with Reporter("dedup", total=total, unit="rows") as rep:
         for day, paths in files.items():
             bytes_in += sum(p.stat().st_size for p in paths)
@@ -422,8 +422,8 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
                 rep.update(table.num_rows)
             writer.close()
             parts += writer.parts
+            bytes_out += writer.bytes_out
             _check_day_contiguous(ids, where)
-    bytes_out = io.dir_bytes(dst)
     return {
         "rows": rows,
         "sessions": sessions,

@@ -627,14 +627,14 @@ def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
     """Write days 0..cfg.days-1 to out/day=D/part-NNNNN.parquet; return the run's metrics."""
     w = _World(cfg)
     rows_per_file = max(1, min(cfg.rows_per_file, _MAX_LIST_VALUES // cfg.max_history))
-    rows = sessions = files = hist_items = clicks = 0
+    rows = sessions = files = hist_items = clicks = nbytes = 0
     users, ads, ctr_day = [], [], {}
     labels, logits = [], []
     with Reporter("generate", total=cfg.days, unit="day") as rep:
         for day in range(cfg.days):
             d = _simulate(w, day)
             for p, (s0, s1) in enumerate(_parts(d.imp_off, rows_per_file)):
-                io.write_parquet(_table(w, d, s0, s1), part_path(out, day, p))
+                nbytes += io.write_parquet(_table(w, d, s0, s1), part_path(out, day, p))
                 files += 1
             y = d.imps[LABEL]
             rows += d.rows
@@ -648,7 +648,7 @@ def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
             logits.append(d.logit)
             rep.update(1, rows=rows, ctr=float(y.mean()))
     return {
-        "rows": rows, "sessions": sessions, "days": cfg.days, "files": files,
+        "rows": rows, "sessions": sessions, "days": cfg.days, "files": files, "bytes": nbytes,
         "mean_session_length": rows / sessions,
         "mean_history_length": hist_items / sessions,
         "ctr": clicks / rows, "ctr_per_day": ctr_day,

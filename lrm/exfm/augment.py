@@ -186,10 +186,15 @@ def _check_teacher(card: ModelCard, src: Path) -> None:
 
 def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src: Path,
                 day: int, dst: Path, *, batch_size: int = 8192,
-                reporter: Reporter | None = None) -> dict[str, Any]:
-    """Write `dst/day=D/` (module docstring); return its manifest."""
+                reporter: Reporter | None = None,
+                fingerprint: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Write `dst/day=D/` (module docstring); return its manifest.
+
+    fingerprint: the day's `source_fingerprint`, when the caller already hashed the files.
+    """
     files = day_files(src)[day]
-    fingerprint = source_fingerprint(files)
+    if fingerprint is None:
+        fingerprint = source_fingerprint(files)
     loader = BatchLoader(src, batch_size, days=[day], dedup=True, hash_sizes=card.hash_sizes)
     stream = _Take(teacher_logits(model, loader))
     meter = StreamingMetrics(window=1)
@@ -240,10 +245,11 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
 
 def augment_dataset(teacher_dir: Path, src: Path, dst: Path, days: Sequence[int] | None = None,
                     *, batch_size: int = 8192, registry: str | None = None,
-                    force: bool = False) -> dict[str, Any]:
+                    force: bool = False, content_hash: str | None = None) -> dict[str, Any]:
     """Augment `days` of `src` (default: every day) into `dst`; skip days already current.
 
     registry: the teacher's registry version ("lrm-teacher/3"), recorded when given.
+    content_hash: `teacher_hash(teacher_dir)`, when the caller already computed it.
     Returns metrics: the teacher version, days written and skipped, rows, rows/s, and the
     per-day manifests' teacher NE/AUC.
     """
@@ -254,11 +260,12 @@ def augment_dataset(teacher_dir: Path, src: Path, dst: Path, days: Sequence[int]
     if missing:
         raise ConfigError(f"augment.days: no data for days {missing} in {src} "
                           f"(days: {sorted(available)})")
-    version = TeacherVersion(hash=teacher_hash(teacher_dir), registry=registry)
+    version = TeacherVersion(hash=content_hash or teacher_hash(teacher_dir), registry=registry)
     card = read_card(teacher_dir)
     _check_teacher(card, src)
-    todo = [d for d in days if force or not is_current(
-        dst / f"day={d}", version, source_fingerprint(available[d]))]
+    prints = {d: source_fingerprint(available[d]) for d in days}  # hashed once per day
+    todo = [d for d in days
+            if force or not is_current(dst / f"day={d}", version, prints[d])]
     skipped = [d for d in days if d not in todo]
     for d in skipped:
         log.info("augment: day %d already augmented by teacher %s: skipped", d, version.label)
@@ -270,7 +277,8 @@ def augment_dataset(teacher_dir: Path, src: Path, dst: Path, days: Sequence[int]
         with Reporter("augment", total=total, unit="rows") as rep:
             for d in todo:
                 written[d] = augment_day(model, card, version, src, d, dst,
-                                         batch_size=batch_size, reporter=rep)
+                                         batch_size=batch_size, reporter=rep,
+                                         fingerprint=prints[d])
                 seconds += written[d]["seconds"]
     per_day = {d: (written.get(d) or read_manifest(dst / f"day={d}") or {}) for d in days}
     rows = sum(written[d]["rows"] for d in written)

@@ -21,7 +21,7 @@ from torchrec import EmbeddingBagConfig
 from lrm.config import StudentConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema
-from lrm.models.layers import mlp
+from lrm.models.layers import ScoredModel, mlp
 from lrm.models.tables import SparseEmbeddings, side_features
 
 
@@ -78,7 +78,7 @@ class DotInteraction(nn.Module):
         return torch.bmm(x, x.transpose(1, 2))[:, i, j]
 
 
-class DLRMStudent(nn.Module):
+class DLRMStudent(ScoredModel):
     """model(batch) -> logits [B]; forward_features(batch) -> [B, top_mlp[-1]] for extra heads."""
 
     def __init__(self, schema: FeatureSchema, tables: list[EmbeddingBagConfig],
@@ -93,12 +93,7 @@ class DLRMStudent(nn.Module):
         self.interaction = DotInteraction(len(user_f), n_rest)
         top_in = self.interaction.num_pairs + (d if self.bottom is not None else 0)
         self.top = mlp(top_in, cfg.top_mlp)
-        self.feature_dim = cfg.top_mlp[-1]
-        self.head = nn.Linear(self.feature_dim, 1)
-        if dense_device is not None:
-            for m in (self.bottom, self.interaction, self.top, self.head):
-                if m is not None:
-                    m.to(dense_device)
+        self._add_head(cfg.top_mlp[-1], [self.bottom, self.interaction, self.top], dense_device)
         self.embeddings = SparseEmbeddings(schema, tables, device=device)
 
     def forward_features(self, batch: Batch) -> torch.Tensor:
@@ -108,6 +103,3 @@ class DLRMStudent(nn.Module):
         b = self.bottom(batch.dense)
         rest = torch.cat([b.unsqueeze(1), item], 1)
         return self.top(torch.cat([b, self.interaction(user, rest, batch.expand_user)], 1))
-
-    def forward(self, batch: Batch) -> torch.Tensor:
-        return self.head(self.forward_features(batch)).squeeze(-1)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+
+from lrm.data.batch import Batch
 
 
 def mlp(in_dim: int, widths: list[int], *, last_activation: bool = True) -> nn.Sequential:
@@ -14,3 +17,31 @@ def mlp(in_dim: int, widths: list[int], *, last_activation: bool = True) -> nn.S
             layers.append(nn.ReLU())
         in_dim = w
     return nn.Sequential(*layers)
+
+
+class ScoredModel(nn.Module):
+    """A model whose `head` scores `forward_features(batch)`: forward(batch) -> logits [B].
+
+    Subclasses build their dense layers, then call `_add_head` (which registers `head`
+    after them, so the init order and state-dict keys stay those of the subclass), then
+    build their tables.
+    """
+
+    feature_dim: int
+    head: nn.Linear
+
+    def _add_head(self, feature_dim: int, dense: list[nn.Module | None],
+                  dense_device: torch.device | str | None) -> None:
+        """Add `head` on `feature_dim` features; move `dense` and it to `dense_device`."""
+        self.feature_dim = feature_dim
+        self.head = nn.Linear(feature_dim, 1)
+        if dense_device is not None:
+            for m in (*dense, self.head):
+                if m is not None:
+                    m.to(dense_device)
+
+    def forward_features(self, batch: Batch) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        return self.head(self.forward_features(batch)).squeeze(-1)

@@ -177,8 +177,8 @@ class SparseEmbeddings(nn.Module):
         device = torch.device(device) if device is not None else None
         self.user_ebc = EmbeddingBagCollection(user_t, device=device) if user_t else None
         self.item_ebc = EmbeddingBagCollection(item_t, device=device)
-        self._layout = _layout(schema, user_t, item_t)
-        self.user_features, self.item_features = side_features(schema, tables)
+        self._layout = lay = _layout(schema, user_t, item_t)
+        self.user_features, self.item_features = lay.user_keys + lay.cross_keys, lay.item_keys
 
     @property
     def num_user(self) -> int:

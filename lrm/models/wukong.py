@@ -25,7 +25,7 @@ from torchrec import EmbeddingBagConfig
 from lrm.config import TeacherConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema
-from lrm.models.layers import mlp
+from lrm.models.layers import ScoredModel, mlp
 from lrm.models.tables import SparseEmbeddings, side_features
 
 
@@ -55,7 +55,7 @@ class WukongLayer(nn.Module):
         return self.norm(torch.cat(out, 1) + res)
 
 
-class Wukong(nn.Module):
+class Wukong(ScoredModel):
     """model(batch) -> logits [B]; forward_features(batch) -> [B, top_mlp[-1]]."""
 
     def __init__(self, schema: FeatureSchema, tables: list[EmbeddingBagConfig],
@@ -77,12 +77,7 @@ class Wukong(nn.Module):
             n = cfg.fm_embeddings + cfg.lcb_embeddings
         self.layers = nn.Sequential(*layers)
         self.top = mlp(n * d, cfg.top_mlp)
-        self.feature_dim = cfg.top_mlp[-1]
-        self.head = nn.Linear(self.feature_dim, 1)
-        if dense_device is not None:
-            for m in (self.dense, self.layers, self.top, self.head):
-                if m is not None:
-                    m.to(dense_device)
+        self._add_head(cfg.top_mlp[-1], [self.dense, self.layers, self.top], dense_device)
         self.embeddings = SparseEmbeddings(schema, tables, device=device)
 
     def forward_features(self, batch: Batch) -> torch.Tensor:
@@ -93,6 +88,3 @@ class Wukong(nn.Module):
         parts.append(item)
         x = self.layers(torch.cat(parts, 1))
         return self.top(x.flatten(1))
-
-    def forward(self, batch: Batch) -> torch.Tensor:
-        return self.head(self.forward_features(batch)).squeeze(-1)

@@ -27,8 +27,7 @@ class WindowNE:
 
     def ne(self) -> float:
         loss, pos, rows = (sum(p[i] for p in self.periods) for i in range(3))
-        h = metrics.entropy(pos / rows) if rows else 0.0
-        return loss / rows / h if h > 0 else math.nan
+        return metrics.ne_from_sums(loss, pos, rows)
 
 
 class Meter:

@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from lrm import io
 from lrm.config import GenerateConfig
 from lrm.data import synthetic
 from lrm.data.schema import day_files, read_schema, synthetic_schema
@@ -219,6 +220,7 @@ def test_rows_per_file_splits_days_between_sessions(tmp_path: Path) -> None:
         assert sum(map(len, sids)) == len(set().union(*sids))  # no session in two files
         assert pa.concat_tables(parts).equals(synthetic.generate_day(cfg, day))
     assert metrics["files"] == sum(len(f) for f in files.values())
+    assert metrics["bytes"] == io.dir_bytes(tmp_path / "raw")
     assert metrics["rows"] == sum(pq.read_metadata(p).num_rows for f in files.values() for p in f)
     assert metrics["sessions"] == cfg.days * cfg.sessions_per_day
     assert set(metrics["ctr_per_day"]) == {"0", "1"}

@@ -13,6 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from lrm import io
 from lrm.data import dedup
 from lrm.data.schema import day_files, read_schema, synthetic_schema
 from stages import dedup as stage
@@ -55,6 +56,7 @@ def test_stage_writes_sessions_and_metrics(tmp_path, raw):
     flat = sum(dedup.flatten_sessions(pq.read_table(f)).num_rows for fs in files.values()
                for f in fs)
     assert flat == m["rows"]
+    assert m["bytes_out"] == io.dir_bytes(out)
     assert not (tmp_path / "metrics").exists()  # --metrics was honoured
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["sessions"]  # no temp left
 
