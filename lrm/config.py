@@ -216,7 +216,7 @@ class StudentConfig:
     embedding_dim: int = 16
     bottom_mlp: list[int] = field(default_factory=lambda: [64])  # hidden widths; out: embedding_dim
     top_mlp: list[int] = field(default_factory=lambda: [128, 64])  # last width feeds the head(s)
-    # ExFM's parts (lrm.models.exfm), set per variant by lrm.train.distill.student_config
+    # ExFM's parts (lrm.models.exfm), set per variant by lrm.exfm.distill.student_config
     aux_head: bool = False  # an auxiliary head on the top representation (distillation)
     adapter: bool = False  # a student adapter on the teacher's logit and the dense features
     aux_mlp: list[int] = field(default_factory=list)  # hidden widths of the aux head
@@ -293,7 +293,7 @@ class EvalConfig:
 
 @dataclass(kw_only=True)
 class DistillConfig:
-    """How an ExFM student learns from the teacher (lrm.train.distill); one ablation variant.
+    """How an ExFM student learns from the teacher (lrm.exfm.distill); one ablation variant.
 
     distill false is the labels-only student; aux_head false puts the distillation loss on
     the serving head; adapter false distills toward the raw teacher logit.

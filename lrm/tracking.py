@@ -54,31 +54,3 @@ def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
              if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if clean:
         mlflow.log_metrics(clean, step=step)
-
-
-def register_model(model_uri: str, name: str, *, aliases: list[str] | tuple[str, ...] = (),
-                   tags: Mapping[str, str] | None = None) -> str:
-    """Register a logged model as a new version of `name`, tag it and point `aliases` at it.
-
-    MLflow 3: aliases (e.g. "champion") replace the deprecated registry stages. Returns
-    the new version (a string, as the registry spells it).
-    """
-    import mlflow
-
-    mv = mlflow.register_model(model_uri, name, tags=dict(tags or {}))
-    client = mlflow.MlflowClient()
-    for alias in aliases:
-        client.set_registered_model_alias(name, alias, mv.version)
-    return str(mv.version)
-
-
-def find_model_version(name: str, tag: str, value: str,
-                       cfg: TrackingConfig | None = None) -> str | None:
-    """The newest version of registered model `name` whose tag `tag` is `value`, or None."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri(cfg))
-    client = mlflow.MlflowClient()
-    versions = client.search_model_versions(f"name = '{name}'")
-    hits = [int(v.version) for v in versions if (v.tags or {}).get(tag) == value]
-    return str(max(hits)) if hits else None

@@ -21,11 +21,10 @@ from typing import Any
 
 import typer
 
-from lrm import tracking
+from lrm import registry
 from lrm.config import AugmentConfig, ExFMConfig, TrackingConfig
 from lrm.errors import LrmError
 from stages._common import ParamsOption, fail, load_config, section, stage
-from stages.teacher import HASH_TAG
 
 OUT = Path("data/augmented")
 METRICS = Path("metrics/augment.json")
@@ -36,7 +35,7 @@ def registry_version(name: str, content_hash: str, cfg: TrackingConfig | None = 
                      ) -> str | None:
     """"NAME/VERSION" of the registered teacher with this content hash, None if unknown."""
     try:
-        v = tracking.find_model_version(name, HASH_TAG, content_hash, cfg=cfg)
+        v = registry.find_model_version(name, registry.HASH_TAG, content_hash, cfg=cfg)
     except Exception as e:  # noqa: BLE001  (the registry is optional metadata here)
         log.warning("augment: MLflow registry not reachable (%s): recording the hash only", e)
         return None

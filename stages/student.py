@@ -6,7 +6,7 @@
 Tables come from `model.tables` (shared with the teacher). For each student size in
 `students.models` and each variant in `students.variants`
 (labels only, distillation on the serving head, auxiliary head, auxiliary head + adapter:
-see lrm.train.distill), trains day by day on the days after T (lrm.exfm.students), each
+see lrm.exfm.distill), trains day by day on the days after T (lrm.exfm.students), each
 day going on from the previous day's model and evaluated on the next day. Writes
 
     models/students/NAME/VARIANT/   the last day's model (its serving head is `forward`)

@@ -20,7 +20,7 @@ from typing import Any
 
 import typer
 
-from lrm import tracking
+from lrm import registry
 from lrm.config import ExFMConfig, LoaderConfig, ModelConfig, TeacherStageConfig
 from lrm.errors import LrmError
 from stages import train as train_stage
@@ -28,7 +28,6 @@ from stages._common import ParamsOption, fail, load_config, section, stage
 
 OUT = Path("models/teacher")
 METRICS = Path("metrics/teacher.json")
-HASH_TAG = "lrm.content_hash"
 
 
 def run(cfg: TeacherStageConfig, exfm: ExFMConfig, model_cfg: ModelConfig, data: Path,
@@ -45,14 +44,8 @@ def run(cfg: TeacherStageConfig, exfm: ExFMConfig, model_cfg: ModelConfig, data:
     content = teacher_hash(out)
     m["content_hash"] = content
     if log_mlflow and cfg.registry_name:
-        import mlflow
-
-        logged = mlflow.last_logged_model()
-        if logged is None:
-            raise LrmError("teacher: no model was logged to MLflow to register")
-        version = tracking.register_model(logged.model_uri, cfg.registry_name,
-                                          aliases=[cfg.alias] if cfg.alias else [],
-                                          tags={HASH_TAG: content})
+        version = registry.register_last_logged(cfg.registry_name, content,
+                                                aliases=[cfg.alias] if cfg.alias else [])
         m["registry"] = {"name": cfg.registry_name, "version": version, "alias": cfg.alias}
     return m
 

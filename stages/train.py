@@ -58,7 +58,7 @@ def run(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, out: Pa
     result = train(kind, cfg, model_cfg, data, loader_cfg=loader_cfg, out=out,
                    checkpoints=checkpoints, resume=resume, log_fn=log_fn)
     if log_mlflow and main:
-        from lrm.train import pyfunc
+        from lrm.serving import pyfunc
 
         pyfunc.log_model(out, data, result.eval_day)
     return {

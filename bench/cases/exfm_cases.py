@@ -35,7 +35,7 @@ from lrm.data.loader import BatchLoader
 from lrm.exfm import students as S
 from lrm.exfm.augment import augment_dataset, teacher_logits
 from lrm.train import train
-from lrm.train.dist import quiet_libraries
+from lrm.dist import quiet_libraries
 from lrm.train.export import load_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -29,8 +29,8 @@ from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import read_schema
 from lrm.models import build_model
-from lrm.train import parallel
-from lrm.train.dist import process_group, quiet_libraries
+from lrm.sharding import parallel
+from lrm.dist import process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
 
 BATCH = 2048  # TrainConfig's default

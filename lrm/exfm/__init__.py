@@ -4,5 +4,5 @@
     students.py   students trained day by day on augmented data, their NE table
 
 The student's auxiliary head and adapter are in lrm.models.exfm, its loss in
-lrm.train.distill; the teacher is trained by the ordinary loop (lrm.train.loop).
+lrm.exfm.distill; the teacher is trained by the ordinary loop (lrm.train.loop).
 """

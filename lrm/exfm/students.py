@@ -5,7 +5,7 @@ going on from the previous day's model (`init_from`), and is evaluated on the ne
 with its serving head. Every student size runs every configuration ("variant": labels
 only, distillation on the serving head, auxiliary head, auxiliary head + adapter), each
 from the same initialization, so the variants differ only in how they learn from the
-teacher. The training itself is lrm.train.loop.train with ExFM's loss (lrm.train.distill).
+teacher. The training itself is lrm.train.loop.train with ExFM's loss (lrm.exfm.distill).
 
 The teacher's NE on each day needs no model run: the augmented data holds its logit for
 every impression, and the augment manifest of the day already carries its NE and AUC.
@@ -27,7 +27,7 @@ from lrm.config import DistillConfig, LoaderConfig, ModelConfig, StudentConfig, 
 from lrm.data.schema import day_files
 from lrm.errors import ConfigError
 from lrm.exfm.augment import TEACHER_COLUMN, read_manifest
-from lrm.train.distill import ExFMLoss, student_config
+from lrm.exfm.distill import ExFMLoss, student_config
 from lrm.train.loop import LogFn, train
 
 log = logging.getLogger("lrm")

@@ -21,7 +21,7 @@ from lrm.data.loader import BatchLoader
 from lrm.data.schema import day_files
 from lrm.errors import ConfigError, DataError
 from lrm.models import hash_sizes
-from lrm.train.dist import Dist
+from lrm.dist import Dist
 from lrm.train.evaluate import pick_day
 
 

@@ -23,7 +23,7 @@ from lrm.data.loader import BatchLoader
 from lrm.data.schema import day_files
 from lrm.errors import ConfigError
 from lrm.progress import Reporter
-from lrm.train.dist import quiet_libraries
+from lrm.dist import quiet_libraries
 from lrm.train.export import load_model
 
 

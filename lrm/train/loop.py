@@ -7,7 +7,7 @@
     -> final eval, final checkpoint, unsharded model to `out` (rank 0)
 
 The loss is `loss_fn(model, batch)` (default: log loss of the logits; ExFM passes its
-distillation loss, lrm.train.distill); `init_from` warm-starts from a saved model folder.
+distillation loss, lrm.exfm.distill); `init_from` warm-starts from a saved model folder.
 A step consumes the same impressions whatever the number of processes (lrm.train.data).
 A non-finite loss stops every rank before the update (the model and the checkpoints keep
 their last good state) with NonFiniteLossError. Deterministic on CPU: generators are
@@ -39,10 +39,10 @@ from lrm.data.batch import Batch
 from lrm.errors import ConfigError, LrmError
 from lrm.models import build_model
 from lrm.progress import Reporter
-from lrm.train import parallel
-from lrm.train.checkpoint import Checkpointer
+from lrm.sharding import parallel
+from lrm.checkpoint.dcp import Checkpointer
 from lrm.train.data import epochs_from, loaders, model_hash_sizes
-from lrm.train.dist import Dist, intra_op_threads, process_group, quiet_libraries
+from lrm.dist import Dist, intra_op_threads, process_group, quiet_libraries
 from lrm.train.evaluate import autocast, predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.meter import Meter
@@ -104,7 +104,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
 
     checkpoints: folder of step-N/ DCP checkpoints (None: no checkpoints); resume: start
     from its latest complete checkpoint (a fresh run clears the folder instead).
-    plan: a torchrec ShardingPlan (None: the planner's default, see lrm.train.parallel).
+    plan: a torchrec ShardingPlan (None: the planner's default, see lrm.sharding.parallel).
     log_fn(metrics, step): called on rank 0 at every log point and eval (e.g. MLflow).
     init_from: a model folder (lrm.train.export) whose weights start this run (a warm
     start: the optimizers start fresh; a checkpoint resumed from wins over it).

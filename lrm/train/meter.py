@@ -9,7 +9,7 @@ from collections import deque
 import torch
 
 from lrm import metrics
-from lrm.train.dist import Dist
+from lrm.dist import Dist
 
 
 class WindowNE:

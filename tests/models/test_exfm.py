@@ -11,7 +11,7 @@ import torch
 from lrm.config import DistillConfig, ModelConfig, StudentConfig
 from lrm.models import DLRMStudent, build_model
 from lrm.models.exfm import ExFMStudent, StudentAdapter, StudentOutputs
-from lrm.train.distill import exfm_loss, student_config
+from lrm.exfm.distill import exfm_loss, student_config
 
 
 def _cfg(**parts: bool) -> ModelConfig:

@@ -12,8 +12,8 @@ import mlflow
 import pytest
 import yaml
 
-from lrm.train.checkpoint import Checkpointer
-from lrm.train.pyfunc import OUTPUT, example_frame
+from lrm.checkpoint.dcp import Checkpointer
+from lrm.serving.pyfunc import OUTPUT, example_frame
 from tests.conftest import REPO
 from tests.train.conftest import datasets, poison_day  # noqa: F401  (session fixture)
 

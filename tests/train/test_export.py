@@ -13,7 +13,7 @@ from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, DataError
 from lrm.train import load_model, train
 from lrm.train.export import CARD, read_card
-from lrm.train.pyfunc import OUTPUT, example_frame, input_columns, predict_frame, signature
+from lrm.serving.pyfunc import OUTPUT, example_frame, input_columns, predict_frame, signature
 from tests.train.conftest import LOADER, SMALL_MODEL, tiny_train
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, LrmError
 from lrm.train import NonFiniteLossError, evaluate, load_model, train
-from lrm.train.checkpoint import METADATA, Checkpointer
+from lrm.checkpoint.dcp import METADATA, Checkpointer
 from tests.train.conftest import LOADER, SMALL_MODEL, poison_day, tiny_train
 
 

@@ -1,11 +1,11 @@
-"""The default intra-op thread count never oversubscribes the cores (lrm.train.dist)."""
+"""The default intra-op thread count never oversubscribes the cores (lrm.dist)."""
 
 import os
 
 import pytest
 import torch
 
-from lrm.train.dist import intra_op_threads
+from lrm.dist import intra_op_threads
 
 
 def test_requested_wins(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from lrm.train.checkpoint import METADATA, Checkpointer
-from lrm.train.dist import process_group
+from lrm.checkpoint.dcp import METADATA, Checkpointer
+from lrm.dist import process_group
 
 
 class Gadget:  # not a type weights_only unpickling allows

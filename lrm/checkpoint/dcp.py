@@ -23,7 +23,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-from lrm.train.dist import Dist
+from lrm.dist import Dist
 
 log = logging.getLogger("lrm")
 _STEP_DIR = re.compile(r"^step-(\d+)$")

@@ -36,7 +36,7 @@ from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, Tr
 from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
-from lrm.train.dist import Dist
+from lrm.dist import Dist
 
 SHARDING_TYPES = (ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value)
 INIT_BLOCK_ROWS = 1 << 16
