@@ -1,72 +1,71 @@
-"""The whole DAG as a Prefect flow: `python -m flows.pipeline` (what `make run` does).
+"""A whole pipeline of flows/dag.py as a Prefect flow: `python -m flows.pipeline` (`make run`).
 
 Runs on Prefect's ephemeral server with no set-up; set PREFECT_API_URL to use a real one.
-Same stages, same outputs as `dvc repro` (which additionally skips up-to-date stages).
+The same nodes, arguments and outputs as `dvc repro` (which also skips up-to-date stages),
+one task per node, named after its stage and model. One MLflow parent run holds every
+stage's run. A failed stage fails the flow with its one-line reason as the state message.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import typer
-from prefect import flow, get_run_logger
+from prefect import flow
+from prefect.states import Failed
 
+from flows.dag import PIPELINES
 from flows.tasks import stage_task
+from lrm import tracking
+from lrm.errors import LrmError
 from stages._common import load_params
+
+SUMMARY = Path("metrics/summary.md")
 
 
 @flow(name="lrm-pipeline", log_prints=True)
-def pipeline(params: str = "params.yaml", criteo: bool | None = None) -> dict[str, Any]:
-    """The DAG of dvc.yaml on synthetic data; Criteo ingest when its files are present.
-
-    criteo: True forces the ingest branch, False skips it, None runs it when every file
-    named in `ingest.files` exists.
-    """
-    logger = get_run_logger()
-    p = ["--params", params]
+def pipeline(name: str = "lrm", params: list[str] | None = None,
+             force: bool = False) -> dict[str, Any]:
+    """Every node of pipeline `name`, in order (params: files laid over each other)."""
+    pipe = PIPELINES[name]
+    files = params or [p for p in pipe.params if Path(p).exists()] or None
     out: dict[str, Any] = {}
-    out["generate"] = stage_task("generate", ["--out", "data/raw", *p],
-                                 metrics="metrics/generate.json")
-    out["dedup"] = stage_task("dedup", ["--in", "data/raw", "--out", "data/sessions", *p],
-                              metrics="metrics/dedup.json")
-    for kind in ("student", "teacher"):  # baselines on every day but the last
-        out[f"train_{kind}"] = stage_task(
-            "train", ["--model", kind, "--data", "data/sessions", "--out", f"models/baseline/{kind}",
-                      "--checkpoints", f"checkpoints/baseline/{kind}",
-                      "--metrics", f"metrics/train_{kind}.json", *p],
-            metrics=f"metrics/train_{kind}.json")
-    out["evaluate"] = stage_task(
-        "evaluate", ["--model", "student=models/baseline/student",
-                     "--model", "teacher=models/baseline/teacher", "--data", "data/sessions",
-                     "--out", "metrics/eval.json", *p], metrics="metrics/eval.json")
-    # ExFM: teacher on days [0, T) -> augment the students' days -> students day by day.
-    out["teacher"] = stage_task("teacher", ["--data", "data/sessions", "--out", "models/teacher",
-                                            "--metrics", "metrics/teacher.json", *p],
-                                metrics="metrics/teacher.json")
-    out["augment"] = stage_task("augment", ["--data", "data/sessions", "--teacher",
-                                            "models/teacher", "--out", "data/augmented",
-                                            "--metrics", "metrics/augment.json", *p],
-                                metrics="metrics/augment.json")
-    out["student"] = stage_task("student", ["--data", "data/augmented", "--out", "models/students",
-                                            "--metrics", "metrics/exfm.json",
-                                            "--plot", "plots/exfm_ne.csv", *p],
-                                metrics="metrics/exfm.json")
-    files = (load_params(Path(params)).get("ingest") or {}).get("files") or []
-    if criteo is None:
-        criteo = bool(files) and all(Path(f).exists() for f in files)
-        if not criteo:
-            logger.info("Criteo files %s not all present: skipping the ingest branch", files)
-    if criteo:
-        out["ingest"] = stage_task("ingest", ["criteo", "--out", "data/criteo/raw", *p],
-                                   metrics="metrics/ingest.json")
+    try:
+        cfg = load_params([Path(f) for f in files] if files else None)
+        with tracking.run(f"pipeline_{pipe.name}", cfg=cfg.tracking,
+                          tags={"lrm.pipeline": pipe.name}):
+            for n in pipe.nodes:
+                out[n.name] = stage_task(pipe.name, n.name, n.title, files, force)
+    except LrmError as e:
+        return Failed(message=f"{e}")  # type: ignore[return-value]
     return out
 
 
-def main(params: str = typer.Option("params.yaml", help="params file"),
-         criteo: bool = typer.Option(None, "--criteo/--no-criteo",
-                                     help="force or skip the Criteo branch")) -> None:
-    pipeline(params=params, criteo=criteo)
+def report() -> str:
+    """What `make run` prints at the end: the NE table and where to look."""
+    table = SUMMARY.read_text() if SUMMARY.exists() else "(no metrics/summary.md)\n"
+    return (f"\nHeld-out NE (lower is better; 1.0 = the base rate) and AUC:\n\n{table}\n"
+            "Where to look:\n"
+            "  MLflow UI   make ui        (http://127.0.0.1:5000: runs, models, registry)\n"
+            "  Prefect UI  prefect server start  (http://127.0.0.1:4200; set PREFECT_API_URL="
+            "http://127.0.0.1:4200/api before `make run` to record the flow there)\n"
+            "  DVC         dvc metrics show; dvc plots show (plots/*.png)\n")
+
+
+def main(name: str = typer.Option("lrm", "--pipeline", help=f"one of {sorted(PIPELINES)}"),
+         params: list[Path] = typer.Option(None, "--params", help="params files"),
+         force: bool = typer.Option(False, "--force", help="replace outputs lrm did not write"),
+         ) -> None:
+    """Run a pipeline of flows/dag.py as a Prefect flow."""
+    state = pipeline(name, [str(p) for p in params] if params else None, force,
+                     return_state=True)
+    if state.is_failed():
+        print(f"error: {state.message}", file=sys.stderr)
+        raise typer.Exit(2)
+    if name == "lrm":
+        print(report())
 
 
 if __name__ == "__main__":

@@ -1,57 +1,47 @@
-"""Stages as Prefect tasks: each task runs the stage's own CLI command in-process.
+"""A node of the DAG as a Prefect task: the stage's typed `run`, through `execute`.
 
-The command is the same function `lrm NAME` and `python -m stages.NAME` run, so a flow,
-DVC and the CLI can never drift apart. Bad input (exit 2) is not retried; anything else
-is, since a transient failure (a locked SQLite store, a full disk being cleaned) may pass.
+The task calls the same function with the same arguments as the node's command line in
+dvc.yaml (both come from flows/dag.py), in this process. Bad input (an LrmError: exit 2 on
+the command line) is not retried and its one-line reason becomes the task's and the flow
+run's state message; anything else is retried, since a transient failure (a locked SQLite
+store, a full disk being cleaned) may pass.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 from pathlib import Path
 from typing import Any
 
-import typer
 from prefect import task
+from prefect.client.schemas.objects import State, TaskRun
 from prefect.tasks import Task
-from prefect.client.schemas.objects import TaskRun, State
-from typer.main import get_command
+
+from flows.dag import PIPELINES, Node
+from lrm.errors import LrmError
+from stages._common import execute, load_params
 
 
-class StageFailed(RuntimeError):
-    def __init__(self, name: str, code: int) -> None:
-        super().__init__(f"stage {name} exited with status {code}")
-        self.code = code
-
-
-def invoke(name: str, argv: list[str]) -> None:
-    """Run stage `name`'s CLI with `argv` in this process; raise StageFailed on non-zero."""
-    mod = importlib.import_module(f"stages.{name}")
-    app = getattr(mod, "app", None)
-    if app is None:
-        app = typer.Typer(add_completion=False)
-        app.command()(mod.command)
-    code = get_command(app).main(args=argv, prog_name=name, standalone_mode=False)
-    if code:
-        raise StageFailed(name, int(code))
+def node(pipeline: str, name: str) -> Node:
+    return next(n for n in PIPELINES[pipeline].nodes if n.name == name)
 
 
 def _retry_unless_bad_input(task: Task, task_run: TaskRun, state: State) -> bool:
     try:
         state.result()
-    except StageFailed as e:
-        return e.code != 2
-    except Exception:
+    except LrmError:
+        return False
+    except Exception:  # noqa: BLE001
         return True
     return False
 
 
 @task(retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_unless_bad_input,
-      task_run_name="{name}")
-def stage_task(name: str, argv: list[str], metrics: str | None = None) -> dict[str, Any]:
-    """Run one stage; return its metrics JSON (empty when the stage writes none)."""
-    invoke(name, argv)
-    if metrics and Path(metrics).exists():
-        return json.loads(Path(metrics).read_text())
-    return {}
+      task_run_name="{title}")
+def stage_task(pipeline: str, name: str, title: str, params: list[str] | None = None,
+               force: bool = False) -> dict[str, Any]:
+    """Run node `name` of `pipeline` (its title names the stage and model); its metrics."""
+    n = node(pipeline, name)
+    files = [Path(p) for p in params] if params else None
+    return execute(n.stage, n.args, load_params(files), force=force)
+
+

@@ -65,9 +65,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def from_dict(cls: type[C], data: dict[str, Any] | None, section: str) -> C:
     """Build config dataclass `cls` from a params.yaml section; unknown keys are errors."""
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{section}: expected a mapping, got {data!r}")
     data = dict(data or {})
-    if not isinstance(data, dict):
-        raise ConfigError(f"{section}: expected a mapping")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - names)
@@ -88,7 +88,7 @@ class GenerateConfig:
     ads: int = 10_000  # ad id space; up to 1e8
     advertisers: int = 1_000
     categories: int = 50
-    days: int = 5
+    days: int = 6  # ExFM: the teacher on days [0, 3), the students stream over 3-4
     sessions_per_day: int = 20_000
     mean_session_length: float = 8.0  # impressions per session (>= 1)
     max_history: int = 100  # longest user history sequence
@@ -139,15 +139,13 @@ class DedupConfig:
 
 @dataclass(kw_only=True)
 class LoaderConfig:
-    """Parquet -> KJT batches (lrm.data.loader)."""
+    """Parquet -> KJT batches (lrm.data.loader); the batch size is the training's."""
 
-    batch_size: int = 2048  # impressions per batch
-    dedup: bool = True  # user-side features once per session (RecD) vs the plain form
+    recd: bool = True  # user-side features once per session (RecD) vs once per impression
     prefetch: int = 4  # batches prepared ahead by background workers
-    num_workers: int = 1
+    num_workers: int = 1  # background threads preparing batches
 
     def __post_init__(self) -> None:
-        _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.prefetch >= 0, "prefetch", "must be >= 0")
         _check(self.num_workers >= 0, "num_workers", "must be >= 0")
 
@@ -185,7 +183,7 @@ class TableConfig:
 
 
 @dataclass(kw_only=True)
-class TeacherConfig:
+class TeacherModelConfig:
     """Wukong teacher (lrm.models.wukong): stacked FM + linear-compress layers."""
 
     embedding_dim: int = 32  # d: every sparse feature and dense embedding
@@ -210,7 +208,7 @@ class TeacherConfig:
 
 
 @dataclass(kw_only=True)
-class StudentConfig:
+class StudentModelConfig:
     """DLRM-style student (lrm.models.dlrm): bottom MLP, dot interaction, top MLP."""
 
     embedding_dim: int = 16
@@ -241,16 +239,21 @@ class ModelConfig:
     """The `model` section: tables shared by both models, and each model's shape."""
 
     tables: TableConfig = field(default_factory=TableConfig)
-    teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    student: StudentConfig = field(default_factory=StudentConfig)
+    teacher: TeacherModelConfig = field(default_factory=TeacherModelConfig)
+    student: StudentModelConfig = field(default_factory=StudentModelConfig)
+
+
+MODEL_KINDS = ("teacher", "student")  # the model kinds: ModelConfig's fields but `tables`
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    """The training loop (lrm.train): data split, batch, optimizers, schedule, checkpoints."""
+    """Training hyper-parameters (lrm.train): batch, optimizers, schedule, logging, device.
 
-    days: list[int] = field(default_factory=list)  # train days; empty: every day before eval_day
-    eval_day: int = -1  # held-out day; negative counts from the last day (-1: the last)
+    The base for every stage that trains; `teacher.train` and `students.train` override
+    single keys of it. Which days train is `SplitConfig`'s; checkpoints are `CheckpointConfig`'s.
+    """
+
     batch_size: int = 2048  # impressions per step over all ranks (each rank: batch_size / W)
     epochs: int = 1  # passes over the train days (when steps is 0)
     steps: int = 0  # optimizer steps (0: `epochs` passes); may span epochs
@@ -258,26 +261,68 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
     embedding_lr: float = 0.05  # embedding tables: fbgemm's fused row-wise Adagrad
     seed: int = 0
-    eval_every: int = 0  # steps between evals on eval_day (0: only at the end)
+    eval_every: int = 0  # steps between evals on the held-out day (0: only at the end)
     eval_batches: int = 0  # batches per rank in a periodic eval (0: all); the final eval reads all
-    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end)
-    keep_checkpoints: int = 2  # complete step-N/ folders kept
     log_every: int = 10  # steps between progress / MLflow metric points
     ne_window: int = 100_000  # impressions in the running (windowed) train NE
     device: str = "auto"  # auto (cuda when present) | cpu | cuda
     amp: bool = True  # bf16 autocast on GPU (CPU always runs float32)
-    threads: int = 0  # torch intra-op threads per process (0: the free cores, see intra_op_threads)
+    threads: int = 0  # torch intra-op threads per process (0: the free cores, lrm.dist)
 
     def __post_init__(self) -> None:
-        _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
-        _check(len(set(self.days)) == len(self.days), "days", f"repeated days in {self.days}")
-        for k in ("batch_size", "epochs", "keep_checkpoints", "log_every", "ne_window"):
+        for k in ("batch_size", "epochs", "log_every", "ne_window"):
             _check(getattr(self, k) >= 1, k, "must be >= 1")
-        for k in ("steps", "eval_every", "eval_batches", "checkpoint_every", "threads"):
+        for k in ("steps", "eval_every", "eval_batches", "threads"):
             _check(getattr(self, k) >= 0, k, "must be >= 0 (0: see the comment in params.yaml)")
         _check(self.lr > 0 and self.embedding_lr > 0, "lr/embedding_lr", "must be > 0")
         _check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
+
+
+def _overrides(cls: type) -> type:
+    """A dataclass with every field of `cls` optional (None: inherit the base section's)."""
+    hints = typing.get_type_hints(cls)
+    fields_ = [(f.name, hints[f.name] | None, field(default=None))  # type: ignore[operator]
+               for f in dataclasses.fields(cls)]
+    name = cls.__name__.removesuffix("Config") + "Overrides"
+    out = dataclasses.make_dataclass(name, fields_, kw_only=True)
+    out.__module__ = __name__
+    out.__doc__ = f"Keys of {cls.__name__} to override (absent or null: the base section's)."
+    out.__lrm_base__ = cls  # type: ignore[attr-defined]
+    return out
+
+
+TrainOverrides = _overrides(TrainConfig)
+
+
+def with_overrides(base: C, overrides: Any) -> C:
+    """`base` with every non-None field of `overrides` (an `_overrides` dataclass) applied."""
+    changes = {k: v for k, v in dataclasses.asdict(overrides).items() if v is not None}
+    return dataclasses.replace(base, **changes)  # type: ignore[type-var]
+
+
+@dataclass(kw_only=True)
+class SplitConfig:
+    """Which days train and which day is held out (the baselines of stage `train`)."""
+
+    days: list[int] = field(default_factory=list)  # train days; empty: every day before eval_day
+    eval_day: int = -1  # held-out day; negative counts from the last day (-1: the last)
+
+    def __post_init__(self) -> None:
+        _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
+        _check(len(set(self.days)) == len(self.days), "days", f"repeated days in {self.days}")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    """Periodic training checkpoints (lrm.checkpoint): when to save and how many to keep."""
+
+    every: int = 100  # optimizer steps between checkpoints (0: only at the end)
+    keep: int = 2  # complete checkpoints kept
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "every", "must be >= 0 (0: only at the end)")
+        _check(self.keep >= 1, "keep", "must be >= 1")
 
 
 @dataclass(kw_only=True)
@@ -324,14 +369,10 @@ class ExFMConfig:
 class TeacherStageConfig:
     """Stage `teacher` (ExFM): the Wukong teacher (model.teacher) on days [0, T)."""
 
-    train: TrainConfig = field(default_factory=TrainConfig)  # days/eval_day come from exfm
+    train: TrainOverrides = field(  # keys of `train` to override
+        default_factory=lambda: TrainOverrides(log_every=20))
     registry_name: str = "lrm-teacher"  # MLflow registered model ("": do not register)
     alias: str = "champion"  # alias pointed at the new version ("": none)
-
-    def __post_init__(self) -> None:
-        _check(not self.train.days and self.train.eval_day == -1, "train",
-               "leave days and eval_day unset (the teacher trains on days [0, "
-               "exfm.teacher_days) and is evaluated on day exfm.teacher_days)")
 
 
 @dataclass(kw_only=True)
@@ -354,20 +395,62 @@ def default_variants() -> dict[str, DistillConfig]:
 
 
 @dataclass(kw_only=True)
-class StudentsConfig:
+class StudentStageConfig:
     """Stage `student` (ExFM): student sizes x variants, trained day by day (lrm.exfm.students).
 
     Tables (rows, hashing) come from the `model.tables` section, shared with the teacher.
     """
 
     days: list[int] = field(default_factory=list)  # train days; empty: T .. the day before the last
-    train: TrainConfig = field(default_factory=TrainConfig)  # per day; days/eval_day set per day
-    models: dict[str, StudentConfig] = field(default_factory=lambda: {"small": StudentConfig()})
+    train: TrainOverrides = field(  # keys of `train` to override
+        default_factory=lambda: TrainOverrides(log_every=20))
+    models: dict[str, StudentModelConfig] = field(default_factory=lambda: {  # sizes
+        "small": StudentModelConfig(),
+        "tiny": StudentModelConfig(embedding_dim=8, bottom_mlp=[32], top_mlp=[64, 32])})
     variants: dict[str, DistillConfig] = field(default_factory=default_variants)
 
     def __post_init__(self) -> None:
         _check(bool(self.models), "models", "list at least one student")
         _check(bool(self.variants), "variants", "list at least one variant")
         _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
-        _check(not self.train.days and self.train.eval_day == -1, "train",
-               "leave days and eval_day unset (each day trains on itself, evaluates on the next)")
+
+
+@dataclass(kw_only=True)
+class ParamsConfig:
+    """The whole params.yaml: one field per section. Its defaults are the built-in values,
+    and params.yaml states every one of them (tests/test_config.py checks they agree)."""
+
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
+    evaluate: EvalConfig = field(default_factory=EvalConfig)
+    exfm: ExFMConfig = field(default_factory=ExFMConfig)
+    teacher: TeacherStageConfig = field(default_factory=TeacherStageConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    students: StudentStageConfig = field(default_factory=StudentStageConfig)
+
+    def get(self, key: str) -> Any:
+        """The value at dotted `key` (e.g. "model.student")."""
+        obj: Any = self
+        for part in key.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+def section_type(key: str, root: type = ParamsConfig) -> type:
+    """The dataclass (or type) at dotted `key` of the params schema."""
+    tp: Any = root
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(tp):
+            raise KeyError(key)
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            raise KeyError(key)
+        tp = hints[part]
+    return tp

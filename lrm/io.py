@@ -29,7 +29,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_dir(out: Path) -> Iterator[Path]:
+def atomic_dir(out: Path, *, stage: str = "lrm", force: bool = False) -> Iterator[Path]:
     """Yield a fresh temporary directory that replaces `out` only if the block succeeds.
 
     On any exception the temporary directory is removed and `out` is left exactly as it
@@ -76,7 +76,7 @@ def write_parquet(table: pa.Table, path: Path, **kwargs: Any) -> int:
     return path.stat().st_size
 
 
-def write_text(text: str, path: Path) -> None:
+def write_text(text: str, path: Path, *, stage: str | None = None, force: bool = False) -> None:
     """Write a text file atomically (a sibling temporary, then a rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,7 @@ def write_text(text: str, path: Path) -> None:
         raise
 
 
-def write_json(obj: Any, path: Path) -> None:
+def write_json(obj: Any, path: Path, *, stage: str | None = None, force: bool = False) -> None:
     """Write JSON atomically (sorted keys, trailing newline)."""
     write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
 
@@ -97,3 +97,32 @@ def write_json(obj: Any, path: Path) -> None:
 def dir_bytes(path: Path) -> int:
     """Total size of the regular files under `path`."""
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def check_paths(inputs: Any, outputs: Any) -> None:  # TEMPORARY: replaced by the io branch
+    pass
+
+
+def check_replaceable(out: Path, stage: Any, *, force: bool = False) -> None:  # TEMPORARY
+    pass
+
+
+def write_bytes(data: bytes, path: Path, *, stage: str | None = None,  # TEMPORARY (io branch)
+                force: bool = False) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def check_file_replaceable(path: Path, stage: Any, *, force: bool = False) -> None:  # TEMP
+    pass
+
+
+def claim_dir(path: Path, stage: Any, *, force: bool = False) -> None:  # TEMP (io branch)
+    Path(path).mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,18 @@
-"""Progress: a rich bar on a terminal, plain periodic log lines otherwise (DVC, Prefect, CI)."""
+"""Progress: a rich bar on a terminal, plain periodic log lines otherwise (DVC, Prefect, CI).
+
+Every line carries the context it belongs to: `context(stage="student", student="small",
+variant="aux_head", day=4)` labels everything logged or reported inside it, so lines from
+a flow that runs many models say which one they are.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import logging
 import sys
 import time
+from collections.abc import Iterator
 
 from rich.console import Console
 from rich.progress import (
@@ -16,6 +25,52 @@ from rich.progress import (
 )
 
 _console = Console(stderr=True)
+_context: contextvars.ContextVar[tuple[tuple[str, object], ...]] = contextvars.ContextVar(
+    "lrm_progress_context", default=())
+
+
+@contextlib.contextmanager
+def context(**labels: object) -> Iterator[None]:
+    """Label every progress and log line inside the block (nested labels add up)."""
+    token = _context.set(_context.get() + tuple((k, v) for k, v in labels.items()
+                                                 if v is not None))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def where() -> str:
+    """The current context as text: "student small/aux_head day 4" style, "" outside."""
+    parts = []
+    for k, v in _context.get():
+        parts.append(str(v) if k in ("stage", "student", "variant") else f"{k} {v}")
+    return " ".join(parts)
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = where()
+        record.lrm_context = f"[{ctx}] " if ctx else ""
+        return True
+
+
+def setup_logging(level: int = logging.INFO) -> None:
+    """lrm's own lines at `level` on stderr, each with its context; every other logger
+    (torchrec, fbgemm's "Successfully loaded" lines, ...) only from WARNING."""
+    lrm_log = logging.getLogger("lrm")
+    lrm_log.setLevel(level)
+    if not any(getattr(h, "_lrm", False) for h in lrm_log.handlers):
+        h = logging.StreamHandler(sys.stderr)
+        h._lrm = True  # type: ignore[attr-defined]
+        h.addFilter(_ContextFilter())
+        h.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(lrm_context)s%(message)s", "%H:%M:%S"))
+        lrm_log.addHandler(h)
+        lrm_log.propagate = False
+    root = logging.getLogger()
+    if root.level == logging.NOTSET or root.level < logging.WARNING:
+        root.setLevel(logging.WARNING)
 
 
 def is_interactive() -> bool:
@@ -47,7 +102,9 @@ class Reporter:
                 console=_console, transient=False,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.desc, total=self.total, stats="")
+            ctx = where()
+            desc = f"{ctx}: {self.desc}" if ctx and ctx != self.desc else self.desc
+            self._task = self._progress.add_task(desc, total=self.total, stats="")
         return self
 
     def _fmt(self) -> str:
@@ -67,7 +124,9 @@ class Reporter:
     def _log_line(self, now: float) -> None:
         total = f"/{self.total:.0f}" if self.total else ""
         rate = self.done / max(now - self._t0, 1e-9)
-        print(f"[{self.desc}] {self.done:.0f}{total} {self.unit} "
+        ctx = where()
+        desc = f"{ctx}: {self.desc}" if ctx and ctx != self.desc else self.desc
+        print(f"[{desc}] {self.done:.0f}{total} {self.unit} "
               f"({rate:.4g} {self.unit}/s) {self._fmt()}".rstrip(), file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:

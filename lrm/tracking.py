@@ -33,8 +33,13 @@ def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig 
 
     Nested runs are used when a run is already active (e.g. a flow's parent run).
     """
+    import logging
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     import mlflow  # slow import, only where tracking is used
 
+    for noisy in ("mlflow", "alembic"):  # per-run INFO chatter: keep warnings only
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg = cfg or TrackingConfig()
     mlflow.set_tracking_uri(tracking_uri(cfg))
     mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment)
@@ -46,8 +51,21 @@ def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig 
         yield active
 
 
+def active() -> bool:
+    """Whether an MLflow run is active in this process (a stage run, on rank 0)."""
+    import sys
+
+    if "mlflow" not in sys.modules:  # no run can be active without mlflow imported
+        return False
+    import mlflow
+
+    return mlflow.active_run() is not None
+
+
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    """Log numeric metrics to the active run (non-numbers are skipped)."""
+    """Log numeric metrics to the active run (non-numbers are skipped; no run: nothing)."""
+    if not active():
+        return
     import mlflow
 
     clean = {k: float(v) for k, v in _flatten(metrics).items()

@@ -1,14 +1,13 @@
 """Stage `evaluate`: score saved models on a held-out day -> NE, AUC, calibration as JSON.
 
-    lrm evaluate --model models/student --data data/sessions --out metrics/student_eval.json
-    lrm evaluate --model student=models/student --model teacher=models/teacher \\
+    lrm evaluate --model-dir models/student --data data/sessions --out metrics/student_eval.json
+    lrm evaluate --model-dir student=models/student --model-dir teacher=models/teacher \\
         --data data/sessions --out metrics/eval.json
-    lrm evaluate --model models/student --name student --out metrics/eval.json
 
 One unnamed model writes its metrics as the whole file: {ne, auc, calibration, rows, ...}.
-Named models (NAME=DIR, or --name for a single one) are merged into the file under their
-names, keeping the entries of other models: {"student": {...}, "teacher": {...}}.
-The day is `--day` / evaluate.day (default -1: the last day of the data).
+Named models (NAME=DIR) are merged into the file under their names, keeping the entries of
+other models: {"student": {...}, "teacher": {...}}. The day is `evaluate.day` (default -1:
+the last day of the data). `--model` is the old name of `--model-dir`.
 """
 
 from __future__ import annotations
@@ -17,43 +16,38 @@ import json
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from lrm import io
 from lrm.config import EvalConfig
-from lrm.errors import ConfigError, DataError, LrmError
-from stages._common import ParamsOption, fail, load_config, stage
+from lrm.errors import ConfigError, DataError
+from stages._common import Arg, Stage, main
 
-OUT = Path("metrics/eval.json")
+NAME = "evaluate"
 
 
-def parse_models(models: list[str], name: str | None) -> list[tuple[str | None, Path]]:
-    """[(name or None, folder)] from `--model` values (DIR or NAME=DIR) and `--name`."""
+def parse_models(models: list[str]) -> list[tuple[str | None, Path]]:
+    """[(name or None, folder)] from `--model-dir` values (DIR or NAME=DIR)."""
     parsed: list[tuple[str | None, Path]] = []
     for m in models:
-        key, sep, path = m.partition("=")
+        key, sep, path = str(m).partition("=")
         parsed.append((key, Path(path)) if sep and key else (None, Path(m)))
-    if name is not None:
-        if len(parsed) != 1 or parsed[0][0] is not None:
-            raise ConfigError("--name: give one --model DIR with it (or use --model NAME=DIR)")
-        parsed = [(name, parsed[0][1])]
     names = [n for n, _ in parsed]
     if None in names and len(parsed) > 1:
-        raise ConfigError("--model: name every model (NAME=DIR) when evaluating several")
+        raise ConfigError("--model-dir: name every model (NAME=DIR) when evaluating several")
     if len(set(names)) != len(names):
-        raise ConfigError(f"--model: repeated names {names}")
+        raise ConfigError(f"--model-dir: repeated names {names}")
     return parsed
 
 
-def run(models: list[tuple[str | None, Path]], data: Path, cfg: EvalConfig,
-        out: Path = OUT) -> dict[str, Any]:
-    """Evaluate every model; write `out` (merging named entries); return this run's metrics."""
-    from lrm.train.evaluate import evaluate  # torch import: only when a stage runs
+def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"),
+        out: Path = Path("metrics/eval.json"), force: bool = False) -> dict[str, Any]:
+    """Score saved models on a held-out day: NE, AUC, calibration, rows."""
+    from lrm.train.evaluate import evaluate  # torch import: only when the stage runs
 
+    parsed = parse_models(models)
     results = {name: evaluate(path, data, day=cfg.day, batch_size=cfg.batch_size)
-               for name, path in models}
+               for name, path in parsed}
     if list(results) == [None]:
-        io.write_json(results[None], out)
+        io.write_json(results[None], out, stage=NAME, force=force)
         return results[None]
     doc: dict[str, Any] = {}
     if out.exists():
@@ -64,29 +58,18 @@ def run(models: list[tuple[str | None, Path]], data: Path, cfg: EvalConfig,
         if not isinstance(doc, dict) or "ne" in doc:  # a single model's flat metrics: replace
             doc = {}
     doc.update(results)
-    io.write_json(doc, out)
+    io.write_json(doc, out, stage=NAME, force=force)
     return results
 
 
-def command(
-    model: list[str] = typer.Option(..., "--model", help="model folder, or NAME=DIR; repeat"),
-    data: Path = typer.Option(Path("data/sessions"), "--data", help="dataset folder"),
-    out: Path = typer.Option(OUT, "--out", help="metrics JSON to write (or merge into)"),
-    name: str = typer.Option(None, "--name", help="entry name for a single --model DIR"),
-    day: int = typer.Option(None, help="held-out day, <0 from the end (evaluate.day)"),
-    batch_size: int = typer.Option(None, help="(evaluate.batch_size)"),
-    params: Path = ParamsOption,
-) -> None:
-    """Score saved models on a held-out day: NE, AUC, calibration, rows."""
-    cfg, p = load_config(params, "evaluate", EvalConfig, dict(day=day, batch_size=batch_size))
-    try:
-        models = parse_models(model, name)
-    except LrmError as e:
-        raise fail(e) from None
-    extra = {"models": {str(n): str(d) for n, d in models}, "data": str(data)}
-    with stage("evaluate", cfg, p, None, extra_params=extra) as m:
-        m.update(run(models, data, cfg, out))
-
+STAGE = Stage(
+    name=NAME, run=run, reads={"cfg": "evaluate"}, short=("evaluate",),
+    args={"models": Arg("--model-dir", "model folder, or NAME=DIR; repeat", "in",
+                        aliases=("--model",)),
+          "data": Arg("--data", "dataset folder", "in"),
+          "out": Arg("--out", "metrics JSON to write (or merge into)", "out", file=True,
+                     cache=False)},
+)
 
 if __name__ == "__main__":
-    typer.run(command)
+    main(STAGE)

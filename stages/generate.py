@@ -1,48 +1,35 @@
-"""Stage `generate`: synthetic session-level ads logs -> data/raw/day=D/*.parquet."""
+"""Stage `generate`: synthetic session-level ads logs -> data/raw/day=D/*.parquet.
+
+    lrm generate --out data/raw [--generate.days 8 ...]
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from lrm import io
 from lrm.config import GenerateConfig
-from lrm.data import synthetic
-from stages._common import ParamsOption, load_config, stage
+from stages._common import Arg, Stage, main
 
-OUT = Path("data/raw")
-METRICS = Path("metrics/generate.json")
+NAME = "generate"
 
 
-def run(cfg: GenerateConfig, out: Path = OUT) -> dict[str, Any]:
-    """Generate every day into `out` (replaced atomically); return the stage metrics."""
-    with io.atomic_dir(out) as tmp:
+def run(*, cfg: GenerateConfig, out: Path = Path("data/raw"),
+        metrics: Path | None = Path("metrics/generate.json"), force: bool = False
+        ) -> dict[str, Any]:
+    """Generate synthetic session-level ads-click logs (Parquet, one folder per day)."""
+    from lrm.data import synthetic  # numpy/pyarrow work: only when the stage runs
+
+    with io.atomic_dir(out, stage=NAME, force=force) as tmp:
         return synthetic.generate(cfg, tmp)
 
 
-def command(
-    out: Path = typer.Option(OUT, "--out", help="output dataset folder"),
-    users: int = typer.Option(None, help="user id space (params: generate.users)"),
-    ads: int = typer.Option(None, help="ad id space (params: generate.ads)"),
-    days: int = typer.Option(None, help="number of days (params: generate.days)"),
-    sessions_per_day: int = typer.Option(None, help="(params: generate.sessions_per_day)"),
-    mean_session_length: float = typer.Option(None, help="(params: generate.mean_session_length)"),
-    drift: float = typer.Option(None, help="interest drift per day (params: generate.drift)"),
-    churn: float = typer.Option(None, help="user/ad churn per day (params: generate.churn)"),
-    seed: int = typer.Option(None, help="(params: generate.seed)"),
-    params: Path = ParamsOption,
-    metrics: Path = typer.Option(METRICS, help="where to write the stage metrics"),
-) -> None:
-    """Generate synthetic session-level ads-click logs (Parquet, one folder per day)."""
-    overrides = dict(users=users, ads=ads, days=days, sessions_per_day=sessions_per_day,
-                     mean_session_length=mean_session_length, drift=drift, churn=churn,
-                     seed=seed)
-    cfg, p = load_config(params, "generate", GenerateConfig, overrides)
-    with stage("generate", cfg, p, metrics) as m:
-        m.update(run(cfg, out))
-
+STAGE = Stage(
+    name=NAME, run=run, reads={"cfg": "generate"}, short=("generate",),
+    args={"out": Arg("--out", "output dataset folder", "out"),
+          "metrics": Arg("--metrics", "stage metrics file", "metrics")},
+)
 
 if __name__ == "__main__":
-    typer.run(command)
+    main(STAGE)

@@ -1,73 +1,60 @@
-"""Stage `ingest`: external datasets -> the impressions layout (data/criteo/raw/day=D/*.parquet).
+"""Stage `ingest`: Criteo TSV files -> the impressions layout (DIR/day=D/*.parquet).
 
-    lrm ingest criteo [FILE...] --out DIR [--skip-bad]
-    python -m stages.ingest criteo [FILE...] --out DIR [--skip-bad]
+    lrm ingest criteo FILE_OR_FOLDER... --out data/criteo/raw [--skip-bad]
 
-Without FILE, the files come from `ingest.files` in params.yaml (relative to the cwd).
-Bad input exits with status 2 and one line on stderr naming the file, line and field;
-`--out` is then left exactly as it was.
+Without FILE the files come from `ingest.files`. A folder stands for its *.tsv files (sorted),
+which is how the Criteo pipeline (pipelines/criteo/dvc.yaml) reads `data/criteo/tsv/`.
+Bad input exits with status 2 and one line naming the file, line and field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import typer
-
 from lrm import io
 from lrm.config import IngestConfig
-from lrm.data import criteo
 from lrm.errors import ConfigError
-from stages._common import ParamsOption, fail, load_config, stage
+from stages._common import Arg, Stage, main
 
-OUT = Path("data/criteo/raw")
-METRICS = Path("metrics/ingest.json")
-
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Ingest external datasets into the impressions layout.")
+NAME = "ingest"
 
 
-@app.callback()
-def _group() -> None:
-    """Ingest external datasets into the impressions layout (day=D/part-NNNNN.parquet)."""
+def input_files(paths: list[Path]) -> list[Path]:
+    """Files as given; a folder expands to its *.tsv files, sorted."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(p.glob("*.tsv"))
+            if not found:
+                raise ConfigError(f"{p}: no *.tsv files in this folder")
+            out += found
+        else:
+            out.append(p)
+    return out
 
 
-def run(cfg: IngestConfig, files: Sequence[Path], out: Path = OUT) -> dict[str, Any]:
-    """Ingest Criteo TSV `files` into `out` (replaced atomically); return the stage metrics."""
-    with io.atomic_dir(out) as tmp:
-        return criteo.ingest(files, tmp, cfg)
-
-
-@app.command("criteo")
-def criteo_command(
-    files: list[Path] | None = typer.Argument(
-        None, show_default=False,
-        help="Criteo TSV files, one day each unless --rows-per-day (params: ingest.files)"),
-    out: Path = typer.Option(OUT, "--out", help="output dataset folder"),
-    skip_bad: bool | None = typer.Option(
-        None, "--skip-bad/--no-skip-bad", show_default=False,
-        help="skip and count bad rows instead of failing on the first (params: ingest.skip_bad)"),
-    rows_per_day: int | None = typer.Option(
-        None, show_default=False,
-        help="split the row stream into days of this many rows; 0: a day per file "
-             "(params: ingest.rows_per_day)"),
-    chunk_rows: int | None = typer.Option(
-        None, show_default=False, help="rows per streamed chunk (params: ingest.chunk_rows)"),
-    params: Path = ParamsOption,
-    metrics: Path = typer.Option(METRICS, help="where to write the stage metrics"),
-) -> None:
+def run(*, cfg: IngestConfig, files: list[Path] | None = None,
+        out: Path = Path("data/criteo/raw"), metrics: Path | None = Path("metrics/ingest.json"),
+        force: bool = False) -> dict[str, Any]:
     """Convert Criteo display-ads TSV files (label, I1..I13, C1..C26) to Parquet days."""
-    overrides = dict(files=[str(f) for f in files] if files else None, skip_bad=skip_bad,
-                     rows_per_day=rows_per_day, chunk_rows=chunk_rows)
-    cfg, p = load_config(params, "ingest", IngestConfig, overrides)
-    if not cfg.files:
-        raise fail(ConfigError("ingest.files: no input files; pass FILE... or set "
-                               "ingest.files in params.yaml"))
-    with stage("ingest", cfg, p, metrics) as m:
-        m.update(run(cfg, [Path(f) for f in cfg.files], out))
+    from lrm.data import criteo  # polars import: only when the stage runs
 
+    chosen = list(files or []) or [Path(f) for f in cfg.files]
+    if not chosen:
+        raise ConfigError("ingest: no input files; pass FILE... or set ingest.files")
+    paths = input_files(chosen)
+    io.check_paths(paths, [out])
+    with io.atomic_dir(out, stage=NAME, force=force) as tmp:
+        return criteo.ingest(paths, tmp, cfg)
+
+
+STAGE = Stage(
+    name=NAME, run=run, reads={"cfg": "ingest"}, short=("ingest",), group="criteo",
+    args={"files": Arg("", "Criteo TSV files or folders of them (params: ingest.files)", "in"),
+          "out": Arg("--out", "output dataset folder", "out"),
+          "metrics": Arg("--metrics", "stage metrics file", "metrics")},
+)
 
 if __name__ == "__main__":
-    app()
+    main(STAGE)

@@ -1,78 +1,81 @@
 """Stage `teacher` (ExFM): the Wukong teacher on days [0, T) -> models/teacher, registered.
 
-    lrm teacher
-    python -m stages.teacher --data data/sessions --out models/teacher
+    lrm teacher [--data data/sessions --out models/teacher]
 
-Trains with the ordinary training stage (stages.train.run: lrm.train.loop.train, final
-eval on day T, the pyfunc logged to the MLflow run), then registers the logged model as
-`teacher.registry_name` (lrm-teacher) in the MLflow model registry, tags the version with
-the model's content hash (the teacher version the augment stage records) and points the
-alias `teacher.alias` (champion) at it: MLflow 3 aliases, not the deprecated stages.
-Values come from params.yaml: `exfm` (T = exfm.teacher_days), `teacher` (training,
-registry), `model.teacher` and `model.tables` (the teacher's shape, shared with `train`).
+Trains with the training loop (lrm.train: final eval on day T, the pyfunc logged to the
+MLflow run), then registers the logged model as `teacher.registry_name` (lrm-teacher),
+tags the version with the model's content hash (the teacher version the augment stage
+records) and points `teacher.alias` (champion) at it. Training values are `train`'s with
+`teacher.train`'s overrides; the shape is `model.teacher` and `model.tables`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-import typer
+from lrm import plots, tracking
+from lrm.config import (
+    CheckpointConfig,
+    ExFMConfig,
+    LoaderConfig,
+    ModelConfig,
+    SplitConfig,
+    TableConfig,
+    TeacherModelConfig,
+    TeacherStageConfig,
+    TrainConfig,
+    with_overrides,
+)
+from stages._common import Arg, Stage, main
 
-from lrm import registry
-from lrm.config import ExFMConfig, LoaderConfig, ModelConfig, TeacherStageConfig
-from lrm.errors import LrmError
-from stages import train as train_stage
-from stages._common import ParamsOption, fail, load_config, section, stage
-
-OUT = Path("models/teacher")
-METRICS = Path("metrics/teacher.json")
+NAME = "teacher"
 
 
-def run(cfg: TeacherStageConfig, exfm: ExFMConfig, model_cfg: ModelConfig, data: Path,
-        out: Path = OUT, *,
-        loader_cfg: LoaderConfig | None = None, checkpoints: Path | None = None,
-        log_mlflow: bool = False) -> dict[str, Any]:
-    """Train the teacher on days [0, T), evaluate on day T; register it when logging."""
-    from lrm.exfm.augment import teacher_hash  # torch import: only when a stage runs
+def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
+        checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
+        model: TeacherModelConfig, data: Path = Path("data/sessions"),
+        out: Path = Path("models/teacher"), checkpoints: Path = Path("checkpoints/teacher"),
+        metrics: Path | None = Path("metrics/teacher.json"),
+        plot: Path | None = Path("plots/train_teacher.csv"), force: bool = False
+        ) -> dict[str, Any]:
+    """Train the ExFM teacher (Wukong) on days [0, T) and register it as lrm-teacher."""
+    from lrm import registry
+    from lrm.exfm.augment import teacher_hash
+    from lrm.serving import pyfunc
+    from lrm.train import train
 
     T = exfm.teacher_days
-    train_cfg = dataclasses.replace(cfg.train, days=list(range(T)), eval_day=T)
-    m = train_stage.run("teacher", train_cfg, model_cfg, data, out, loader_cfg=loader_cfg,
-                        checkpoints=checkpoints, log_mlflow=log_mlflow)
-    content = teacher_hash(out)
-    m["content_hash"] = content
-    if log_mlflow and cfg.registry_name:
-        version = registry.register_last_logged(cfg.registry_name, content,
-                                                aliases=[cfg.alias] if cfg.alias else [])
-        m["registry"] = {"name": cfg.registry_name, "version": version, "alias": cfg.alias}
+    result = train("teacher", with_overrides(base, cfg.train),
+                   ModelConfig(tables=tables, teacher=model), data,
+                   split=SplitConfig(days=list(range(T)), eval_day=T), loader_cfg=loader,
+                   checkpoint=checkpoint, checkpoints=checkpoints, out=out,
+                   log_fn=tracking.log_metrics if tracking.active() else None)
+    m = result.summary("teacher")
+    m["content_hash"] = content = teacher_hash(out)
+    if plot is not None and result.history:
+        plots.write_lines(result.history, "step", ["loss", "ne_window", "eval_ne"], plot,
+                          title="teacher: per logged step", stage=NAME, force=force)
+    if tracking.active():
+        pyfunc.log_model(out, data, result.eval_day)
+        if cfg.registry_name:
+            version = registry.register_last_logged(cfg.registry_name, content,
+                                                    aliases=[cfg.alias] if cfg.alias else [])
+            m["registry"] = {"name": cfg.registry_name, "version": version,
+                             "alias": cfg.alias}
     return m
 
 
-def command(
-    data: Path = typer.Option(Path("data/sessions"), "--data", help="dataset folder"),
-    out: Path = typer.Option(OUT, "--out", help="the teacher's model folder"),
-    checkpoints: Path = typer.Option(Path("checkpoints/teacher"), help="checkpoint folder"),
-    teacher_days: int = typer.Option(None, help="T: train on days [0, T) (exfm.teacher_days)"),
-    params: Path = ParamsOption,
-    metrics: Path = typer.Option(METRICS, help="stage metrics file"),
-) -> None:
-    """Train the ExFM teacher (Wukong) on days [0, T) and register it as lrm-teacher."""
-    cfg, p = load_config(params, "teacher", TeacherStageConfig)
-    try:
-        exfm = section(p, "exfm", ExFMConfig, {"teacher_days": teacher_days})
-        model_cfg = section(p, "model", ModelConfig)
-        loader_cfg = section(p, "loader", LoaderConfig)
-    except LrmError as e:
-        raise fail(e) from None
-    extra = {"data": str(data), "exfm": dataclasses.asdict(exfm),
-             "model": {"teacher": dataclasses.asdict(model_cfg.teacher),
-                       "tables": dataclasses.asdict(model_cfg.tables)}}
-    with stage("teacher", cfg, p, metrics, extra_params=extra) as m:
-        m.update(run(cfg, exfm, model_cfg, data, out, loader_cfg=loader_cfg,
-                     checkpoints=checkpoints, log_mlflow=True))
-
+STAGE = Stage(
+    name=NAME, run=run, short=("teacher", "exfm"),
+    reads={"cfg": "teacher", "base": "train", "exfm": "exfm", "checkpoint": "checkpoint",
+           "loader": "loader", "tables": "model.tables", "model": "model.teacher"},
+    args={"data": Arg("--data", "dataset folder", "in"),
+          "out": Arg("--out", "the teacher's model folder", "out"),
+          "checkpoints": Arg("--checkpoints", "checkpoint folder", "state"),
+          "metrics": Arg("--metrics", "stage metrics file", "metrics"),
+          "plot": Arg("--plot", "loss and NE per logged step (CSV; a PNG beside it)", "plot")},
+)
 
 if __name__ == "__main__":
-    typer.run(command)
+    main(STAGE)

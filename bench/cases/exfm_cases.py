@@ -26,7 +26,7 @@ from lrm.config import (
     GenerateConfig,
     LoaderConfig,
     ModelConfig,
-    StudentsConfig,
+    StudentStageConfig,
     TeacherStageConfig,
     from_dict,
 )
@@ -77,7 +77,7 @@ def world(quick: bool) -> Iterator[dict[str, Any]]:
     tcfg = from_dict(TeacherStageConfig, p.get("teacher"), "teacher")
     mcfg = from_dict(ModelConfig, p.get("model"), "model")
     acfg = from_dict(AugmentConfig, p.get("augment"), "augment")
-    scfg = from_dict(StudentsConfig, p.get("students"), "students")
+    scfg = from_dict(StudentStageConfig, p.get("students"), "students")
     loader = from_dict(LoaderConfig, p.get("loader"), "loader")
     with tempfile.TemporaryDirectory(prefix="lrm-bench-exfm-") as tmp:
         root = Path(tmp)
@@ -134,7 +134,7 @@ def run_augment(w: dict[str, Any]) -> dict[str, Any]:
 
 def run_student_gain(w: dict[str, Any], seeds: int = 3) -> dict[str, Any]:
     """NE of aux head + adapter vs labels only, on the last eval day, over `seeds` seeds."""
-    scfg: StudentsConfig = w["students"]
+    scfg: StudentStageConfig = w["students"]
     name, size = next(iter(scfg.models.items()))
     variants = scfg.variants
     if "labels_only" not in variants or "aux_adapter" not in variants:

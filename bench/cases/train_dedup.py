@@ -41,7 +41,7 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
         rates = {}
         for dedup in (True, False):
             cfg = TrainConfig(batch_size=BATCH, steps=2 * steps, log_every=steps)
-            r = train("student", cfg, MODEL, d["sessions"], loader_cfg=LoaderConfig(dedup=dedup))
+            r = train("student", cfg, MODEL, d["sessions"], loader_cfg=LoaderConfig(recd=dedup))
             rates[dedup] = r.samples_per_s
         emit("train.dedup", "student_end_to_end", "samples/s", rates[True], rates[False],
              "higher", candidate_is="lrm.train.train, loader.dedup=true",

@@ -30,7 +30,7 @@ from torchrec.modules.embedding_configs import PoolingType
 from bench.cases.train_common import BATCH, EMBEDDING_LR, LR, MODEL, batches, dataset, \
     project_step, student_hash_sizes, time_steps
 from bench.common import emit
-from lrm.config import StudentConfig
+from lrm.config import StudentModelConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema, read_schema
 from lrm.models import embedding_tables
@@ -49,7 +49,7 @@ def _mlp(n_in: int, widths: list[int]) -> nn.Sequential:
 class PlainStudent(nn.Module):
     """DLRM student: EmbeddingBags + bottom MLP + dot interaction + top MLP + head."""
 
-    def __init__(self, schema: FeatureSchema, cfg: StudentConfig) -> None:
+    def __init__(self, schema: FeatureSchema, cfg: StudentModelConfig) -> None:
         super().__init__()
         d = cfg.embedding_dim
         tables = embedding_tables(schema, MODEL.tables, d)

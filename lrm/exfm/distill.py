@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lrm.config import DistillConfig, StudentConfig
+from lrm.config import DistillConfig, StudentModelConfig
 from lrm.data.batch import Batch
 from lrm.models.exfm import ExFMStudent, StudentOutputs
 
@@ -41,7 +41,7 @@ class LossParts:
     adapter: torch.Tensor
 
 
-def student_config(size: StudentConfig, cfg: DistillConfig) -> StudentConfig:
+def student_config(size: StudentModelConfig, cfg: DistillConfig) -> StudentModelConfig:
     """`size` with the parts `cfg` trains: an auxiliary head and/or an adapter."""
     return dataclasses.replace(size, aux_head=cfg.distill and cfg.aux_head,
                                adapter=cfg.distill and cfg.adapter)

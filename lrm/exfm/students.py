@@ -18,12 +18,20 @@ import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from lrm.config import DistillConfig, LoaderConfig, ModelConfig, StudentConfig, TableConfig, \
-    TrainConfig, default_variants
+from lrm import progress
+from lrm.config import (
+    DistillConfig,
+    LoaderConfig,
+    ModelConfig,
+    SplitConfig,
+    StudentModelConfig,
+    TableConfig,
+    TrainConfig,
+    default_variants,
+)
 from lrm.data.schema import day_files
 from lrm.errors import ConfigError
 from lrm.exfm.augment import TEACHER_COLUMN, read_manifest
@@ -63,7 +71,7 @@ def student_days(data: Path, teacher_days: int, days: Sequence[int] = ()) -> lis
     return chosen
 
 
-def stream_student(size: StudentConfig, variant: DistillConfig, train_cfg: TrainConfig,
+def stream_student(size: StudentModelConfig, variant: DistillConfig, train_cfg: TrainConfig,
                    data: Path, days: Sequence[int], out: Path, *,
                    tables: TableConfig | None = None, loader_cfg: LoaderConfig | None = None,
                    log_fn: LogFn | None = None) -> list[dict[str, Any]]:
@@ -78,10 +86,11 @@ def stream_student(size: StudentConfig, variant: DistillConfig, train_cfg: Train
     init: Path | None = None
     for d in days:
         t0 = time.perf_counter()
-        cfg = replace(train_cfg, days=[d], eval_day=d + 1)
-        res = train("student", cfg, model_cfg, data, loader_cfg=loader_cfg, out=out,
-                    init_from=init, loss_fn=ExFMLoss(variant), teacher_column=column,
-                    log_fn=log_fn)
+        with progress.context(day=d):
+            res = train("student", train_cfg, model_cfg, data,
+                        split=SplitConfig(days=[d], eval_day=d + 1), loader_cfg=loader_cfg,
+                        out=out, init_from=init, loss_fn=ExFMLoss(variant),
+                        teacher_column=column, log_fn=log_fn)
         init = out
         rows.append({"train_day": d, "day": d + 1, "steps": res.steps,
                      "seconds": round(time.perf_counter() - t0, 2),

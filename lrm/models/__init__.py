@@ -13,6 +13,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from lrm.config import MODEL_KINDS as KINDS
 from lrm.config import ModelConfig
 from lrm.data.schema import FeatureSchema
 from lrm.models.dlrm import DLRMStudent, DotInteraction
@@ -20,7 +21,6 @@ from lrm.models.exfm import ExFMStudent
 from lrm.models.tables import SparseEmbeddings, embedding_tables, hash_sizes
 from lrm.models.wukong import Wukong
 
-KINDS = ("teacher", "student")
 
 __all__ = ["KINDS", "DLRMStudent", "DotInteraction", "ExFMStudent", "SparseEmbeddings",
            "Wukong", "build_model", "embedding_tables", "hash_sizes", "num_parameters"]

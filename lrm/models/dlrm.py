@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagConfig
 
-from lrm.config import StudentConfig
+from lrm.config import StudentModelConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema
 from lrm.models.layers import ScoredModel, mlp
@@ -82,7 +82,7 @@ class DLRMStudent(ScoredModel):
     """model(batch) -> logits [B]; forward_features(batch) -> [B, top_mlp[-1]] for extra heads."""
 
     def __init__(self, schema: FeatureSchema, tables: list[EmbeddingBagConfig],
-                 cfg: StudentConfig, *, device: torch.device | str | None = "cpu",
+                 cfg: StudentModelConfig, *, device: torch.device | str | None = "cpu",
                  dense_device: torch.device | str | None = None) -> None:
         super().__init__()
         d = cfg.embedding_dim

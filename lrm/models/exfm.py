@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagConfig
 
-from lrm.config import StudentConfig
+from lrm.config import StudentModelConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema
 from lrm.models.dlrm import DLRMStudent
@@ -74,7 +74,7 @@ class ExFMStudent(DLRMStudent):
     """
 
     def __init__(self, schema: FeatureSchema, tables: list[EmbeddingBagConfig],
-                 cfg: StudentConfig, *, device: torch.device | str | None = "cpu",
+                 cfg: StudentModelConfig, *, device: torch.device | str | None = "cpu",
                  dense_device: torch.device | str | None = None) -> None:
         super().__init__(schema, tables, cfg, device=device, dense_device=dense_device)
         # built after every part of the plain student, so those draw the same init

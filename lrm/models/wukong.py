@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagConfig
 
-from lrm.config import TeacherConfig
+from lrm.config import TeacherModelConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema
 from lrm.models.layers import ScoredModel, mlp
@@ -59,7 +59,7 @@ class Wukong(ScoredModel):
     """model(batch) -> logits [B]; forward_features(batch) -> [B, top_mlp[-1]]."""
 
     def __init__(self, schema: FeatureSchema, tables: list[EmbeddingBagConfig],
-                 cfg: TeacherConfig, *, device: torch.device | str | None = "cpu",
+                 cfg: TeacherModelConfig, *, device: torch.device | str | None = "cpu",
                  dense_device: torch.device | str | None = None) -> None:
         super().__init__()
         d = cfg.embedding_dim

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from lrm.config import ModelConfig, TableConfig, TeacherConfig
+from lrm.config import ModelConfig, TableConfig, TeacherModelConfig
 from lrm.data.schema import read_schema
 from lrm.models import build_model
 from lrm.train.data import model_hash_sizes
@@ -15,7 +15,7 @@ from tests.train.conftest import datasets  # noqa: F401  (session fixture)
 
 TINY_TEACHER = ModelConfig(
     tables=TableConfig(max_rows=5000),
-    teacher=TeacherConfig(embedding_dim=8, dense_embeddings=1, dense_mlp=[8], layers=1,
+    teacher=TeacherModelConfig(embedding_dim=8, dense_embeddings=1, dense_mlp=[8], layers=1,
                           fm_embeddings=4, lcb_embeddings=4, fm_rank=4, fm_mlp=[16],
                           top_mlp=[16]))
 

@@ -8,14 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lrm.config import DistillConfig, ModelConfig, StudentConfig
+from lrm.config import DistillConfig, ModelConfig, StudentModelConfig
 from lrm.data.batch import Batch
 from lrm.models import build_model
 from lrm.models.exfm import StudentOutputs
 from lrm.exfm.distill import ExFMLoss, distill_target, exfm_loss, student_config
 from tests.models.conftest import VOCAB, make_batches
 
-SIZE = StudentConfig(embedding_dim=8, bottom_mlp=[16], top_mlp=[32, 16])
+SIZE = StudentModelConfig(embedding_dim=8, bottom_mlp=[16], top_mlp=[32, 16])
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lrm.config import DistillConfig, StudentConfig, TrainConfig
+from lrm.config import DistillConfig, StudentModelConfig, TrainConfig
 from lrm.errors import ConfigError
 from lrm.exfm import students as S
 from lrm.exfm.augment import TEACHER_COLUMN
@@ -30,14 +30,15 @@ def test_stream_student_warm_starts_each_day_from_the_last(monkeypatch, tmp_path
     calls = []
 
     def fake_train(kind, cfg, model_cfg, data, **kw):
-        calls.append((cfg.days, cfg.eval_day, kw["init_from"], kw["teacher_column"],
+        split = kw["split"]
+        calls.append((split.days, split.eval_day, kw["init_from"], kw["teacher_column"],
                       model_cfg.student))
-        ev = {"ne": 0.9 - 0.01 * cfg.days[0], "auc": 0.7, "calibration": 1.0, "rows": 10}
+        ev = {"ne": 0.9 - 0.01 * split.days[0], "auc": 0.7, "calibration": 1.0, "rows": 10}
         return SimpleNamespace(steps=5, eval=ev)
 
     monkeypatch.setattr(S, "train", fake_train)
     out = tmp_path / "m"
-    rows = S.stream_student(StudentConfig(), DistillConfig(), TrainConfig(), tmp_path, [3, 4, 5],
+    rows = S.stream_student(StudentModelConfig(), DistillConfig(), TrainConfig(), tmp_path, [3, 4, 5],
                             out)
     assert [(c[0], c[1], c[2], c[3]) for c in calls] == [
         ([3], 4, None, TEACHER_COLUMN), ([4], 5, out, TEACHER_COLUMN),
@@ -45,7 +46,7 @@ def test_stream_student_warm_starts_each_day_from_the_last(monkeypatch, tmp_path
     assert all(c[4].aux_head and c[4].adapter for c in calls)
     assert [(r["train_day"], r["day"]) for r in rows] == [(3, 4), (4, 5), (5, 6)]
     calls.clear()
-    S.stream_student(StudentConfig(), DistillConfig(distill=False), TrainConfig(), tmp_path,
+    S.stream_student(StudentModelConfig(), DistillConfig(distill=False), TrainConfig(), tmp_path,
                      [3], out)
     assert calls[0][3] is None and not calls[0][4].aux_head and not calls[0][4].adapter
 

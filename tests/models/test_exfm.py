@@ -8,14 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from lrm.config import DistillConfig, ModelConfig, StudentConfig
+from lrm.config import DistillConfig, ModelConfig, StudentModelConfig
 from lrm.models import DLRMStudent, build_model
 from lrm.models.exfm import ExFMStudent, StudentAdapter, StudentOutputs
 from lrm.exfm.distill import exfm_loss, student_config
 
 
 def _cfg(**parts: bool) -> ModelConfig:
-    size = StudentConfig(embedding_dim=8, bottom_mlp=[16], top_mlp=[32, 16])
+    size = StudentModelConfig(embedding_dim=8, bottom_mlp=[16], top_mlp=[32, 16])
     return ModelConfig(student=dataclasses.replace(size, **parts))
 
 
@@ -108,7 +108,7 @@ def test_without_aux_head_distillation_pulls_the_serving_head(synthetic, batches
 
 
 def test_student_config_follows_the_variant():
-    size = StudentConfig(embedding_dim=4, top_mlp=[8])
+    size = StudentModelConfig(embedding_dim=4, top_mlp=[8])
     assert not student_config(size, DistillConfig(distill=False)).aux_head
     assert not student_config(size, DistillConfig(distill=False)).adapter
     full = student_config(size, DistillConfig())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lrm.config import ModelConfig, TableConfig, TeacherConfig
+from lrm.config import ModelConfig, TableConfig, TeacherModelConfig
 from lrm.models import DLRMStudent, Wukong, build_model, num_parameters
 
 KINDS = ["teacher", "student"]
@@ -75,7 +75,7 @@ def test_features_and_head(kind, synthetic, batches):
 
 
 def test_full_fm_and_no_lcb(synthetic, batches):
-    cfg = ModelConfig(teacher=TeacherConfig(fm_rank=0, lcb_embeddings=0, layers=2))
+    cfg = ModelConfig(teacher=TeacherModelConfig(fm_rank=0, lcb_embeddings=0, layers=2))
     model = build_model("teacher", synthetic, cfg)
     plain, dedup = batches(synthetic, seed=7)
     torch.testing.assert_close(model(dedup), model(plain), rtol=0, atol=1e-6)

@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from lrm.config import LoaderConfig, ModelConfig, TrainConfig, from_dict
+from lrm.config import CheckpointConfig, LoaderConfig, ModelConfig, SplitConfig, TrainConfig, \
+    from_dict
 from lrm.train import train
 
 
@@ -18,6 +19,8 @@ def main(args_file: str) -> None:
     model_cfg = from_dict(ModelConfig, a.get("model", {}), "model")
     loader_cfg = from_dict(LoaderConfig, a.get("loader", {}), "loader")
     r = train(a.get("kind", "student"), cfg, model_cfg, Path(a["data"]), loader_cfg=loader_cfg,
+              split=from_dict(SplitConfig, a.get("split", {}), "split"),
+              checkpoint=from_dict(CheckpointConfig, a.get("checkpoint", {}), "checkpoint"),
               out=Path(a["out"]) if a.get("out") else None,
               checkpoints=Path(a["checkpoints"]) if a.get("checkpoints") else None,
               resume=a.get("resume", False))

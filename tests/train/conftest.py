@@ -10,14 +10,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from lrm.config import DedupConfig, GenerateConfig, LoaderConfig, ModelConfig, StudentConfig, \
+from lrm.config import DedupConfig, GenerateConfig, LoaderConfig, ModelConfig, StudentModelConfig, \
     TrainConfig
 from lrm.data import dedup, synthetic
 from lrm.data.schema import day_files
 
 TINY = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=3,
                       sessions_per_day=2000, mean_session_length=6.0, max_history=20, seed=3)
-SMALL_MODEL = ModelConfig(student=StudentConfig(embedding_dim=8, bottom_mlp=[16],
+SMALL_MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=8, bottom_mlp=[16],
                                                 top_mlp=[32, 16]))
 LOADER = LoaderConfig(prefetch=2, num_workers=1)
 

@@ -59,7 +59,7 @@ def test_two_processes_track_one_and_resume(datasets, tmp_path):
                 out=tmp_path / "one")
     common = {"data": str(data), "loader": {"prefetch": 2, "num_workers": 1}, "model": MODEL}
     two = _torchrun(tmp_path, "two", out=str(tmp_path / "two"), checkpoints=str(tmp_path / "ck"),
-                    train={**CFG, "steps": 30, "checkpoint_every": 10}, **common)
+                    train={**CFG, "steps": 30}, checkpoint={"every": 10}, **common)
     assert two["world_size"] == 2 and two["steps"] == 30 and two["samples"] == one.samples
 
     l1 = [(h["step"], h["loss"]) for h in one.history if "loss" in h]
@@ -76,7 +76,7 @@ def test_two_processes_track_one_and_resume(datasets, tmp_path):
                   out=tmp_path / "one40")
     more = _torchrun(tmp_path, "more", out=str(tmp_path / "two40"),
                      checkpoints=str(tmp_path / "ck"), resume=True,
-                     train={**CFG, "steps": 40, "checkpoint_every": 10}, **common)
+                     train={**CFG, "steps": 40}, checkpoint={"every": 10}, **common)
     assert more["resumed_from"] == 30 and more["steps"] == 40
     assert more["eval"]["ne"] == pytest.approx(one40.eval["ne"], abs=1e-4)
     _assert_weights_track(_weights(tmp_path / "one40"), _weights(tmp_path / "two40"))

@@ -16,6 +16,7 @@ from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, LrmError
 from lrm.train import NonFiniteLossError, evaluate, load_model, train
 from lrm.checkpoint.dcp import METADATA, Checkpointer
+from lrm.config import CheckpointConfig, SplitConfig
 from tests.train.conftest import LOADER, SMALL_MODEL, poison_day, tiny_train
 
 
@@ -49,17 +50,17 @@ def test_short_run_lowers_ne_and_saves_a_loadable_model(datasets, tmp_path):
 def test_resume_reproduces_the_uninterrupted_run_exactly(datasets, tmp_path):
     data = datasets["sessions"]
     # 46 steps an epoch: 60 steps cross an epoch boundary; the interruption is mid-epoch
-    full = train("student", tiny_train(steps=60, checkpoint_every=20), SMALL_MODEL, data,
-                 loader_cfg=LOADER, out=tmp_path / "a", checkpoints=tmp_path / "ck-a")
+    full = train("student", tiny_train(steps=60), SMALL_MODEL, data,
+                 checkpoint=CheckpointConfig(every=20), loader_cfg=LOADER, out=tmp_path / "a", checkpoints=tmp_path / "ck-a")
     assert Checkpointer(tmp_path / "ck-a").complete() == [40, 60]
 
     ck = tmp_path / "ck-b"
-    first = train("student", tiny_train(steps=30, checkpoint_every=20), SMALL_MODEL, data,
-                  loader_cfg=LOADER, out=tmp_path / "b0", checkpoints=ck)
+    first = train("student", tiny_train(steps=30), SMALL_MODEL, data,
+                  checkpoint=CheckpointConfig(every=20), loader_cfg=LOADER, out=tmp_path / "b0", checkpoints=ck)
     assert first.steps == 30 and first.checkpoint == ck / "step-30"
     (ck / "step-50").mkdir()  # a save that never finished: no .metadata, must be ignored
-    second = train("student", tiny_train(steps=60, checkpoint_every=20), SMALL_MODEL, data,
-                   loader_cfg=LOADER, out=tmp_path / "b", checkpoints=ck, resume=True)
+    second = train("student", tiny_train(steps=60), SMALL_MODEL, data,
+                   checkpoint=CheckpointConfig(every=20), loader_cfg=LOADER, out=tmp_path / "b", checkpoints=ck, resume=True)
     assert second.resumed_from == 30 and second.steps == 60
     assert second.samples == full.samples
 
@@ -72,13 +73,34 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(datasets, tmp_path):
     assert steps == [40, 60] and all((ck / f"step-{s}" / METADATA).is_file() for s in steps)
 
 
-def test_resume_with_other_batching_is_refused(datasets, tmp_path):
-    ck = tmp_path / "ck"
-    train("student", tiny_train(steps=4), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
+@pytest.mark.parametrize("change, says", [
+    ("batch", "batch_size"),
+    ("kind", "kind"),
+    ("tables", "table_rows"),
+    ("data", "data"),
+])
+def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, says):
+    data, ck = datasets["sessions"], tmp_path / "ck"
+    train("student", tiny_train(steps=4), SMALL_MODEL, data, loader_cfg=LOADER,
           checkpoints=ck)
-    with pytest.raises(ConfigError, match="batch_size"):
-        train("student", tiny_train(steps=8, batch_size=256), SMALL_MODEL,
-              datasets["sessions"], loader_cfg=LOADER, checkpoints=ck, resume=True)
+    kind, cfg, model = "student", tiny_train(steps=8), SMALL_MODEL
+    if change == "batch":
+        cfg = tiny_train(steps=8, batch_size=256)
+    elif change == "kind":
+        kind = "teacher"
+    elif change == "tables":
+        model = dataclasses.replace(SMALL_MODEL, tables=dataclasses.replace(
+            SMALL_MODEL.tables, max_rows=100))
+    else:  # the same day folders, but one file rewritten with fewer rows
+        import shutil
+
+        data = tmp_path / "changed"
+        shutil.copytree(datasets["sessions"], data)
+        f = sorted((data / "day=1").glob("*.parquet"))[0]
+        pq.write_table(pq.read_table(f).slice(0, 50), f)
+    with pytest.raises(ConfigError, match=f"cannot resume .*{says}") as err:
+        train(kind, cfg, model, data, loader_cfg=LOADER, checkpoints=ck, resume=True)
+    assert "\n" not in str(err.value)  # one line
 
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(datasets,
@@ -87,8 +109,8 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(da
     day0_steps = len(BatchLoader(data, 512, days=[0], drop_last=True))
     ck, out = tmp_path / "ck", tmp_path / "model"
     with pytest.raises(NonFiniteLossError) as err:
-        train("student", tiny_train(steps=40, checkpoint_every=5), SMALL_MODEL, data,
-              loader_cfg=LOADER, out=out, checkpoints=ck)
+        train("student", tiny_train(steps=40), SMALL_MODEL, data,
+              checkpoint=CheckpointConfig(every=5), loader_cfg=LOADER, out=out, checkpoints=ck)
     assert isinstance(err.value, LrmError)
     msg = str(err.value)
     bad_step = int(msg.split("at step ")[1].split()[0])
@@ -106,11 +128,11 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(da
 
 def test_bad_split_is_a_config_error(datasets):
     with pytest.raises(ConfigError, match="eval_day"):
-        train("student", tiny_train(days=[1, 2], eval_day=2), SMALL_MODEL,
-              datasets["sessions"], loader_cfg=LOADER)
+        train("student", tiny_train(), SMALL_MODEL, datasets["sessions"],
+              split=SplitConfig(days=[1, 2], eval_day=2), loader_cfg=LOADER)
     with pytest.raises(ConfigError, match="no data for days"):
-        train("student", tiny_train(days=[0, 7]), SMALL_MODEL, datasets["sessions"],
-              loader_cfg=LOADER)
+        train("student", tiny_train(), SMALL_MODEL, datasets["sessions"],
+              split=SplitConfig(days=[0, 7]), loader_cfg=LOADER)
 
 
 def test_warm_start_custom_loss_and_teacher_column(datasets, tmp_path):
