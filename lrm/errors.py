@@ -30,3 +30,12 @@ class DataError(LrmError):
 
 class ConfigError(LrmError):
     """A params.yaml value that cannot work, with the key and why."""
+
+
+class OutputError(LrmError):
+    """An output path lrm must not replace (not written by lrm, or by another stage), or an
+    output that overlaps an input or another output."""
+
+
+class LockedError(LrmError):
+    """An output or checkpoint folder another run (or this process) holds the lock on."""

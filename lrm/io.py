@@ -1,22 +1,60 @@
-"""Atomic outputs: nothing half-written is ever visible under its final name.
+"""Atomic, owned outputs: nothing half-written is ever visible under its final name, and nothing
+lrm did not write is ever replaced.
 
-Parquet has no transactions and `write_parquet` truncates in place, so every output is
-written to a sibling temporary path, checked, and renamed into place.
+Parquet has no transactions and `write_parquet` truncates in place, so every output is written
+to a sibling temporary path, checked, and renamed into place.
+
+Ownership: lrm replaces a path only when it can tell that lrm wrote what is there now.
+- A folder written by `atomic_dir` carries MARKER (`.lrm-output.json`): the stage that wrote it,
+  the lrm version, when, and the files it held. It may be replaced by the same stage (or, from a
+  caller that names no stage, by any), and only while it holds no file lrm did not write: a
+  user's notes dropped into a model folder stop the replace. An empty folder holds nothing to
+  lose and may be replaced too.
+- A file written by `write_text`/`write_json`/`write_parquet` is listed in its folder's LEDGER
+  (`.lrm-written.json`) with the stage and its sha256. It may be overwritten only while it still
+  has that hash (lrm wrote it and nobody changed it since) and, when the writer names a stage,
+  only by that stage. Files written inside an `atomic_dir` temporary folder skip the ledger: the
+  folder is lrm's until it is renamed into place, and hashing every Parquet part there would
+  only cost time.
+Anything else (a user's folder or file, another stage's output, a symbolic link) is an
+OutputError, exit status 2, naming the path and `--force`. `force=True` replaces it: the user
+asked for exactly that.
+
+`check_paths` refuses outputs that are, lie inside or contain an input (or each other), before
+anything is touched: no `--force` makes replacing one's own input safe.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
+import logging
 import os
+import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+import lrm
+from lrm.errors import OutputError
+
+MARKER = ".lrm-output.json"
+LEDGER = ".lrm-written.json"
+ANY_STAGE = "lrm"  # what a writer that names no stage records
+
+_log = logging.getLogger("lrm")
+_TMP_DIR = re.compile(r"^\..+\.tmp-[0-9a-f]{8}$")  # atomic_dir's temporary folder names
+_LOCK_FILE = re.compile(r"^\..+\.lock$")  # lrm.lock's files: PARENT/.NAME.lock
+
+Stage = str | Iterable[str] | None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -28,101 +66,437 @@ def _fsync_dir(path: Path) -> None:
             os.close(fd)
 
 
-@contextlib.contextmanager
-def atomic_dir(out: Path, *, stage: str = "lrm", force: bool = False) -> Iterator[Path]:
-    """Yield a fresh temporary directory that replaces `out` only if the block succeeds.
+def _names(stage: Stage) -> tuple[str, ...] | None:
+    """The accepted stage names; None accepts any lrm stage."""
+    if stage is None:
+        return None
+    names = (stage,) if isinstance(stage, str) else tuple(stage)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"stage must be a name or names, got {stage!r}")
+    return names
 
-    On any exception the temporary directory is removed and `out` is left exactly as it
-    was (absent if it was absent).
+
+def _who(names: tuple[str, ...] | None) -> str:
+    return "lrm" if names is None else f"lrm {' or '.join(names)}"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- folders
+
+
+def _read_marker(folder: Path) -> dict[str, Any] | None:
+    m = _read_json(folder / MARKER)
+    return m if isinstance(m, dict) and isinstance(m.get("stage"), str) else None
+
+
+def _listing(folder: Path) -> list[str]:
+    """Every non-folder entry under `folder` (relative POSIX paths), symlinks not followed."""
+    def unreadable(e: OSError) -> None:
+        raise e  # never take a folder we cannot list for an empty one
+
+    out = []
+    for d, dirs, files in os.walk(folder, onerror=unreadable):
+        rel = Path(d).relative_to(folder)
+        out += [(rel / n).as_posix() for n in files]
+        out += [(rel / n).as_posix() for n in dirs if os.path.islink(os.path.join(d, n))]
+    return sorted(x for x in out if x != MARKER)
+
+
+def _foreign(folder: Path, marker: dict[str, Any]) -> list[str]:
+    """Files under an lrm folder that lrm did not write: not in its marker's listing, not in
+    their folder's ledger, not lrm's own bookkeeping, and not accounted for by a nested folder's
+    own marker (say a day folder written later by another atomic_dir)."""
+    listed = marker.get("files")
+    if not isinstance(listed, list):
+        return []  # a marker without a listing: everything in the folder counts as lrm's
+    listed_set = set(listed)
+    found: list[str] = []
+
+    def scan(d: Path, rel: str) -> None:
+        with os.scandir(d) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        ledger = _read_ledger(d) if any(e.name == LEDGER for e in entries) else {}
+        for e in entries:
+            r = rel + e.name
+            if e.is_dir(follow_symlinks=False):
+                nested = _read_marker(Path(e.path))
+                if nested is None:
+                    scan(Path(e.path), r + "/")
+                else:
+                    found.extend(f"{r}/{x}" for x in _foreign(Path(e.path), nested))
+            elif not (r in listed_set or e.name in (MARKER, LEDGER) or e.name in ledger
+                      or _is_lock_file(Path(e.path))):
+                found.append(r)
+
+    scan(folder, "")
+    return found
+
+
+def _is_lock_file(path: Path) -> bool:
+    """A lock file lrm.lock left (a run locking a folder inside this one was killed)."""
+    if not _LOCK_FILE.match(path.name) or path.is_symlink():
+        return False
+    rec = _read_json(path) if path.stat().st_size < 65536 else None
+    return isinstance(rec, dict) and {"pid", "host", "started"} <= rec.keys()
+
+
+def _why_not_replaceable(out: Path, names: tuple[str, ...] | None) -> str | None:
+    who = _who(names)
+    if out.is_symlink():
+        return f"not written by {who} (it is a symbolic link to {os.readlink(out)})"
+    if not out.exists():
+        return None
+    if not out.is_dir():
+        return f"not written by {who} (it is a file)"
+    marker = _read_marker(out)
+    if marker is None:
+        n = len(_listing(out)) + (1 if (out / MARKER).exists() else 0)
+        return None if n == 0 else f"not written by {who} (it holds {_plural(n, 'file')})"
+    if names is not None and marker["stage"] not in names:
+        return f"not written by {who} (it was written by stage {marker['stage']})"
+    foreign = _foreign(out, marker)
+    if foreign:
+        return (f"not written by {who} (it holds {_plural(len(foreign), 'file')} lrm did not "
+                f"write, e.g. {foreign[0]})")
+    return None
+
+
+def check_replaceable(out: Path, stage: Stage, *, force: bool = False) -> None:
+    """Raise OutputError unless lrm may replace `out` for `stage` (a name, several names, or
+    None for any lrm stage).
+
+    Replaceable: an absent path; an empty folder; a folder whose marker names one of the stages
+    and which holds no file lrm did not write. Not replaceable: a folder without marker, or
+    written by another stage, or with a user's files in it; a plain file; a symbolic link.
+    `force=True` makes everything replaceable (the user asked to replace it).
+    """
+    names = _names(stage)
+    if force:
+        return
+    out = Path(out)
+    try:
+        why = _why_not_replaceable(out, names)
+    except OSError as e:
+        why = f"lrm cannot tell what it holds ({e.strerror}: {e.filename})"
+    if why is not None:
+        raise OutputError(f"{out}: {why}; pass --force to replace it, or choose another --out")
+
+
+def _write_marker(folder: Path, stage: str, files: list[str] | None) -> None:
+    doc: dict[str, Any] = {"stage": stage, "lrm": getattr(lrm, "__version__", "0"),
+                           "written": _now()}
+    if files is not None:
+        doc["files"] = files
+    (folder / MARKER).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    if os.path.lexists(path):
+        _log.warning("could not remove the replaced %s; delete it by hand", path)
+
+
+@contextlib.contextmanager
+def atomic_dir(out: Path, *, stage: Stage = None, force: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary folder that replaces `out` only if the block succeeds.
+
+    Before anything is created, `out` must be replaceable by `stage` (check_replaceable), and
+    again before the rename (the block may run for hours). The folder gets MARKER naming the
+    stage (the first name if several; "lrm" when none is given) and listing its files.
+    `stage=None` is the default of the callers written before markers: it still writes a
+    marker and replaces any lrm-marked folder, but never a folder without one.
+    On any exception the temporary folder is removed and `out` is left exactly as it was
+    (absent if it was absent).
     """
     out = Path(out)
+    names = _names(stage)
+    check_replaceable(out, names, force=force)
+    recorded = names[0] if names else ANY_STAGE
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
+        _write_marker(tmp, recorded, None)  # also tells the file writers they are in lrm's temp
         yield tmp
+        _write_marker(tmp, recorded, _listing(tmp))
+        check_replaceable(out, names, force=force)  # someone may have put something there since
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
-    if out.exists():
+    if os.path.lexists(out):
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(out, old)
     os.replace(tmp, out)
     _fsync_dir(out.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
 
 
-def write_parquet(table: pa.Table, path: Path, **kwargs: Any) -> int:
-    """Write `table` to `path` atomically; return the bytes written.
+# ---------------------------------------------------------------- files
 
-    The footer is read back and its row count checked before the rename.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    kwargs.setdefault("compression", "zstd")
+
+def _in_atomic_tmp(path: Path) -> bool:
+    """Whether `path` lies inside an atomic_dir temporary folder (named so, with a marker)."""
+    return any(_TMP_DIR.match(a.name) and (a / MARKER).is_file() for a in path.parents)
+
+
+def _read_ledger(folder: Path) -> dict[str, dict[str, Any]]:
+    path = folder / LEDGER
+    if not path.exists():
+        return {}
+    doc = _read_json(path)
+    if not isinstance(doc, dict):
+        _log.warning("%s is unreadable; lrm treats the files there as not its own", path)
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(v, dict)}
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an flock on the folder itself while its ledger is read, changed and replaced, so that
+    writers in several processes (stages writing metrics/) never lose each other's entries."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        pq.write_table(table, tmp, **kwargs)
-        rows = pq.read_metadata(tmp).num_rows
-        if rows != table.num_rows:
-            raise OSError(f"{tmp}: wrote {rows} rows, expected {table.num_rows}")
-        os.replace(tmp, path)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+def _check_file(path: Path, names: tuple[str, ...] | None, force: bool) -> None:
+    if path.is_dir() and not path.is_symlink():
+        raise OutputError(f"{path}: is a folder, not a file; choose another path")
+    if force:
+        return
+    how = "pass --force to replace it, or choose another path"
+    if path.is_symlink():
+        raise OutputError(f"{path}: not written by {_who(names)} (it is a symbolic link to "
+                          f"{os.readlink(path)}); {how}")
+    if not path.exists():
+        return
+    entry = _read_ledger(path.parent).get(path.name)
+    if entry is None:
+        raise OutputError(f"{path}: not written by {_who(names)} (lrm has no record of writing "
+                          f"this file); {how}")
+    if names is not None and entry.get("stage") not in names:
+        raise OutputError(f"{path}: not written by {_who(names)} (it was written by stage "
+                          f"{entry.get('stage')}); {how}")
+    if path.stat().st_size != entry.get("bytes") or _sha256(path) != entry.get("sha256"):
+        raise OutputError(f"{path}: changed since lrm {entry.get('stage')} wrote it; {how}")
+
+
+def _write_file(path: Path, fill: Callable[[Path], str | None], stage: Stage,
+                force: bool) -> int:
+    """Write `path` through a sibling temporary that `fill` writes (returning its sha256, or
+    None to have it hashed here), check that lrm may replace what is there, rename, record in the
+    ledger. Returns the bytes written."""
+    path = Path(path)
+    names = _names(stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    owned = _in_atomic_tmp(path)
+    if not owned:
+        _check_file(path, names, force)  # fail before the work
+    seen = _signature(path)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        digest = fill(tmp)
+        size = tmp.stat().st_size
+        if owned:
+            os.replace(tmp, path)
+        else:
+            digest = digest or _sha256(tmp)
+            with _locked(path.parent):
+                if _signature(path) != seen:  # changed while we wrote: decide again
+                    _check_file(path, names, force)
+                os.replace(tmp, path)
+                ledger = _read_ledger(path.parent)
+                ledger[path.name] = {"stage": names[0] if names else ANY_STAGE,
+                                     "sha256": digest, "bytes": size}
+                _write_ledger(path.parent, ledger)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
-    return path.stat().st_size
+    return size
+
+
+def _write_ledger(folder: Path, ledger: dict[str, dict[str, Any]]) -> None:
+    tmp = folder / f"{LEDGER}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, folder / LEDGER)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_parquet(table: pa.Table, path: Path, *, stage: str | None = None, force: bool = False,
+                  **kwargs: Any) -> int:
+    """Write `table` to `path` atomically; return the bytes written.
+
+    The footer is read back and its row count checked before the rename. An existing file is
+    replaced only if lrm wrote it (see the module doc); inside an atomic_dir temporary folder
+    there is no check and no hashing.
+    """
+    kwargs.setdefault("compression", "zstd")
+
+    def fill(tmp: Path) -> None:
+        pq.write_table(table, tmp, **kwargs)
+        rows = pq.read_metadata(tmp).num_rows
+        if rows != table.num_rows:
+            raise OSError(f"{tmp}: wrote {rows} rows, expected {table.num_rows}")
+
+    return _write_file(path, fill, stage, force)
 
 
 def write_text(text: str, path: Path, *, stage: str | None = None, force: bool = False) -> None:
-    """Write a text file atomically (a sibling temporary, then a rename)."""
+    """Write a text file atomically (a sibling temporary, then a rename); an existing file is
+    replaced only if lrm wrote it (see the module doc)."""
+    data = text.encode()
+
+    def fill(tmp: Path) -> str:
+        tmp.write_bytes(data)
+        return hashlib.sha256(data).hexdigest()
+
+    _write_file(path, fill, stage, force)
+
+
+def write_bytes(data: bytes, path: Path, *, stage: str | None = None,
+                force: bool = False) -> None:
+    """Write a binary file (e.g. a PNG) atomically, as write_text."""
+    def fill(tmp: Path) -> str:
+        tmp.write_bytes(data)
+        return hashlib.sha256(data).hexdigest()
+
+    _write_file(path, fill, stage, force)
+
+
+def check_file_replaceable(path: Path, stage: Stage, *, force: bool = False) -> None:
+    """Raise OutputError unless lrm may overwrite the file `path` for `stage` (the rule of
+    write_text; for checking every output of a run before it starts)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    if not _in_atomic_tmp(path):
+        _check_file(path, _names(stage), force)
+
+
+def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> None:
+    """Make `path` a folder `stage` keeps and adds to run after run (checkpoints, the
+    augmented days): created with a marker that names the stage and lists no files (the
+    stage manages what is inside), or checked to be one already (check_replaceable)."""
+    path = Path(path)
+    names = _names(stage)
+    check_replaceable(path, names, force=force)
+    marker = _read_marker(path) if path.is_dir() else None
+    if marker is not None and (names is None or marker["stage"] in names) \
+            and "files" not in marker:
+        return
+    if path.is_symlink() or (path.exists() and not path.is_dir()):  # force: replace it
+        _remove(path)
+    path.mkdir(parents=True, exist_ok=True)
+    _write_marker(path, names[0] if names else ANY_STAGE, None)
 
 
 def write_json(obj: Any, path: Path, *, stage: str | None = None, force: bool = False) -> None:
-    """Write JSON atomically (sorted keys, trailing newline)."""
-    write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path)
+    """Write JSON atomically (sorted keys, trailing newline), as write_text."""
+    write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", path, stage=stage, force=force)
+
+
+# ---------------------------------------------------------------- paths
+
+
+def owned_by_lrm(path: Path) -> str | None:
+    """The stage that wrote `path` (a marked folder, or a ledgered file unchanged since), else
+    None."""
+    path = Path(path)
+    if path.is_symlink():
+        return None
+    if path.is_dir():
+        marker = _read_marker(path)
+        return None if marker is None else marker["stage"]
+    if not path.is_file():
+        return None
+    entry = _read_ledger(path.parent).get(path.name)
+    if (entry is None or path.stat().st_size != entry.get("bytes")
+            or _sha256(path) != entry.get("sha256")):
+        return None
+    stage = entry.get("stage")
+    return stage if isinstance(stage, str) else None
+
+
+def _real(path: Path) -> Path:
+    return Path(path).expanduser().resolve()
+
+
+def _overlap(a: Path, b: Path) -> str | None:
+    """How resolved path `a` relates to resolved path `b`, if they overlap."""
+    if a == b:
+        return "is the same path as"
+    if b in a.parents:
+        return "lies inside"
+    if a in b.parents:
+        return "contains"
+    return None
+
+
+def _shown(p: Path, real: Path) -> str:
+    return f"{p}" if Path(os.path.abspath(p)) == real else f"{p} (= {real})"
+
+
+def check_paths(inputs: Iterable[Path], outputs: Iterable[Path]) -> None:
+    """Raise OutputError when an output is, lies inside or contains an input, or overlaps
+    another output (two equal outputs included); paths are compared resolved, symbolic links
+    followed. Call it before anything is written."""
+    ins = [(Path(p), _real(p)) for p in inputs]
+    outs = [(Path(p), _real(p)) for p in outputs]
+    for o, ro in outs:
+        for i, ri in ins:
+            how = _overlap(ro, ri)
+            if how is not None:
+                raise OutputError(
+                    f"output {_shown(o, ro)} {how} input {_shown(i, ri)}: writing it would "
+                    "destroy the input; choose an --out outside every input (--force does not "
+                    "apply)")
+    for k, (a, ra) in enumerate(outs):
+        for b, rb in outs[k + 1:]:
+            how = _overlap(ra, rb)
+            if how is not None:
+                raise OutputError(f"output {_shown(a, ra)} {how} output {_shown(b, rb)}: one "
+                                  "would replace the other; give each output its own path")
 
 
 def dir_bytes(path: Path) -> int:
-    """Total size of the regular files under `path`."""
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
-
-
-def check_paths(inputs: Any, outputs: Any) -> None:  # TEMPORARY: replaced by the io branch
-    pass
-
-
-def check_replaceable(out: Path, stage: Any, *, force: bool = False) -> None:  # TEMPORARY
-    pass
-
-
-def write_bytes(data: bytes, path: Path, *, stage: str | None = None,  # TEMPORARY (io branch)
-                force: bool = False) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def check_file_replaceable(path: Path, stage: Any, *, force: bool = False) -> None:  # TEMP
-    pass
-
-
-def claim_dir(path: Path, stage: Any, *, force: bool = False) -> None:  # TEMP (io branch)
-    Path(path).mkdir(parents=True, exist_ok=True)
+    """Total size of the regular files under `path`, lrm's bookkeeping (marker, ledger) aside."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*")
+               if p.is_file() and p.name not in (MARKER, LEDGER))
