@@ -11,7 +11,7 @@ FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
 TORCHREC_SPEC ?= torchrec==1.8.0
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: setup run repro test bench lock clean ui
+.PHONY: setup run repro repro-criteo dag test bench lock clean ui
 
 setup: $(STAMP)
 
@@ -31,6 +31,14 @@ run: $(STAMP)
 # The same DAG through DVC (skips stages whose deps and params did not change).
 repro: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro
+
+# Real logs: your Criteo TSV files in data/criteo/tsv/ (see README).
+repro-criteo: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro pipelines/criteo/dvc.yaml
+
+# Re-render dvc.yaml (and pipelines/*/dvc.yaml) from the DAG table in flows/dag.py.
+dag: $(STAMP)
+	$(BIN)/python -m flows.dag
 
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

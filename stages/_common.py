@@ -28,7 +28,7 @@ import sys
 import tokenize
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -67,6 +67,7 @@ class Arg:
     file: bool = False  # an "out" that is one file, not a folder
     cache: bool = True  # DVC: store the output in its cache (False: a small file, left alone)
     choices: tuple[str, ...] = ()  # allowed values of a str argument
+    named: bool = False  # values may be NAME=PATH (the path is what DVC tracks)
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,9 @@ class Stage:
         for k, a in self.args.items():
             v = args.get(k)
             if a.role in roles and v is not None:
-                found += [Path(p) for p in (v if isinstance(v, (list, tuple)) else [v])]
+                for p in (v if isinstance(v, (list, tuple)) else [v]):
+                    name, sep, path = str(p).partition("=")
+                    found.append(Path(path if a.named and sep and name else p))
         return found
 
     # -- params --------------------------------------------------------------------
@@ -211,7 +214,10 @@ def load_params(files: Sequence[Path] | None = None,
         raise ConfigError(f"{where}: unknown section(s) {unknown}; known sections: {known}")
     for key, value in (overrides or {}).items():
         _set_dotted(data, key, value)
-    return from_dict(ParamsConfig, data, where)
+    try:
+        return from_dict(ParamsConfig, data, "")
+    except ConfigError as e:  # "params.yaml: train.batch_size: must be >= 1"
+        raise ConfigError(f"{where}: {str(e).lstrip('.: ')}") from None
 
 
 # ----------------------------------------------------------- options from configs

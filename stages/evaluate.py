@@ -24,12 +24,16 @@ from stages._common import Arg, Stage, main
 NAME = "evaluate"
 
 
-def parse_models(models: list[str]) -> list[tuple[str | None, Path]]:
-    """[(name or None, folder)] from `--model-dir` values (DIR or NAME=DIR)."""
+def parse_models(models: list[str], name: str | None = None) -> list[tuple[str | None, Path]]:
+    """[(name or None, folder)] from `--model-dir` values (DIR or NAME=DIR) and `--name`."""
     parsed: list[tuple[str | None, Path]] = []
     for m in models:
         key, sep, path = str(m).partition("=")
         parsed.append((key, Path(path)) if sep and key else (None, Path(m)))
+    if name is not None:
+        if len(parsed) != 1 or parsed[0][0] is not None:
+            raise ConfigError("--name: give one --model-dir DIR with it (or NAME=DIR)")
+        parsed = [(name, parsed[0][1])]
     names = [n for n, _ in parsed]
     if None in names and len(parsed) > 1:
         raise ConfigError("--model-dir: name every model (NAME=DIR) when evaluating several")
@@ -39,11 +43,12 @@ def parse_models(models: list[str]) -> list[tuple[str | None, Path]]:
 
 
 def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"),
-        out: Path = Path("metrics/eval.json"), force: bool = False) -> dict[str, Any]:
+        out: Path = Path("metrics/eval.json"), name: str | None = None, force: bool = False
+        ) -> dict[str, Any]:
     """Score saved models on a held-out day: NE, AUC, calibration, rows."""
     from lrm.train.evaluate import evaluate  # torch import: only when the stage runs
 
-    parsed = parse_models(models)
+    parsed = parse_models(models, name)
     results = {name: evaluate(path, data, day=cfg.day, batch_size=cfg.batch_size)
                for name, path in parsed}
     if list(results) == [None]:
@@ -65,10 +70,11 @@ def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"
 STAGE = Stage(
     name=NAME, run=run, reads={"cfg": "evaluate"}, short=("evaluate",),
     args={"models": Arg("--model-dir", "model folder, or NAME=DIR; repeat", "in",
-                        aliases=("--model",)),
+                        aliases=("--model",), named=True),
           "data": Arg("--data", "dataset folder", "in"),
           "out": Arg("--out", "metrics JSON to write (or merge into)", "out", file=True,
-                     cache=False)},
+                     cache=False),
+          "name": Arg("--name", "entry name for a single --model-dir DIR")},
 )
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         model: TeacherModelConfig, data: Path = Path("data/sessions"),
         out: Path = Path("models/teacher"), checkpoints: Path = Path("checkpoints/teacher"),
         metrics: Path | None = Path("metrics/teacher.json"),
-        plot: Path | None = Path("plots/train_teacher.csv"), force: bool = False
+        plot: Path | None = Path("plots/teacher.csv"), force: bool = False
         ) -> dict[str, Any]:
     """Train the ExFM teacher (Wukong) on days [0, T) and register it as lrm-teacher."""
     from lrm import registry

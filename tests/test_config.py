@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from lrm.config import GenerateConfig, IngestConfig, LoaderConfig, from_dict
+import pytest
+import yaml
+
+from lrm.config import (
+    GenerateConfig,
+    IngestConfig,
+    LoaderConfig,
+    ParamsConfig,
+    TrainConfig,
+    TrainOverrides,
+    from_dict,
+    with_overrides,
+)
 from lrm.errors import ConfigError
+from tests.conftest import REPO
 
 
 def test_defaults_and_coercion():
@@ -33,5 +46,43 @@ def test_errors_name_the_key(data, needle):
 
 
 def test_loader_validation():
-    with pytest.raises(ConfigError, match="loader.batch_size"):
-        from_dict(LoaderConfig, {"batch_size": 0}, "loader")
+    with pytest.raises(ConfigError, match="loader.prefetch"):
+        from_dict(LoaderConfig, {"prefetch": -1}, "loader")
+    with pytest.raises(ConfigError, match=r"unknown keys \['batch_size'\]"):  # a removed knob
+        from_dict(LoaderConfig, {"batch_size": 8}, "loader")
+
+
+def _leaves(obj, prefix=""):
+    if dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            yield from _leaves(getattr(obj, f.name), f"{prefix}{f.name}.")
+    else:
+        yield prefix.rstrip("."), obj
+
+
+def test_params_yaml_states_every_value_and_agrees_with_the_defaults():
+    """One set of defaults: params.yaml holds every value a run uses, equal to lrm.config's
+    built-in ones (so a library caller and a pipeline run train the same thing)."""
+    from stages._common import load_params
+
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    from_file, built_in = load_params([REPO / "params.yaml"]), ParamsConfig()
+    differ = [(k, a, b) for (k, a), (_, b) in zip(_leaves(from_file), _leaves(built_in),
+                                                   strict=True) if a != b]
+    assert not differ, f"params.yaml and lrm.config disagree: {differ}"
+    for key, value in _leaves(built_in):
+        if value is None and key.startswith(("teacher.train.", "students.train.")):
+            continue  # an override left unset inherits `train`'s value
+        node = raw
+        for part in key.split("."):
+            assert isinstance(node, dict) and part in node, f"params.yaml does not state {key}"
+            node = node[part]
+
+
+def test_overrides_inherit_what_they_do_not_set():
+    base = TrainConfig(lr=0.5, batch_size=64)
+    over = from_dict(TrainOverrides, {"lr": 0.25}, "teacher.train")
+    merged = with_overrides(base, over)
+    assert (merged.lr, merged.batch_size) == (0.25, 64)
+    with pytest.raises(ConfigError, match=r"teacher.train: unknown keys \['lrr'\]"):
+        from_dict(TrainOverrides, {"lrr": 1}, "teacher.train")

@@ -20,15 +20,12 @@ import yaml
 
 from bench.common import emit
 from lrm.config import (
-    AugmentConfig,
     DedupConfig,
-    ExFMConfig,
-    GenerateConfig,
-    LoaderConfig,
-    ModelConfig,
+    ParamsConfig,
+    SplitConfig,
     StudentStageConfig,
-    TeacherStageConfig,
     from_dict,
+    with_overrides,
 )
 from lrm.data import dedup, synthetic
 from lrm.data.loader import BatchLoader
@@ -72,22 +69,20 @@ def world(quick: bool) -> Iterator[dict[str, Any]]:
     """Data, teacher and augmented days in a temporary folder (see the module docstring)."""
     quiet_libraries()
     p = _params(quick)
-    gen = from_dict(GenerateConfig, p.get("generate"), "generate")
-    exfm = from_dict(ExFMConfig, p.get("exfm"), "exfm")
-    tcfg = from_dict(TeacherStageConfig, p.get("teacher"), "teacher")
-    mcfg = from_dict(ModelConfig, p.get("model"), "model")
-    acfg = from_dict(AugmentConfig, p.get("augment"), "augment")
-    scfg = from_dict(StudentStageConfig, p.get("students"), "students")
-    loader = from_dict(LoaderConfig, p.get("loader"), "loader")
+    pc = from_dict(ParamsConfig, p, "params")
+    gen, exfm, mcfg, acfg, loader = pc.generate, pc.exfm, pc.model, pc.augment, pc.loader
+    scfg = pc.students
+    teacher_train = with_overrides(pc.train, pc.teacher.train)
+    student_train = with_overrides(pc.train, scfg.train)
     with tempfile.TemporaryDirectory(prefix="lrm-bench-exfm-") as tmp:
         root = Path(tmp)
         synthetic.generate(gen, root / "raw")
         dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
         T = exfm.teacher_days
         t0 = time.perf_counter()
-        res = train("teacher", dataclasses.replace(tcfg.train, days=list(range(T)), eval_day=T),
-                    mcfg, root / "sessions",
-                    loader_cfg=loader, out=root / "teacher")
+        res = train("teacher", teacher_train, mcfg, root / "sessions",
+                    split=SplitConfig(days=list(range(T)), eval_day=T), loader_cfg=loader,
+                    out=root / "teacher")
         teacher_s = time.perf_counter() - t0
         days = [d for d in range(gen.days) if d >= T]
         aug = augment_dataset(root / "teacher", root / "sessions", root / "augmented", days,
@@ -95,6 +90,7 @@ def world(quick: bool) -> Iterator[dict[str, Any]]:
         yield {"root": root, "sessions": root / "sessions", "augmented": root / "augmented",
                "teacher": root / "teacher", "teacher_eval": res.eval, "teacher_s": teacher_s,
                "augment": aug, "days": days, "exfm": exfm, "students": scfg, "loader": loader,
+               "student_train": student_train,
                "augment_cfg": acfg, "generate": gen, "tables": mcfg.tables, "quick": quick}
 
 
@@ -146,7 +142,7 @@ def run_student_gain(w: dict[str, Any], seeds: int = 3) -> dict[str, Any]:
     cal: dict[str, list[float]] = {v: [] for v in variants}
     t0 = time.perf_counter()
     for seed in range(seeds):
-        train_cfg = dataclasses.replace(scfg.train, seed=seed)
+        train_cfg = dataclasses.replace(w["student_train"], seed=seed)
         for v, dcfg in variants.items():
             rows = S.stream_student(size, dcfg, train_cfg, w["augmented"], days,
                                     w["root"] / "students" / f"{v}-{seed}", tables=w["tables"],

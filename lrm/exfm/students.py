@@ -84,14 +84,16 @@ def stream_student(size: StudentModelConfig, variant: DistillConfig, train_cfg: 
     column = TEACHER_COLUMN if variant.distill else None
     rows: list[dict[str, Any]] = []
     init: Path | None = None
+    prev = None
     for d in days:
         t0 = time.perf_counter()
         with progress.context(day=d):
             res = train("student", train_cfg, model_cfg, data,
                         split=SplitConfig(days=[d], eval_day=d + 1), loader_cfg=loader_cfg,
                         out=out, init_from=init, loss_fn=ExFMLoss(variant),
-                        teacher_column=column, log_fn=log_fn)
-        init = out
+                        teacher_column=column, log_fn=log_fn,
+                        info={"init_from": f"this stream's day-{prev} model" if init else None})
+        init, prev = out, d
         rows.append({"train_day": d, "day": d + 1, "steps": res.steps,
                      "seconds": round(time.perf_counter() - t0, 2),
                      **{k: res.eval[k] for k in ("ne", "auc", "calibration", "rows")}})

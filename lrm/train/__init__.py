@@ -1,15 +1,14 @@
-"""Training: the loop, distributed wrapping (DMP), checkpoints, the saved model, evaluation.
+"""Training: the loop, the data it reads, evaluation and the saved model folder.
 
-    loop.py        train(): the loop a reader takes in at one glance
-    data.py        train / held-out days, per-rank loaders, the data position
+    loop.py        train(): build, shard, optimize, evaluate, checkpoint, save (read top to bottom)
+    data.py        train / held-out days, per-rank loaders, the data position (EpochStream)
     meter.py       loss, windowed NE, samples/s over every rank
-    dist.py        the process group (torchrun's, or a 1-rank gloo group of our own)
-    parallel.py    DMP with the planner's plan, fused row-wise Adagrad + AdamW, unsharding
-    checkpoint.py  DCP checkpoints in step-N/ folders (resume)
-    state.py       the train state (data position) and per-step seeding
-    export.py      the final model folder (config JSON + plain state dict)
+    state.py       the train state a checkpoint carries, and per-step seeding
     evaluate.py    scoring a model on a held-out day
-    pyfunc.py      the MLflow pyfunc wrapper over the final model folder
+    export.py      the final model folder (config JSON + plain state dict)
+
+The process group is lrm.dist's, sharding lrm.sharding's, checkpoints lrm.checkpoint's,
+the MLflow pyfunc lrm.serving's.
 """
 
 from lrm.train.evaluate import evaluate

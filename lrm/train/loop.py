@@ -94,7 +94,8 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
           resume: bool = False, out: Path | None = None, plan: ShardingPlan | None = None,
           transform: Transform | None = None, log_fn: LogFn | None = None,
           init_from: Path | None = None, loss_fn: LossFn = bce_loss,
-          teacher_column: str | None = None) -> TrainResult:
+          teacher_column: str | None = None, info: Mapping[str, Any] | None = None
+          ) -> TrainResult:
     """Train a `kind` model on `data` (see the module docstring); rank 0 writes `out`.
 
     split: which days train and which is held out (default: every day but the last).
@@ -107,6 +108,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
     start fresh; a checkpoint resumed from wins over it).
     loss_fn(model, batch) -> (loss, serving log loss); the held-out eval always scores
     `model(batch)`. teacher_column: read into `batch.teacher_logits` (augmented data).
+    info: more entries for the saved model card's training summary.
     """
     quiet_libraries()
     split, loader_cfg = split or SplitConfig(), loader_cfg or LoaderConfig()
@@ -202,7 +204,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
             info = {"steps": state.step, "samples": state.samples, "train_days": train_days,
                     "eval_day": eval_day, "eval": final, "world_size": env.world_size,
                     "batch_size": cfg.batch_size, "recd": loader_cfg.recd,
-                    "init_from": str(init_from) if init_from else None}
+                    "init_from": str(init_from) if init_from else None, **(info or {})}
             save_model(Path(out), ModelCard(kind=kind, schema=schema, model=model_cfg,
                                             hash_sizes=sizes, info=info), weights)
         env.barrier()

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 # The Criteo recipe: 7200 training rows overfit large hashed tables within one epoch, so
 # small tables, small batches and a gentler table learning rate (see README).
 CRITEO = {"model": {"tables": {"hash_size": 2000}},
-          "train": {"batch_size": 128, "epochs": 1, "embedding_lr": 0.02,
-                    "checkpoint_every": 0, "log_every": 20},
+          "train": {"batch_size": 128, "epochs": 1, "embedding_lr": 0.02, "log_every": 20},
+          "checkpoint": {"every": 0},
           "ingest": {"rows_per_day": 800}}
 
 

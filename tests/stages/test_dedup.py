@@ -10,13 +10,12 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from lrm import io
 from lrm.data import dedup
 from lrm.data.schema import day_files, read_schema, synthetic_schema
-from stages import dedup as stage
+from flows.cli import app
 from tests.conftest import REPO
 from tests.data.test_dedup import make_impressions, write_dataset
 
@@ -71,25 +70,31 @@ def _bad_inputs(tmp_path, raw):
     }
 
 
+def _earlier_output(out):
+    """An output folder an earlier dedup run wrote (so only the input can be at fault)."""
+    with io.atomic_dir(out, stage="dedup") as tmp:
+        (tmp / "keep.txt").write_text("previous output")
+    return _snapshot(out)
+
+
 def test_stage_bad_input_exits_2_and_leaves_out_untouched(tmp_path, raw):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("previous output")
-    before = _snapshot(out)
+    (tmp_path / "none.yaml").write_text("{}\n")
+    cases = _bad_inputs(tmp_path, raw)
+    before = {name: _earlier_output(tmp_path / f"out-{i}") for i, name in enumerate(cases)}
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    procs = {  # these fail before any work, so run them side by side
+    procs = {  # these fail before any work, so run them side by side (each its own out)
         name: (msg, subprocess.Popen(
-            [sys.executable, "-m", "stages.dedup", "--in", src, "--out", "out", "--params",
-             str(tmp_path / "none.yaml"), "--metrics", str(tmp_path / "m.json")],
+            [sys.executable, "-m", "stages.dedup", "--in", src, "--out", f"out-{i}",
+             "--params", str(tmp_path / "none.yaml"), "--metrics", f"m-{i}.json"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        for name, (src, msg) in _bad_inputs(tmp_path, raw).items()
+        for i, (name, (src, msg)) in enumerate(cases.items())
     }
-    for name, (msg, p) in procs.items():
+    for i, (name, (msg, p)) in enumerate(procs.items()):
         _, err = p.communicate(timeout=120)
         assert p.returncode == 2, (name, err)
         assert "error:" in err and msg in err and "Traceback" not in err, (name, err)
-    assert _snapshot(out) == before
-    assert not (tmp_path / "m.json").exists()
+        assert _snapshot(tmp_path / f"out-{i}") == before[name]
+        assert not (tmp_path / f"m-{i}.json").exists()
 
 
 def test_stage_non_constant_user_field_exits_2_and_leaves_out_untouched(tmp_path, monkeypatch):
@@ -102,13 +107,9 @@ def test_stage_non_constant_user_field_exits_2_and_leaves_out_untouched(tmp_path
     write_dataset(tmp_path / "broken", {0: pa.Table.from_pylist(rows, schema=t.schema)},
                   rows_per_file=100)
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("previous output")
-    before = _snapshot(out)
+    before = _earlier_output(out)
     monkeypatch.chdir(tmp_path)
-    app = typer.Typer()
-    app.command()(stage.command)
-    r = CliRunner().invoke(app, ["--in", "broken", "--out", "out", "--params", "none.yaml",
+    r = CliRunner().invoke(app, ["dedup", "--in", "broken", "--out", "out",
                                  "--metrics", "m.json"])
     assert r.exit_code == 2, r.output
     assert f"field user_id: session {rows[i]['session_id']} " in r.stderr
@@ -118,8 +119,5 @@ def test_stage_non_constant_user_field_exits_2_and_leaves_out_untouched(tmp_path
 
 
 def test_lrm_front_door_has_the_stage():
-    from lrm import cli
-
-    cli._register()
-    r = CliRunner().invoke(cli.app, ["dedup", "--help"])
-    assert r.exit_code == 0 and "--in" in r.output and "--rows-per-file" in r.output
+    r = CliRunner().invoke(app, ["dedup", "--help"])
+    assert r.exit_code == 0 and "--in" in r.output and "--dedup.rows_per_file" in r.output

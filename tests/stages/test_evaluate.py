@@ -48,12 +48,13 @@ def test_cli_writes_the_metrics_json(datasets, model_dir, tmp_path):  # noqa: F8
 def test_named_models_merge_into_one_file(datasets, model_dir, tmp_path):  # noqa: F811
     out = tmp_path / "eval.json"
     cfg = EvalConfig(day=1, batch_size=4096)
-    stage.run(stage.parse_models([f"student={model_dir}", f"teacher={model_dir}"], None),
-              datasets["sessions"], cfg, out)
+    stage.run(models=[f"student={model_dir}", f"teacher={model_dir}"],
+              data=datasets["sessions"], cfg=cfg, out=out)
     first = json.loads(out.read_text())
     assert set(first) == {"student", "teacher"} and KEYS <= first["student"].keys()
     assert first["student"]["day"] == 1
-    stage.run(stage.parse_models([str(model_dir)], "challenger"), datasets["sessions"], cfg, out)
+    stage.run(models=[str(model_dir)], name="challenger", data=datasets["sessions"], cfg=cfg,
+              out=out)
     merged = json.loads(out.read_text())
     assert set(merged) == {"student", "teacher", "challenger"}
     assert merged["student"] == first["student"] and merged["challenger"] == first["student"]
@@ -72,4 +73,5 @@ def test_bad_input_exits_2(datasets, model_dir, tmp_path):  # noqa: F811
         assert cases[name][1] in err and err.count("error: ") == 1, (name, err[-2000:])
         assert not (tmp_path / name / "e.json").exists()
     with pytest.raises(ConfigError, match="no day 9"):  # the same path, in-process
-        stage.run([(None, model_dir)], datasets["raw"], EvalConfig(day=9), tmp_path / "e.json")
+        stage.run(models=[str(model_dir)], data=datasets["raw"], cfg=EvalConfig(day=9),
+                  out=tmp_path / "e.json")

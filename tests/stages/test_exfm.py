@@ -72,7 +72,9 @@ def _ok(r):
 
 
 def test_teacher_augment_student_chain(world, tmp_path):
-    _ok(_stage(tmp_path, "teacher", "--data", str(world)))
+    r = _stage(tmp_path, "teacher", "--data", str(world))
+    _ok(r)
+    assert "Successfully loaded" not in r.stdout + r.stderr  # fbgemm's import chatter is quiet
     t = json.loads((tmp_path / "metrics/teacher.json").read_text())
     assert t["train_days"] == [0] and t["eval_day"] == 1
     assert t["registry"] == {"name": "lrm-teacher", "version": "1", "alias": "champion"}
@@ -89,7 +91,9 @@ def test_teacher_augment_student_chain(world, tmp_path):
     again = json.loads((tmp_path / "metrics/augment.json").read_text())
     assert again["written"] == [] and again["skipped"] == [1, 2, 3]
 
-    _ok(_stage(tmp_path, "student"))
+    r = _stage(tmp_path, "student")
+    _ok(r)  # every progress line says which student, variant and day it belongs to
+    assert "[student a labels_only day 1: train student]" in r.stderr, r.stderr[-3000:]
     rep = json.loads((tmp_path / "metrics/exfm.json").read_text())
     assert rep["eval_day"] == 3 and rep["days"] == {"train": [1, 2], "eval": [2, 3]}
     assert [r["model"] for r in rep["table"]] == [
@@ -110,7 +114,7 @@ def test_teacher_augment_student_chain(world, tmp_path):
         for v in ("labels_only", "aux_adapter"):
             card = json.loads((tmp_path / f"models/students/{s}/{v}/model.json").read_text())
             assert card["info"]["train_days"] == [2]  # the last day, warm-started from day 1
-            assert card["info"]["init_from"] == f"models/students/{s}/{v}"
+            assert card["info"]["init_from"] == "this stream's day-1 model"
     full = json.loads((tmp_path / "models/students/a/aux_adapter/model.json").read_text())
     assert full["model"]["student"]["aux_head"] and full["model"]["student"]["adapter"]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import yaml
 
+from lrm import io
 from lrm.config import GenerateConfig
 from lrm.data.schema import day_files, read_schema
 from stages import generate
@@ -41,12 +42,13 @@ def test_cli_writes_day_partitions_and_metrics(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".raw.tmp-*"))
 
 
-def test_run_replaces_an_existing_output_whole(tmp_path: Path) -> None:
+def test_run_replaces_its_own_earlier_output_whole(tmp_path: Path) -> None:
     out = tmp_path / "raw"
-    (out / "day=9").mkdir(parents=True)
-    (out / "day=9" / "part-00000.parquet").write_text("stale")
+    with io.atomic_dir(out, stage="generate") as tmp:  # an earlier run's output
+        (tmp / "day=9").mkdir()
+        (tmp / "day=9" / "part-00000.parquet").write_text("stale")
     cfg = GenerateConfig(users=500, ads=100, days=1, sessions_per_day=50, max_history=10)
-    metrics = generate.run(cfg, out)
+    metrics = generate.run(cfg=cfg, out=out)
     assert sorted(day_files(out)) == [0]  # the stale day is gone
     assert metrics["rows"] == pq.read_metadata(day_files(out)[0][0]).num_rows
 
@@ -62,4 +64,40 @@ def test_bad_value_exits_2_naming_the_key_and_writes_nothing(tmp_path: Path) -> 
     finally:
         del PARAMS["generate"]["bogus"]
     assert proc.returncode == 2 and "bogus" in proc.stderr
+    assert not (tmp_path / "raw").exists()
+
+
+def test_out_that_lrm_did_not_write_is_never_replaced(tmp_path: Path) -> None:
+    """A user's folder, or a plain file, at --out: exit 2, one line, nothing touched."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (tmp_path / "afile").write_text("keep me too")
+    for out in ("mine", "afile"):
+        proc = cli(tmp_path, "--out", out, "--days", "1", "--sessions-per-day", "20")
+        assert proc.returncode == 2, proc.stderr
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("error:") and out in last and "--force" in last
+        assert "Traceback" not in proc.stderr
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert (tmp_path / "afile").read_text() == "keep me too"
+    assert not list(tmp_path.glob(".*.tmp-*"))
+    # --force is the way to say "replace it"
+    proc = cli(tmp_path, "--out", "mine", "--days", "1", "--sessions-per-day", "20", "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(day_files(mine)) == [0] and not (mine / "notes.txt").exists()
+
+
+def test_a_missing_params_file_or_unknown_section_exits_2(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "stages.generate", "--params", "nope.yaml",
+                           "--out", "raw"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "nope.yaml" in proc.stderr.splitlines()[-1]
+    (tmp_path / "p.yaml").write_text("generate: {days: 1}\ngenerat: {days: 2}\n")
+    proc = subprocess.run([sys.executable, "-m", "stages.generate", "--params", "p.yaml",
+                           "--out", "raw"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "generat" in last and "p.yaml" in last
+    assert "known sections" in last and "'generate'" in last
     assert not (tmp_path / "raw").exists()

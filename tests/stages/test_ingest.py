@@ -18,7 +18,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from lrm import io
 from stages import ingest
+from stages._common import app
 from tests.data.test_criteo import line, random_lines
 
 ENTRY = {
@@ -59,9 +61,10 @@ def _snapshot(out: Path) -> dict[str, bytes] | None:
 
 def _prepare_out(tmp: Path, existed: bool) -> Path:
     out = tmp / "out"
-    if existed:
-        (out / "day=0").mkdir(parents=True)
-        (out / "day=0" / "part-00000.parquet").write_bytes(b"previous output")
+    if existed:  # an earlier ingest's output: only the input can be at fault
+        with io.atomic_dir(out, stage="ingest") as t:
+            (t / "day=0").mkdir()
+            (t / "day=0" / "part-00000.parquet").write_bytes(b"previous output")
     return out
 
 
@@ -88,7 +91,7 @@ def test_bad_input_in_process_exits_2_and_leaves_out(tmp_path, case, existed):
     f, line_no, field = _bad_input(tmp_path, case)
     out = _prepare_out(tmp_path, existed)
     before = _snapshot(out)
-    r = CliRunner().invoke(ingest.app, [
+    r = CliRunner().invoke(app(ingest.STAGE), [
         "criteo", str(f), "--out", str(out), "--params", str(_params(tmp_path)),
         "--metrics", str(tmp_path / "m.json")])
     _assert_failed_cleanly(r.exit_code, r.stderr, f, line_no, field, out, before)
@@ -121,7 +124,7 @@ def test_files_from_params_relative_to_cwd_with_skip_bad(tmp_path):
     out = _prepare_out(tmp_path, existed=True)
     args = ["--out", "out", "--params", str(params), "--metrics", "metrics/i.json"]
 
-    r = CliRunner().invoke(ingest.app, ["criteo", *args])  # cwd is the repo: paths not found
+    r = CliRunner().invoke(app(ingest.STAGE), ["criteo", *args])  # cwd: the repo
     assert r.exit_code == 2 and "raw/a.tsv: file not found" in r.stderr, r.stderr
 
     r = subprocess.run([*ENTRY["lrm"], *args, "--skip-bad", "--rows-per-day", "15"],
@@ -131,12 +134,14 @@ def test_files_from_params_relative_to_cwd_with_skip_bad(tmp_path):
     assert (m["rows"], m["bad_rows"], m["files"], m["days"]) == (40, 2, 2, 3)
     assert m["bad_by_reason"] == {"field_count": 1, "label": 1, "not_integer": 0,
                                   "not_hex_hash": 0}
-    assert sorted(p.name for p in out.iterdir()) == ["day=0", "day=1", "day=2"]  # replaced
+    assert sorted(p.name for p in out.iterdir() if p.name[0] != ".") == [
+        "day=0", "day=1", "day=2"]  # replaced
 
 
 def test_no_files_anywhere_is_an_error(tmp_path):
-    r = CliRunner().invoke(ingest.app, ["criteo", "--out", str(tmp_path / "out"),
-                                        "--params", str(_params(tmp_path))])
+    r = CliRunner().invoke(app(ingest.STAGE), ["criteo", "--out", str(tmp_path / "out"),
+                                               "--params", str(_params(tmp_path)),
+                                               "--metrics", str(tmp_path / "m.json")])
     assert r.exit_code == 2 and "no input files" in r.stderr
     assert not (tmp_path / "out").exists()
 
@@ -153,5 +158,5 @@ def test_real_sample_through_python_m(tmp_path, criteo_dir):
     assert (m["rows"], m["days"], m["bad_rows"]) == (8000, 3, 0)
     assert m["ctr"] == pytest.approx(0.216, abs=1e-3)
     assert m["bytes"] > 0
-    assert sorted(p.name for p in (tmp_path / "data/criteo/raw").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "data/criteo/raw").iterdir() if p.name[0] != ".") == [
         "day=0", "day=1", "day=2"]

@@ -20,8 +20,8 @@ from tests.train.conftest import datasets, poison_day  # noqa: F401  (session fi
 pytestmark = pytest.mark.slow
 
 PARAMS = {
-    "train": {"batch_size": 512, "steps": 12, "log_every": 3, "checkpoint_every": 6,
-              "lr": 0.01, "threads": 1},
+    "train": {"batch_size": 512, "steps": 12, "log_every": 3, "lr": 0.01, "threads": 1},
+    "checkpoint": {"every": 6},
     "model": {"student": {"embedding_dim": 8, "bottom_mlp": [16], "top_mlp": [32, 16]}},
     "loader": {"prefetch": 2, "num_workers": 1},
 }
@@ -55,7 +55,7 @@ def test_torchrun_stage_trains_checkpoints_and_logs_once(datasets, tmp_path):  #
     assert m["steps"] == 12 and m["world_size"] == 2 and m["train_days"] == [0, 1]
     assert {"ne", "auc", "calibration", "rows"} <= m["eval"].keys()
     assert {p.name for p in (tmp_path / "models/student").iterdir()} == {
-        "model.json", "state_dict.pt"}
+        "model.json", "state_dict.pt", ".lrm-output.json"}
     assert Checkpointer(tmp_path / "ck/student").complete() == [6, 12]
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
@@ -63,7 +63,7 @@ def test_torchrun_stage_trains_checkpoints_and_logs_once(datasets, tmp_path):  #
     assert len(runs) == 1  # rank 1 logged nothing
     run = runs[0]
     assert run.info.run_name == "train_student"
-    assert run.data.params["batch_size"] == "512" and run.data.params["kind"] == "student"
+    assert run.data.params["train.batch_size"] == "512" and run.data.params["kind"] == "student"
     client = mlflow.MlflowClient()
     assert [x.step for x in client.get_metric_history(run.info.run_id, "loss")] == [3, 6, 9, 12]
     assert "eval_ne" in run.data.metrics and "samples_per_s" in run.data.metrics
@@ -77,21 +77,20 @@ def test_torchrun_stage_trains_checkpoints_and_logs_once(datasets, tmp_path):  #
 
 def test_bad_input_exits_2_with_one_line(datasets, tmp_path):  # noqa: F811
     poisoned = poison_day(datasets["sessions"], tmp_path / "poisoned", day=1)
-    base = ["--model", "student", "--data", str(datasets["sessions"]), "--out", "m",
-            "--metrics", "metrics.json"]
 
-    def args(**kw):
-        a = dict(zip(base[::2], base[1::2], strict=True))
+    def args(name, **kw):
+        a = {"--model": "student", "--data": str(datasets["sessions"]), "--out": f"m-{name}",
+             "--metrics": f"metrics-{name}.json"}
         a.update({f"--{k.replace('_', '-')}": str(v) for k, v in kw.items()})
         return [x for kv in a.items() for x in kv]
 
     cases = {
-        "kind": (args(model="bogus"), "is not one of"),
-        "data": (args(data=tmp_path / "nope"), "does not exist"),
-        "param": (args(params=_params(tmp_path, train={"batch_size": 0})),
+        "kind": (args("kind", model="bogus"), "is not one of"),
+        "data": (args("data", data=tmp_path / "nope"), "does not exist"),
+        "param": (args("param", params=_params(tmp_path, train={"batch_size": 0})),
                   "train.batch_size: must be >= 1"),
-        "days": (args(days="0,x"), "--days"),
-        "nan": (args(data=poisoned, checkpoints="ck-nan", checkpoint_every=2,
+        "days": (args("days", days="0,x"), "split.days"),
+        "nan": (args("nan", data=poisoned, checkpoints="ck-nan", checkpoint_every=2,
                      params=_params(tmp_path, train={"steps": 40})), "not finite"),
     }
     procs = {name: subprocess.Popen(
@@ -105,20 +104,24 @@ def test_bad_input_exits_2_with_one_line(datasets, tmp_path):  # noqa: F811
         assert p.returncode == 2, (name, err[-3000:])
         errors = [line for line in err.splitlines() if line.startswith("error: ")]
         assert len(errors) == 1 and cases[name][1] in errors[0], (name, err[-3000:])
-    assert not (tmp_path / "m").exists() and not (tmp_path / "metrics.json").exists()
+        assert "Traceback" not in err, (name, err[-3000:])
+        assert not (tmp_path / f"m-{name}").exists()
+        assert not (tmp_path / f"metrics-{name}.json").exists()
     assert Checkpointer(tmp_path / "ck-nan").complete()
 
 
-def test_cli_pins_an_option_per_train_key_and_the_model_kinds():
-    import dataclasses
-    import inspect
+def test_two_runs_on_one_checkpoint_folder_the_second_fails_at_once(datasets, tmp_path):  # noqa: F811
+    """The first run holds the lock on its outputs and checkpoints for its whole length."""
+    from lrm.lock import exclusive
 
-    from lrm.config import TrainConfig
-    from lrm.models import KINDS
-    from stages import train as stage
-
-    options = set(inspect.signature(stage.command).parameters)
-    assert {f.name for f in dataclasses.fields(TrainConfig)} <= options
-    assert {"model", "data", "out", "checkpoints", "resume", "dedup", "params",
-            "metrics"} <= options
-    assert stage.KINDS == KINDS  # kept apart so option parsing does not import torch
+    with exclusive(tmp_path / "ck", purpose="lrm train student (the first run)"):
+        r = subprocess.run(
+            [sys.executable, "-m", "stages.train", "--model", "student", "--data",
+             str(datasets["sessions"]), "--out", "m2", "--checkpoints", "ck",
+             "--params", str(_params(tmp_path))],
+            cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "ck is in use by pid" in last
+    assert str(os.getpid()) in last and "the first run" in last
+    assert not (tmp_path / "m2").exists()

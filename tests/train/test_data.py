@@ -1,4 +1,4 @@
-"""Pieces of the distributed wrapping that need no second process."""
+"""The held-out batch cut and the windowed NE of the training meter."""
 
 from __future__ import annotations
 
