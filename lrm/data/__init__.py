@@ -1,1 +1,1 @@
-"""Data: schema, synthetic sessions, Criteo ingest, RecD dedup, KJT loader."""
+"""Data: schema, Parquet reading, synthetic sessions, Criteo ingest, RecD dedup, KJT loader."""

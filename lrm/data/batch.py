@@ -62,7 +62,8 @@ class Batch(Pipelineable):
             return None if t is None else t.pin_memory()
 
         return replace(
-            self, dense=pin(self.dense), item=self.item.pin(), user=self.user.pin(),
+            self, dense=pin(self.dense), item=self.item.pin_memory(),
+            user=self.user.pin_memory(),
             labels=pin(self.labels), inverse=pin(self.inverse),
             teacher_logits=pin(self.teacher_logits),
         )

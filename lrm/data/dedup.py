@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from lrm import io
 from lrm.config import DedupConfig
+from lrm.data import parquet
 from lrm.data.schema import (
     DAY,
     LABEL,
@@ -330,7 +330,7 @@ def _file_chunks(path: Path, schema: FeatureSchema, day: int,
     """(chunk, path, its first row in the file) in chunks of `rows`, checked: layout,
     schema, columns, day."""
     target = schema.arrow("impressions")
-    pf = pq.ParquetFile(path)
+    pf = parquet.open_file(path)
     file_meta = pf.schema_arrow.metadata or {}
     layout = file_meta.get(b"lrm.layout", b"").decode()
     if layout != "impressions":
@@ -339,7 +339,7 @@ def _file_chunks(path: Path, schema: FeatureSchema, day: int,
     if META_KEY in file_meta and FeatureSchema.from_json(file_meta[META_KEY].decode()) != schema:
         raise DataError(path, None, None, "schema differs from the dataset's first file")
     first = 0
-    for rb in pf.iter_batches(batch_size=rows):
+    for rb in parquet.iter_batches(path, rows, file=pf):
         t = pa.Table.from_batches([rb])
         _check_layout(t, schema, "impressions", path)
         _check_day(t, day, path)
@@ -402,7 +402,7 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
     across output files. Returns the metrics (rows, sessions, ratios, bytes).
     """
     schema, files = check_source(src)
-    total = sum(pq.read_metadata(f).num_rows for fs in files.values() for f in fs)
+    total = sum(parquet.read_metadata(f).num_rows for fs in files.values() for f in fs)
     rows = sessions = bytes_in = bytes_out = parts = 0
     with Reporter("dedup", total=total, unit="rows") as rep:
         for day, paths in files.items():

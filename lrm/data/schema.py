@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from lrm.data.parquet import open_file
 from lrm.errors import DataError
 
 DAY, SESSION, POSITION, LABEL = "day", "session_id", "position", "label"
@@ -143,7 +143,7 @@ def read_schema(root_or_file: Path) -> tuple[FeatureSchema, str]:
     """Return (schema, layout) stored in a dataset's Parquet metadata."""
     p = Path(root_or_file)
     f = p if p.is_file() else next(iter(day_files(p).values()))[0]
-    meta = pq.read_schema(f).metadata or {}
-    if META_KEY not in meta:
-        raise DataError(f, None, None, "Parquet file carries no lrm.schema metadata")
+    meta = open_file(f).schema_arrow.metadata or {}
+    if META_KEY not in meta or b"lrm.layout" not in meta:
+        raise DataError(f, None, None, "Parquet file carries no lrm.schema / lrm.layout metadata")
     return FeatureSchema.from_json(meta[META_KEY].decode()), meta[b"lrm.layout"].decode()

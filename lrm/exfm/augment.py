@@ -45,6 +45,7 @@ import torch
 from torch import nn
 
 from lrm import io
+from lrm.data import parquet
 from lrm.data.dedup import parquet_options
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import LABEL, day_files, read_schema
@@ -203,14 +204,14 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
     meta_version = json.dumps(asdict(version), sort_keys=True).encode()
     with io.atomic_dir(Path(dst) / f"day={day}") as tmp:
         for f in files:
-            pf = pq.ParquetFile(f)
+            pf = parquet.open_file(f)
             schema = pf.schema_arrow.append(pa.field(TEACHER_COLUMN, pa.list_(pa.float32())))
             schema = schema.with_metadata({**(schema.metadata or {}), META_VERSION: meta_version})
             opts = parquet_options(schema, "sessions")
-            group = opts.pop("row_group_size")  # a chunk is one row group
+            group = opts.pop("row_group_size")  # a chunk is (at most) one row group
             file_rows = 0
             with pq.ParquetWriter(tmp / f.name, schema, **opts) as writer:
-                for rb in pf.iter_batches(batch_size=group):
+                for rb in parquet.iter_batches(f, group, file=pf):
                     labels = pc.list_flatten(rb.column(rb.schema.get_field_index(LABEL)))
                     n = len(labels)
                     logits = stream.take(n, str(f))
@@ -223,7 +224,7 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
                     file_rows += len(rb)
                     if reporter is not None:
                         reporter.update(n)
-            written = pq.read_metadata(tmp / f.name).num_rows
+            written = parquet.read_metadata(tmp / f.name).num_rows
             if written != file_rows:
                 raise OSError(f"{tmp / f.name}: wrote {written} session rows, "
                               f"expected {file_rows}")

@@ -28,6 +28,7 @@ import torch
 from mlflow.models import ModelSignature
 from mlflow.types.schema import Array, ColSpec, Schema
 
+from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import DAY, LABEL, POSITION, SESSION, FeatureSchema, day_files, read_schema
@@ -115,8 +116,13 @@ def example_frame(data: Path, day: int, rows: int = 5) -> pd.DataFrame:
     files = day_files(data).get(day)
     if not files:
         raise DataError(data, None, None, f"no day {day}")
-    first = next(pq.ParquetFile(files[0]).iter_batches(batch_size=rows))
-    table = pa.Table.from_batches([first])
+    pf = parquet.open_file(files[0])
+    batches: list[pa.RecordBatch] = []
+    for rb in parquet.iter_batches(files[0], rows, file=pf):  # a batch ends with its row group
+        batches.append(rb)
+        if sum(map(len, batches)) >= rows:
+            break
+    table = pa.Table.from_batches(batches) if batches else pf.schema_arrow.empty_table()
     if layout == "sessions":
         table = flatten_sessions(table, schema)
     table = table.slice(0, rows).select(input_columns(schema))

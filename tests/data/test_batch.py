@@ -1,6 +1,10 @@
-"""Batch on real loader output: RecD form vs plain form through torchrec's modules."""
+"""Batch on real loader output: RecD form vs plain form through torchrec's modules, and
+the moves (to, pin_memory, record_stream) carrying every field."""
 
 from __future__ import annotations
+
+import dataclasses
+from unittest import mock
 
 import pyarrow.parquet as pq
 import pytest
@@ -9,6 +13,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import criteo_schema, part_path, synthetic_schema
 from tests.data.test_dedup import make_impressions
@@ -67,10 +72,71 @@ def test_user_side_pooled_once_per_session_then_expanded(tmp_path):
         assert bp.expand_user(pooled) is pooled  # the plain form needs no expansion
 
 
-def test_batch_to_keeps_everything(tmp_path):
-    schema = synthetic_schema()
-    root = _write(tmp_path / "d", schema)
+def _full_batch(tmp_path) -> Batch:
+    """A RecD batch from the loader with every optional field set (teacher_logits too)."""
+    root = _write(tmp_path / "d", synthetic_schema())
     b = next(iter(BatchLoader(root, 16)))
+    b = dataclasses.replace(b, teacher_logits=torch.linspace(-2, 2, b.size))
+    assert all(getattr(b, f.name) is not None for f in dataclasses.fields(Batch))
+    return b
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """The tensors a Batch field holds (a KJT: its values and lengths)."""
+    if isinstance(value, KeyedJaggedTensor):
+        return [value.values(), value.lengths()]
+    return [value]
+
+
+def test_batch_to_keeps_everything(tmp_path):
+    b = _full_batch(tmp_path)
     c = b.to(torch.device("cpu"))
     assert c.size == b.size == 16 and c.deduped and c.num_sessions == b.num_sessions
-    assert torch.equal(c.inverse, b.inverse) and torch.equal(c.user.values(), b.user.values())
+    for f in dataclasses.fields(Batch):
+        for x, y in zip(_tensors(getattr(b, f.name)), _tensors(getattr(c, f.name)),
+                        strict=True):
+            assert torch.equal(x, y), f.name
+
+
+def test_batch_to_moves_every_field(tmp_path):
+    """`meta` is a device every machine has: a field left behind stays on cpu."""
+    b = _full_batch(tmp_path)
+    m = b.to(torch.device("meta"))
+    for f in dataclasses.fields(Batch):
+        src, dst = getattr(b, f.name), getattr(m, f.name)
+        assert dst is not None, f"{f.name} dropped"
+        for x, y in zip(_tensors(src), _tensors(dst), strict=True):
+            assert y.device.type == "meta", f"{f.name} not moved"
+            assert (y.shape, y.dtype) == (x.shape, x.dtype), f.name
+        if isinstance(src, KeyedJaggedTensor):
+            assert (dst.keys(), dst.stride()) == (src.keys(), src.stride()), f.name
+
+
+def test_record_stream_records_every_tensor(tmp_path):
+    b = _full_batch(tmp_path)
+    stream = object()
+    seen: dict[int, object] = {}
+    with mock.patch.object(torch.Tensor, "record_stream",
+                           lambda self, s: seen.__setitem__(id(self), s)):
+        b.record_stream(stream)  # type: ignore[arg-type]
+    for f in dataclasses.fields(Batch):
+        for t in _tensors(getattr(b, f.name)):
+            assert seen.get(id(t)) is stream, f"{f.name} not recorded on the stream"
+
+
+def test_pin_memory_pins_every_tensor(tmp_path):
+    """Pinning needs an accelerator: a stand-in pin_memory returns marked copies."""
+    b = _full_batch(tmp_path)
+    pinned: list[torch.Tensor] = []
+
+    def pin(self: torch.Tensor) -> torch.Tensor:
+        pinned.append(self.clone())
+        return pinned[-1]
+
+    with mock.patch.object(torch.Tensor, "pin_memory", pin):
+        p = b.pin_memory()
+    for f in dataclasses.fields(Batch):
+        for x, y in zip(_tensors(getattr(b, f.name)), _tensors(getattr(p, f.name)),
+                        strict=True):
+            assert any(y is t for t in pinned), f"{f.name} not pinned"
+            assert torch.equal(x, y), f.name

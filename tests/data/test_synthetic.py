@@ -227,3 +227,6 @@ def test_rows_per_file_splits_days_between_sessions(tmp_path: Path) -> None:
     assert 0 < metrics["users_active"] <= metrics["sessions"]
     assert 0 < metrics["ads_active"] <= cfg.ads
     assert 0 < metrics["oracle_ne"] < 1
+    written = pa.concat_tables(pq.read_table(p) for f in files.values() for p in f)
+    assert metrics["oracle_ne"] == pytest.approx(  # the true model's NE, by hand
+        ne(col(written, "label"), synthetic.hidden_logit(cfg, written)), rel=1e-9)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ from lrm.exfm import augment
 from lrm.exfm.augment import MANIFEST, META_VERSION, TEACHER_COLUMN, augment_dataset, teacher_hash
 from lrm.train.evaluate import predict
 from lrm.train.export import load_model
+from tests.data.test_parquet import assert_names, corrupt
 from tests.exfm.conftest import random_teacher
 from tests.train.conftest import datasets  # noqa: F401  (session fixture)
 
@@ -139,3 +141,14 @@ def test_bad_inputs(datasets, teacher, tmp_path):  # noqa: F811
         augment_dataset(teacher, datasets["sessions"], tmp_path / "a", days=[7])
     with pytest.raises(DataError, match="not a model folder"):
         augment_dataset(tmp_path, datasets["sessions"], tmp_path / "a")
+
+
+@pytest.mark.parametrize("mode", ["flipped", "truncated"])
+def test_a_damaged_source_file_is_named(datasets, teacher, tmp_path, mode):  # noqa: F811
+    """d_bid is read by the teacher's loader (in its threads) and by the copy of the rows."""
+    src = Path(shutil.copytree(datasets["sessions"], tmp_path / "src"))
+    f = day_files(src)[2][0]
+    corrupt(f, mode, row_group=0, column="d_bid")
+    with pytest.raises(DataError) as e:
+        augment_dataset(teacher, src, tmp_path / "aug", days=[1, 2], batch_size=1000)
+    assert_names(e.value, f, mode, row_group=0)

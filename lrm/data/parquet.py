@@ -1,0 +1,101 @@
+"""Reading Parquet files: every reader in lrm opens and streams them through here.
+
+pyarrow reports a damaged file as `ArrowInvalid` or `OSError` ("ZSTD decompression failed",
+"Parquet magic bytes not found in footer", ...) without naming it, from deep inside a
+read, often in a loader thread. Here each such failure becomes a `DataError` that names
+the file and, for a failure while decoding data, the row group, in one line. Files are
+streamed one row group at a time (so the row group is always known); a batch therefore
+never spans two row groups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lrm.errors import DataError
+
+REMEDY = "re-create it: rerun the stage that wrote it"
+_REASON_CHARS = 200  # a pyarrow message can quote a whole thrift struct
+
+
+def _reason(err: BaseException) -> str:
+    """pyarrow's message, first line only, trimmed."""
+    text = str(err).strip()
+    if isinstance(err, OSError) and err.errno is not None and err.strerror:  # an OS error
+        text = err.strerror
+    line = text.splitlines()[0].strip() if text else type(err).__name__
+    return line if len(line) <= _REASON_CHARS else line[:_REASON_CHARS - 3] + "..."
+
+
+def _error(path: Path | str, err: BaseException, row_group: int | None) -> DataError:
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return DataError(path, None, None, f"cannot open: {_reason(err)}")
+    if row_group is None:
+        return DataError(path, None, None, f"not a readable Parquet file ({_reason(err)}); it "
+                         f"is truncated, corrupt or not Parquet at all ({REMEDY})")
+    return DataError(path, None, None, f"row group {row_group}: {_reason(err)}; the file is "
+                     f"truncated or corrupt ({REMEDY})")
+
+
+@contextlib.contextmanager
+def reading(path: Path | str, row_group: int | None = None) -> Iterator[None]:
+    """Turn a pyarrow or OS failure inside the block into a DataError naming `path`.
+
+    row_group: the row group being decoded, when known (named in the message).
+    """
+    try:
+        yield
+    except MemoryError:  # ArrowMemoryError too: not the file's fault
+        raise
+    except (pa.ArrowException, OSError) as e:  # ArrowIOError is OSError
+        raise _error(path, e, row_group) from e
+
+
+def open_file(path: Path | str) -> pq.ParquetFile:
+    """The file, its footer read and checked (a DataError when it is not readable Parquet)."""
+    with reading(path):
+        return pq.ParquetFile(path)
+
+
+def read_metadata(path: Path | str) -> pq.FileMetaData:
+    """The file's footer: row count, row groups, schema."""
+    return open_file(path).metadata
+
+
+def iter_batches(path: Path | str, batch_size: int, columns: Sequence[str] | None = None, *,
+                 file: pq.ParquetFile | None = None) -> Iterator[pa.RecordBatch]:
+    """The file's rows as record batches of at most `batch_size`, one row group at a time.
+
+    file: `open_file(path)`, when the caller already opened it (its footer is not re-read).
+    A batch never spans row groups: a row group's last batch may be short.
+    """
+    pf = open_file(path) if file is None else file
+    cols = None if columns is None else list(columns)
+    for k in range(pf.num_row_groups):
+        with reading(path, k):
+            batches = pf.iter_batches(batch_size=batch_size, row_groups=[k], columns=cols)
+        while True:
+            with reading(path, k):  # decoding happens on next(): errors surface here
+                rb = next(batches, None)
+            if rb is None:
+                break
+            yield rb
+
+
+def read_table(path: Path | str, columns: Sequence[str] | None = None) -> pa.Table:
+    """The whole file (or `columns` of it) as one table, read row group by row group."""
+    pf = open_file(path)
+    cols = None if columns is None else list(columns)
+    parts = []
+    for k in range(pf.num_row_groups):
+        with reading(path, k):
+            parts.append(pf.read_row_group(k, columns=cols))
+    if parts:
+        return pa.concat_tables(parts)
+    empty = pf.schema_arrow.empty_table()
+    return empty if cols is None else empty.select(cols)
