@@ -411,21 +411,34 @@ def check_file_replaceable(path: Path, stage: Stage, *, force: bool = False) -> 
         _check_file(path, _names(stage), force)
 
 
-def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> None:
+def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> bool:
     """Make `path` a folder `stage` keeps and adds to run after run (checkpoints, the
     augmented days): created with a marker that names the stage and lists no files (the
-    stage manages what is inside), or checked to be one already (check_replaceable)."""
+    stage manages what is inside), or checked to be one already (check_replaceable).
+    Returns whether this call created the folder (see `release_claim`)."""
     path = Path(path)
     names = _names(stage)
     check_replaceable(path, names, force=force)
     marker = _read_marker(path) if path.is_dir() else None
-    if marker is not None and (names is None or marker["stage"] in names) \
-            and "files" not in marker:
-        return
+    if marker is not None and (names is None or marker["stage"] in names):
+        return False  # already the stage's (what it adds later carries its own markers)
     if path.is_symlink() or (path.exists() and not path.is_dir()):  # force: replace it
         _remove(path)
+    created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     _write_marker(path, names[0] if names else ANY_STAGE, None)
+    return created
+
+
+def release_claim(path: Path) -> None:
+    """Undo a `claim_dir` that created `path`, when nothing but its marker is in it (a run
+    that failed before writing anything leaves no trace)."""
+    path = Path(path)
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink() and _listing(path) == [] \
+                and _read_marker(path) is not None:
+            (path / MARKER).unlink()
+            path.rmdir()
 
 
 def write_json(obj: Any, path: Path, *, stage: str | None = None, force: bool = False) -> None:

@@ -340,14 +340,28 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
     inputs = stage.paths(args, "in")
     outputs = stage.paths(args, "out", "metrics", "summary", "plot", "state")
     io.check_paths(inputs, outputs)
+    claimed: list[Path] = []
     for k, a in stage.args.items():  # every output is lrm's to replace, before any work
         for p in stage.paths({k: args.get(k)}, "out", "metrics", "summary", "plot", "state"):
             if a.file or a.role in ("metrics", "summary", "plot"):
                 io.check_file_replaceable(p, stage.name, force=force)
             elif a.role == "state" or a.persist:  # kept and added to, run after run
-                io.claim_dir(p, stage.name, force=force)
+                if io.claim_dir(p, stage.name, force=force):
+                    claimed.append(p)
             else:
                 io.check_replaceable(p, stage.name, force=force)
+    try:
+        return _run_logged(stage, args, params, configs, call, title, outputs, tags, force)
+    except BaseException:
+        for p in claimed:  # a run that failed before writing leaves no empty folder behind
+            io.release_claim(p)
+        raise
+
+
+def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
+                configs: Mapping[str, Any], call: Mapping[str, Any], title: str,
+                outputs: list[Path], tags: Mapping[str, str] | None, force: bool
+                ) -> dict[str, Any]:
     run_params = {**_flat_args(args),
                   **{kw: dataclasses.asdict(c) if dataclasses.is_dataclass(c) else c
                      for kw, c in configs.items()}}

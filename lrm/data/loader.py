@@ -29,7 +29,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lrm.config import LoaderConfig
 from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.chunks import Chunk, ChunkSpec, assemble, normalize
@@ -120,12 +119,6 @@ class BatchLoader:
         self.columns = self._check_files()  # the Parquet columns read
         self._num_rows: int | None = None
         self._start = self._next_start = self._done = 0  # resume state (state_dict)
-
-    @classmethod
-    def from_config(cls, root: Path, cfg: LoaderConfig, **kwargs: Any) -> BatchLoader:
-        """A loader with params.yaml's `loader` section (batch size, form, prefetching)."""
-        return cls(root, cfg.batch_size, dedup=cfg.dedup, prefetch=cfg.prefetch,
-                   num_workers=cfg.num_workers, **kwargs)
 
     def _check_files(self) -> list[str]:
         """Every file has this dataset's layout and schema (footers only); the columns to read."""

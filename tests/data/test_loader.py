@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from lrm.config import DedupConfig, GenerateConfig, LoaderConfig
+from lrm.config import DedupConfig, GenerateConfig
 from lrm.data import dedup, loader
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
@@ -283,14 +283,6 @@ def test_resume_from_state_dict(data, world_size):
     assert len(list(again)) == len(full)  # a resumed iteration does not stick
     with pytest.raises(ValueError, match="cannot resume"):
         BatchLoader(root / "raw", 16).load_state_dict(state)
-
-
-def test_from_config(data):
-    root, _ = data
-    cfg = LoaderConfig(batch_size=12, dedup=False, prefetch=0, num_workers=0)
-    ld = BatchLoader.from_config(root / "sessions", cfg, days=[1])
-    assert ld.batch_size == 12 and not ld.dedup and ld.files[0][0] == 1
-    assert all(not b.deduped for b in ld)
 
 
 def test_teacher_column(data, tmp_path):
