@@ -1,4 +1,5 @@
-"""The `lrm` command: one subcommand per stage (the same function as `python -m stages.X`).
+"""The `lrm` command: one subcommand per stage (the same function as `python -m stages.X`),
+plus `lrm serve` (the streaming deployment) and `lrm models` (the registry).
 
 A front door like the flows, so it lives beside them: it may import every stage (the
 registry of stages is flows/dag.py's `STAGES`).
@@ -6,11 +7,17 @@ registry of stages is flows/dag.py's `STAGES`).
 
 from __future__ import annotations
 
+import math
+import sys
+from pathlib import Path
+
 import typer
 
 from flows.dag import STAGES
+from lrm.config import ParamsConfig
+from lrm.errors import LrmError
 from stages._common import app as stage_app
-from stages._common import command
+from stages._common import command, fail, load_params, setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lrm: train and keep retraining large recommendation models.")
@@ -21,6 +28,120 @@ for _stage in STAGES.values():
     else:  # a command group, e.g. `lrm ingest criteo`
         app.add_typer(stage_app(_stage), name=_stage.name,
                       help=f"{_stage.name}: {_stage.group} and future sources")
+
+PARAMS_OPT = typer.Option(None, "--params", help="params YAML file(s), later ones win "
+                                                  "[default: ./params.yaml]")
+
+
+@app.command("serve")
+def serve(cron: str = typer.Option(None, "--cron", help='cron schedule, e.g. "0 2 * * *" '
+                                                       '[default: streaming.cron]'),
+          params: list[Path] = PARAMS_OPT,
+          root: str = typer.Option(None, "--root", help="the stream's folder "
+                                                       "[default: streaming.root]"),
+          days: int = typer.Option(None, "--days", help="new days per run "
+                                                       "[default: streaming.days]")) -> None:
+    """Serve the streaming retraining flow as a Prefect deployment on a cron schedule."""
+    from flows import deployments
+
+    setup_logging()
+    try:
+        deployments.serve(cron, [str(p) for p in params] if params else None, root, days)
+    except LrmError as e:
+        raise fail(e) from None
+
+
+models_app = typer.Typer(add_completion=False, pretty_exceptions_enable=False,
+                         invoke_without_command=True,
+                         help="The MLflow registry: versions, @champion/@challenger, NE.")
+app.add_typer(models_app, name="models")
+
+
+def _cfg(params: list[Path] | None) -> ParamsConfig:
+    return load_params([Path(p) for p in params] if params else None)
+
+
+def _num(x: str | None) -> str:
+    if not x:
+        return ""
+    v = float(x)
+    return f"{v:.5f}" if math.isfinite(v) else x
+
+
+@models_app.callback()
+def models(ctx: typer.Context, params: list[Path] = PARAMS_OPT) -> None:
+    """With no subcommand: list the registered models (as `lrm models list`)."""
+    if ctx.invoked_subcommand is None:
+        list_models(params)
+
+
+@models_app.command("list")
+def list_models(params: list[Path] = PARAMS_OPT) -> None:
+    """Every registered lrm model: versions, aliases, NE, the decision and why."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from lrm import registry
+
+    try:
+        rows = registry.list_models("lrm-", _cfg(params).tracking)
+    except LrmError as e:
+        raise fail(e) from None
+    if not rows:
+        print("no registered lrm models yet (run the pipeline or the streaming flow)")
+        return
+    t = Table("model", "version", "aliases", "NE", "champion NE", "decision", "evaluated on",
+              "reason")
+    for r in rows:
+        t.add_row(r["name"], r["version"], ", ".join(f"@{a}" for a in r["aliases"]),
+                  _num(r["ne"]), _num(r["champion_ne"]) +
+                  (f" (v{r['champion_version']})" if r["champion_version"] else ""),
+                  r["decision"] or "", r["evaluated_on"] or "",
+                  (r["reason"] or "") + (f" [{r['rollback']}]" if r["rollback"] else ""))
+    Console(width=200).print(t)
+
+
+@models_app.command("promote")
+def promote(name: str = typer.Argument(..., help="registered model, e.g. lrm-student-small"),
+            version: str = typer.Argument(..., help="the version to make @champion"),
+            data: Path = typer.Option(None, "--data", help="dataset both are scored on "
+                                                          "[default: the stream's sessions]"),
+            day: int = typer.Option(-1, "--day", help="its day (-1: the last)"),
+            params: list[Path] = PARAMS_OPT) -> None:
+    """Promote VERSION to @champion through the same check as the flow: its NE and the
+    champion's on the same day; exit 1 when it does not beat the champion by the margin."""
+    from lrm import registry
+    from lrm.data.schema import day_files
+    from lrm.streaming.layout import StreamPaths
+    from lrm.train.evaluate import pick_day
+
+    setup_logging()
+    try:
+        cfg = _cfg(params)
+        data = data or StreamPaths(Path(cfg.streaming.root)).sessions
+        chosen = pick_day(list(day_files(data)), day, "--day")
+        d = registry.promote(name, version, eval_data=data, eval_day=chosen,
+                             margin=cfg.registry.margin, cfg=cfg.tracking)
+    except LrmError as e:
+        raise fail(e) from None
+    verb = "promoted to @champion" if d.promoted else "not promoted"
+    print(f"{name} v{version} {verb}: {d.reason}")
+    if not d.promoted:
+        raise typer.Exit(1)
+
+
+@models_app.command("rollback")
+def rollback(name: str = typer.Argument(..., help="registered model"),
+             version: str = typer.Argument(..., help="an earlier version to make @champion"),
+             params: list[Path] = PARAMS_OPT) -> None:
+    """Point @champion back at an earlier version (no NE check: the operator's call)."""
+    from lrm import registry
+
+    try:
+        was = registry.rollback(name, version, _cfg(params).tracking)
+    except LrmError as e:
+        raise fail(e) from None
+    print(f"{name}: @champion is v{version} again (was v{was})", file=sys.stdout)
 
 
 def main() -> None:

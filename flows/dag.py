@@ -26,13 +26,14 @@ from typing import Any
 
 import yaml
 
-from stages import augment, dedup, evaluate, generate, ingest, student, summary, teacher, train
+from stages import (augment, dedup, evaluate, generate, ingest, register, student, summary,
+                    teacher, train)
 from stages._common import Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES: dict[str, Stage] = {s.name: s for s in (
     generate.STAGE, ingest.STAGE, dedup.STAGE, train.STAGE, evaluate.STAGE, teacher.STAGE,
-    augment.STAGE, student.STAGE, summary.STAGE)}
+    augment.STAGE, student.STAGE, register.STAGE, summary.STAGE)}
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
     Node("augment", STAGES["augment"], {"data": "data/sessions", "teacher": "models/teacher",
                                         "out": "data/augmented"}),
     Node("student", STAGES["student"], {"data": "data/augmented", "out": "models/students"}),
+    Node("register", STAGES["register"], {"models": "models/students", "data": "data/augmented"},
+         desc="Each student's serving model -> lrm-student-NAME; @champion moves on NE."),
     Node("summary", STAGES["summary"], {}),
 ))
 

@@ -372,7 +372,6 @@ class TeacherStageConfig:
     train: TrainOverrides = field(  # keys of `train` to override
         default_factory=lambda: TrainOverrides(log_every=20))
     registry_name: str = "lrm-teacher"  # MLflow registered model ("": do not register)
-    alias: str = "champion"  # alias pointed at the new version ("": none)
 
 
 @dataclass(kw_only=True)
@@ -416,6 +415,56 @@ class StudentStageConfig:
 
 
 @dataclass(kw_only=True)
+class RegistryConfig:
+    """The MLflow model registry (lrm.registry): what registers, and when @champion moves.
+
+    Every new version gets @challenger; @champion moves to it only when its NE on the
+    evaluation data beats the champion's NE on the same data by at least `margin`.
+    """
+
+    student_prefix: str = "lrm-student-"  # student NAME registers as PREFIX + NAME
+    variant: str = "aux_adapter"  # the students' serving variant (a key of students.variants)
+    margin: float = 0.001  # absolute NE a challenger must gain over the champion to replace it
+
+    def __post_init__(self) -> None:
+        _check(bool(self.student_prefix), "student_prefix", "must not be empty")
+        _check(self.margin >= 0, "margin", "must be >= 0")
+
+
+STREAM_SOURCES = ("synthetic", "folder")
+
+
+@dataclass(kw_only=True)
+class StreamingConfig:
+    """The streaming retraining flow (flows/streaming.py, lrm.streaming) and its deployment.
+
+    Each run processes the next `days` days: get the day, dedup, (the teacher on its own
+    cadence), augment with the teacher's champion, each student resumed from its checkpoint
+    chain and trained on the day, evaluated, registered, promoted only when NE improves.
+    """
+
+    root: str = "stream"  # the stream's folder: its days, checkpoints, models and reports
+    # where days come from: synthetic (the next day of `generate`'s world) or folder (each new
+    # file dropped into `watch`, impressions Parquet or Criteo TSV, is the next day)
+    source: str = "synthetic"
+    watch: str = ""  # the folder source's inbox ("": ROOT/incoming)
+    days: int = 1  # new days one run processes (`python -m flows.streaming --days N` overrides)
+    cron: str = "0 2 * * *"  # the deployment's schedule (`lrm serve --cron` overrides)
+    teacher_every: int = 3  # days between teacher retrains after the first (0: never again)
+    holdout: float = 0.2  # day D+1 not there yet: D's last share of sessions, held out to evaluate
+
+    def __post_init__(self) -> None:
+        _check(bool(self.root), "root", "must not be empty")
+        _check(self.source in STREAM_SOURCES, "source",
+               f"must be one of {list(STREAM_SOURCES)}, got {self.source!r}")
+        _check(self.days >= 1, "days", "must be >= 1")
+        _check(len(self.cron.split()) == 5, "cron",
+               f"must be a 5-field cron expression, got {self.cron!r}")
+        _check(self.teacher_every >= 0, "teacher_every", "must be >= 0 (0: never again)")
+        _check(0 < self.holdout < 1, "holdout", "must be in (0, 1)")
+
+
+@dataclass(kw_only=True)
 class ParamsConfig:
     """The whole params.yaml: one field per section. Its defaults are the built-in values,
     and params.yaml states every one of them (tests/test_config.py checks they agree)."""
@@ -434,6 +483,8 @@ class ParamsConfig:
     teacher: TeacherStageConfig = field(default_factory=TeacherStageConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     students: StudentStageConfig = field(default_factory=StudentStageConfig)
+    registry: RegistryConfig = field(default_factory=RegistryConfig)
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
 
     def get(self, key: str) -> Any:
         """The value at dotted `key` (e.g. "model.student")."""

@@ -1,57 +1,325 @@
-"""The MLflow model registry: registered models, versions, aliases.
+"""The MLflow model registry: registered models, @challenger and @champion, promotion on NE.
 
-MLflow 3: aliases (e.g. `champion`) replace the deprecated registry stages. Every version
-lrm registers carries the content hash of its model folder as a tag (`HASH_TAG`), so a
-consumer that holds a folder (the augment stage holds the teacher's) can name the
-registered version it came from.
+MLflow 3: aliases replace the deprecated registry stages. lrm registers
+
+    lrm-teacher          the ExFM teacher (`teacher.registry_name`)
+    lrm-student-NAME     each student's serving model (`registry.student_prefix` + NAME)
+
+Every version carries the content hash of its model folder (`HASH_TAG`): a consumer that
+holds a folder (the augment stage holds the teacher's) can name its version, and a folder
+registered once is never registered again (a re-run changes nothing). Each new version
+gets @challenger. @champion moves to it only when its NE on the evaluation data is lower
+than the champion's NE on the same data by at least `registry.margin` (`judge`); the
+decision, its reason, what both were scored on and both NEs are tags of the version
+(`Decision.tags`). A model's first version has no champion to beat and becomes champion.
+A manual promotion (`promote`) goes through the same check; a rollback points @champion
+at an earlier version. Serving loads `models:/NAME@champion`.
+
+The decision is written before @champion moves, so a run stopped in between leaves a
+version tagged "promoted" whose champion has not moved yet; the next `challenge` of the
+same folder finishes the move (when the champion is still the one it was compared with).
 """
 
 from __future__ import annotations
 
+import math
+import tempfile
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
-from lrm.config import TrackingConfig
+from lrm.config import RegistryConfig, TrackingConfig
+from lrm.errors import ConfigError, DataError
 from lrm.tracking import tracking_uri
 
+CHAMPION, CHALLENGER = "champion", "challenger"
 HASH_TAG = "lrm.content_hash"
+NE_TAG = "lrm.ne"  # the version's NE on the evaluation data of its decision
+CHAMPION_NE_TAG = "lrm.champion_ne"  # the champion's NE on the same data ("" when none)
+CHAMPION_VERSION_TAG = "lrm.champion_version"  # the champion it was compared with
+DECISION_TAG = "lrm.decision"  # promoted | kept
+REASON_TAG = "lrm.reason"
+EVAL_TAG = "lrm.evaluated_on"  # what both were scored on, e.g. "day 5"
+ROLLBACK_TAG = "lrm.rollback"  # set on a version @champion was rolled back to
+SCORES = ("ne", "auc", "calibration", "rows")
 
 
-def register_model(model_uri: str, name: str, *, aliases: list[str] | tuple[str, ...] = (),
-                   tags: Mapping[str, str] | None = None) -> str:
-    """Register a logged model as a new version of `name`, tag it and point `aliases` at it.
-
-    Returns the new version (a string, as the registry spells it).
-    """
+def client(cfg: TrackingConfig | None = None) -> Any:
+    """An MlflowClient on the tracking store (MLFLOW_TRACKING_URI wins over params)."""
     import mlflow
 
-    mv = mlflow.register_model(model_uri, name, tags=dict(tags or {}))
-    client = mlflow.MlflowClient()
-    for alias in aliases:
-        client.set_registered_model_alias(name, alias, mv.version)
-    return str(mv.version)
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    return mlflow.MlflowClient()
 
 
-def register_last_logged(name: str, content_hash: str, *, aliases: list[str] | tuple[str, ...] = ()
-                         ) -> str:
-    """Register the model logged last in this process (the active run's) under `name`."""
-    import mlflow
+def student_model(name: str, cfg: RegistryConfig) -> str:
+    """The registered model of student `name`: lrm-student-NAME."""
+    return f"{cfg.student_prefix}{name}"
 
-    from lrm.errors import LrmError
 
-    logged = mlflow.last_logged_model()
-    if logged is None:
-        raise LrmError(f"registry: no model was logged to MLflow to register as {name}")
-    return register_model(logged.model_uri, name, aliases=aliases,
-                          tags={HASH_TAG: content_hash})
+# ---------------------------------------------------------------------------- the rule
 
+def judge(challenger_ne: float, champion_ne: float | None, margin: float) -> tuple[bool, str]:
+    """(promote?, why): the challenger replaces the champion only when its NE on the same
+    evaluation data is lower, by at least `margin` (lower NE is better; a tie keeps the
+    champion)."""
+    if not math.isfinite(challenger_ne):
+        return False, f"the challenger's NE is not finite ({challenger_ne})"
+    if champion_ne is None:
+        return True, "no champion yet: the first version becomes champion"
+    if not math.isfinite(champion_ne):
+        return True, f"the champion's NE is not finite ({champion_ne}) on this data"
+    gain = champion_ne - challenger_ne
+    if gain > 0 and gain >= margin:
+        return True, (f"NE {challenger_ne:.5f} beats the champion's {champion_ne:.5f} by "
+                      f"{gain:.5f} >= margin {margin:g}")
+    return False, (f"NE {challenger_ne:.5f} vs the champion's {champion_ne:.5f}: gain "
+                   f"{gain:.5f} < margin {margin:g}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a version became champion, why, and the scores both models got."""
+
+    name: str
+    version: str
+    promoted: bool
+    reason: str
+    challenger: dict[str, float]  # ne, auc, calibration, rows on the evaluation data
+    champion: dict[str, float] | None  # the same for the champion (None: there was none)
+    champion_version: str | None
+    evaluated_on: str
+    margin: float
+
+    def tags(self) -> dict[str, str]:
+        return {NE_TAG: repr(float(self.challenger["ne"])),
+                CHAMPION_NE_TAG: repr(float(self.champion["ne"])) if self.champion else "",
+                CHAMPION_VERSION_TAG: self.champion_version or "",
+                DECISION_TAG: "promoted" if self.promoted else "kept",
+                REASON_TAG: self.reason, EVAL_TAG: self.evaluated_on}
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _decision_from_tags(name: str, version: str, tags: Mapping[str, str],
+                        margin: float) -> Decision | None:
+    if DECISION_TAG not in tags:
+        return None
+    champ = tags.get(CHAMPION_NE_TAG) or ""
+    return Decision(
+        name=name, version=version, promoted=tags[DECISION_TAG] == "promoted",
+        reason=tags.get(REASON_TAG, ""), challenger={"ne": float(tags[NE_TAG])},
+        champion={"ne": float(champ)} if champ else None,
+        champion_version=tags.get(CHAMPION_VERSION_TAG) or None,
+        evaluated_on=tags.get(EVAL_TAG, ""), margin=margin)
+
+
+# ------------------------------------------------------------------------ versions
 
 def find_model_version(name: str, tag: str, value: str,
                        cfg: TrackingConfig | None = None) -> str | None:
     """The newest version of registered model `name` whose tag `tag` is `value`, or None."""
+    versions = client(cfg).search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
+    hits = [int(v.version) for v in versions]
+    return str(max(hits)) if hits else None
+
+
+def alias_version(name: str, alias: str, cfg: TrackingConfig | None = None) -> str | None:
+    """The version `alias` points at, or None (no such model or alias)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return str(client(cfg).get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def _version(name: str, version: str, cfg: TrackingConfig | None) -> Any:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client(cfg).get_model_version(name, str(version))
+    except MlflowException:
+        raise ConfigError(f"registry: {name} has no version {version!r}") from None
+
+
+def register(model_dir: Path, name: str, *, example_data: Path, example_day: int,
+             cfg: TrackingConfig | None = None) -> tuple[str, bool]:
+    """(version, new?): the model folder as a version of `name`, pointed at by @challenger.
+
+    A folder whose content hash a version already carries is not registered again (that
+    version is returned). Otherwise the folder is logged as a pyfunc to the active MLflow
+    run (its input example from `example_data`, day `example_day`) and registered.
+    """
+    import mlflow
+
+    from lrm.exfm.augment import teacher_hash  # the content hash of any saved model folder
+    from lrm.serving import pyfunc
+
+    content = teacher_hash(model_dir)
+    found = find_model_version(name, HASH_TAG, content, cfg)
+    if found is not None:
+        return found, False
+    if mlflow.active_run() is None:
+        raise ConfigError(f"registry: registering {model_dir} as {name} needs an active "
+                          "MLflow run (lrm.tracking.run)")
+    info = pyfunc.log_model(model_dir, example_data, example_day)
+    mv = mlflow.register_model(info.model_uri, name, tags={HASH_TAG: content})
+    client(cfg).set_registered_model_alias(name, CHALLENGER, mv.version)
+    return str(mv.version), True
+
+
+def model_folder(name: str, version: str, dst: Path, cfg: TrackingConfig | None = None
+                 ) -> Path:
+    """Download version `version` of `name` under `dst`; the lrm model folder inside it.
+
+    The logged pyfunc keeps the model folder as its "model" artifact (lrm.serving.pyfunc);
+    the path comes from the MLmodel file, read as YAML (nothing is unpickled).
+    """
+    import mlflow
+    import yaml
+
+    _version(name, version, cfg)
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}",
+                                                     dst_path=str(dst)))
+    meta = yaml.safe_load((local / "MLmodel").read_text())
+    try:
+        rel = meta["flavors"]["python_function"]["artifacts"]["model"]["path"]
+    except (KeyError, TypeError):
+        raise DataError(local / "MLmodel", None, "artifacts.model",
+                        f"{name} v{version} is not an lrm model (no model folder artifact)"
+                        ) from None
+    return local / rel
+
+
+def scores(model_dir: Path, data: Path, day: int, batch_size: int = 8192) -> dict[str, float]:
+    """NE, AUC, calibration and rows of a model folder on one day of `data`."""
+    from lrm.train.evaluate import evaluate
+
+    m = evaluate(model_dir, data, day=day, batch_size=batch_size)
+    return {k: m[k] for k in SCORES}
+
+
+# ------------------------------------------------------------------------ decisions
+
+def decide(name: str, version: str, challenger: Mapping[str, float],
+           champion: Mapping[str, float] | None, champion_version: str | None, *,
+           margin: float, evaluated_on: str, cfg: TrackingConfig | None = None) -> Decision:
+    """Apply the rule to scores on the same data; tag the version, then move @champion."""
+    promoted, reason = judge(float(challenger["ne"]),
+                             float(champion["ne"]) if champion else None, margin)
+    d = Decision(name=name, version=str(version), promoted=promoted, reason=reason,
+                 challenger=dict(challenger), champion=dict(champion) if champion else None,
+                 champion_version=champion_version, evaluated_on=evaluated_on, margin=margin)
+    c = client(cfg)
+    for k, v in d.tags().items():
+        c.set_model_version_tag(name, str(version), k, v)
+    if promoted:
+        c.set_registered_model_alias(name, CHAMPION, str(version))
+    return d
+
+
+def _finish(d: Decision, cfg: TrackingConfig | None) -> Decision:
+    """A decision found on a version: complete a promotion a stopped run did not finish."""
+    if d.promoted:
+        now = alias_version(d.name, CHAMPION, cfg)
+        if now != d.version and now == d.champion_version:
+            client(cfg).set_registered_model_alias(d.name, CHAMPION, d.version)
+    return d
+
+
+def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, margin: float,
+              evaluated_on: str, cfg: TrackingConfig | None = None,
+              batch_size: int = 8192) -> Decision:
+    """The whole promotion path of a freshly trained model folder.
+
+    Register it (once) as @challenger, score it and the current @champion on the same day
+    of `eval_data`, and move @champion only when the rule says so. Run again on the same
+    folder, it changes nothing (the version's decision is read back from its tags).
+    """
+    version, _ = register(model_dir, name, example_data=eval_data, example_day=eval_day,
+                          cfg=cfg)
+    tags = _version(name, version, cfg).tags
+    found = _decision_from_tags(name, version, tags, margin)
+    if found is not None:
+        return _finish(found, cfg)
+    champ_version = alias_version(name, CHAMPION, cfg)
+    mine = scores(model_dir, eval_data, eval_day, batch_size)
+    theirs = None
+    if champ_version is not None and champ_version != version:
+        with tempfile.TemporaryDirectory(prefix="lrm-champion-") as tmp:
+            theirs = scores(model_folder(name, champ_version, Path(tmp), cfg), eval_data,
+                            eval_day, batch_size)
+    elif champ_version == version:  # an earlier attempt promoted it but left no tags
+        champ_version = None
+    return decide(name, version, mine, theirs, champ_version, margin=margin,
+                  evaluated_on=evaluated_on, cfg=cfg)
+
+
+def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: float,
+            cfg: TrackingConfig | None = None, batch_size: int = 8192) -> Decision:
+    """A manual promotion through the same check: `version` and the champion scored on the
+    same day of `eval_data`; @champion moves only when the rule says so."""
+    _version(name, version, cfg)
+    champ_version = alias_version(name, CHAMPION, cfg)
+    if champ_version == str(version):
+        raise ConfigError(f"registry: {name} v{version} is already @{CHAMPION}")
+    with tempfile.TemporaryDirectory(prefix="lrm-promote-") as tmp:
+        mine = scores(model_folder(name, version, Path(tmp) / "challenger", cfg), eval_data,
+                      eval_day, batch_size)
+        theirs = None if champ_version is None else scores(
+            model_folder(name, champ_version, Path(tmp) / "champion", cfg), eval_data,
+            eval_day, batch_size)
+    return decide(name, str(version), mine, theirs, champ_version, margin=margin,
+                  evaluated_on=f"day {eval_day} of {eval_data} (manual promotion)", cfg=cfg)
+
+
+def rollback(name: str, version: str, cfg: TrackingConfig | None = None) -> str:
+    """Point @champion at an earlier version (no NE check: the operator's call); returns
+    the version that was champion."""
+    _version(name, version, cfg)
+    now = alias_version(name, CHAMPION, cfg)
+    if now is None:
+        raise ConfigError(f"registry: {name} has no @{CHAMPION} to roll back")
+    if int(version) >= int(now):
+        raise ConfigError(f"registry: rollback goes to an earlier version than the champion "
+                          f"v{now}; got v{version} (use `lrm models promote` to go forward)")
+    c = client(cfg)
+    c.set_model_version_tag(name, str(version), ROLLBACK_TAG, f"champion again, replacing v{now}")
+    c.set_registered_model_alias(name, CHAMPION, str(version))
+    return now
+
+
+# ------------------------------------------------------------------------- reading
+
+def list_models(prefix: str = "lrm-", cfg: TrackingConfig | None = None
+                ) -> list[dict[str, Any]]:
+    """Every version of the registered models named PREFIX*: aliases, NE and decision."""
+    c = client(cfg)
+    rows: list[dict[str, Any]] = []
+    for rm in sorted(c.search_registered_models(f"name LIKE '{prefix}%'"),
+                     key=lambda m: m.name):
+        aliases: dict[str, list[str]] = {}
+        for alias, v in (rm.aliases or {}).items():
+            aliases.setdefault(str(v), []).append(alias)
+        for mv in sorted(c.search_model_versions(f"name = '{rm.name}'"),
+                         key=lambda v: int(v.version)):
+            t = mv.tags or {}
+            rows.append({"name": rm.name, "version": str(mv.version),
+                         "aliases": sorted(aliases.get(str(mv.version), [])),
+                         "ne": t.get(NE_TAG), "champion_ne": t.get(CHAMPION_NE_TAG) or None,
+                         "champion_version": t.get(CHAMPION_VERSION_TAG) or None,
+                         "decision": t.get(DECISION_TAG), "reason": t.get(REASON_TAG),
+                         "evaluated_on": t.get(EVAL_TAG), "rollback": t.get(ROLLBACK_TAG)})
+    return rows
+
+
+def load(name: str, alias: str = CHAMPION, cfg: TrackingConfig | None = None) -> Any:
+    """The pyfunc of `models:/NAME@ALIAS` (predict(DataFrame of impressions) -> probability)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri(cfg))
-    client = mlflow.MlflowClient()
-    versions = client.search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
-    hits = [int(v.version) for v in versions]
-    return str(max(hits)) if hits else None
+    return mlflow.pyfunc.load_model(f"models:/{name}@{alias}")

@@ -2,11 +2,12 @@
 
     lrm teacher [--data data/sessions --out models/teacher]
 
-Trains with the training loop (lrm.train: final eval on day T, the pyfunc logged to the
-MLflow run), then registers the logged model as `teacher.registry_name` (lrm-teacher),
-tags the version with the model's content hash (the teacher version the augment stage
-records) and points `teacher.alias` (champion) at it. Training values are `train`'s with
-`teacher.train`'s overrides; the shape is `model.teacher` and `model.tables`.
+Trains with the training loop (lrm.train: final eval on day T), then registers the model
+as a new version of `teacher.registry_name` (lrm-teacher), tagged with the model's content
+hash (the teacher version the augment stage records), as @challenger; @champion moves to
+it only when its NE on day T beats the champion's on day T by `registry.margin`
+(lrm.registry: the decision and both NEs are tags of the version). Training values are
+`train`'s with `teacher.train`'s overrides; the shape is `model.teacher` and `model.tables`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ NAME = "teacher"
 
 def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
-        model: TeacherModelConfig, data: Path = Path("data/sessions"),
+        model: TeacherModelConfig, margin: float, data: Path = Path("data/sessions"),
         out: Path = Path("models/teacher"), checkpoints: Path = Path("checkpoints/teacher"),
         metrics: Path | None = Path("metrics/teacher.json"),
         plot: Path | None = Path("plots/teacher.csv"), force: bool = False
@@ -52,24 +53,25 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
                    checkpoint=checkpoint, checkpoints=checkpoints, out=out,
                    log_fn=tracking.log_metrics if tracking.active() else None)
     m = result.summary("teacher")
-    m["content_hash"] = content = teacher_hash(out)
+    m["content_hash"] = teacher_hash(out)
     if plot is not None and result.history:
         plots.write_lines(result.history, "step", ["loss", "ne_window", "eval_ne"], plot,
                           title="teacher: per logged step", stage=NAME, force=force)
     if tracking.active():
-        pyfunc.log_model(out, data, result.eval_day)
         if cfg.registry_name:
-            version = registry.register_last_logged(cfg.registry_name, content,
-                                                    aliases=[cfg.alias] if cfg.alias else [])
-            m["registry"] = {"name": cfg.registry_name, "version": version,
-                             "alias": cfg.alias}
+            m["registry"] = registry.challenge(
+                out, cfg.registry_name, eval_data=data, eval_day=result.eval_day,
+                margin=margin, evaluated_on=f"day {result.eval_day}").as_dict()
+        else:
+            pyfunc.log_model(out, data, result.eval_day)
     return m
 
 
 STAGE = Stage(
     name=NAME, run=run, short=("teacher", "exfm"),
     reads={"cfg": "teacher", "base": "train", "exfm": "exfm", "checkpoint": "checkpoint",
-           "loader": "loader", "tables": "model.tables", "model": "model.teacher"},
+           "loader": "loader", "tables": "model.tables", "model": "model.teacher",
+           "margin": "registry.margin"},
     args={"data": Arg("--data", "dataset folder", "in"),
           "out": Arg("--out", "the teacher's model folder", "out"),
           "checkpoints": Arg("--checkpoints", "checkpoint folder", "state"),

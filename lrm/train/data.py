@@ -25,16 +25,22 @@ from lrm.dist import Dist
 from lrm.train.evaluate import pick_day
 
 
-def split_days(data: Path, cfg: SplitConfig) -> tuple[list[int], int]:
-    """(train days, eval day): `cfg.days` or every day before the eval day."""
+def split_days(data: Path, cfg: SplitConfig, eval_from: Path | None = None
+               ) -> tuple[list[int], int]:
+    """(train days, eval day): `cfg.days` or every day before the eval day.
+
+    eval_from: the held-out day is read from this dataset instead (e.g. the held-out last
+    sessions of the train day itself, when the next day is not there yet).
+    """
     available = list(day_files(data))
-    eval_day = pick_day(available, cfg.eval_day, "split.eval_day")
+    held = available if eval_from is None else list(day_files(eval_from))
+    eval_day = pick_day(held, cfg.eval_day, "split.eval_day")
     days = list(cfg.days) or [d for d in available if d < eval_day]
     missing = sorted(set(days) - set(available))
     if missing:
         raise ConfigError(f"split.days: no data for days {missing} in {data} "
                           f"(days: {available})")
-    if eval_day in days:
+    if eval_from is None and eval_day in days:
         raise ConfigError(f"split.days: {days} include the held-out eval_day {eval_day}")
     if not days:
         raise ConfigError(f"train: no train days before eval_day {eval_day} in {data} "
@@ -66,11 +72,13 @@ def model_hash_sizes(model: nn.Module) -> dict[str, int]:
 
 
 def loaders(data: Path, cfg: TrainConfig, split: SplitConfig, loader_cfg: LoaderConfig,
-            env: Dist, sizes: dict[str, int], teacher_column: str | None = None
-            ) -> tuple[BatchLoader, BatchLoader, list[int], int]:
+            env: Dist, sizes: dict[str, int], teacher_column: str | None = None,
+            eval_from: Path | None = None) -> tuple[BatchLoader, BatchLoader, list[int], int]:
     """(train loader, eval loader, train days, eval day) for this rank; `teacher_column`
-    is read for training only (the held-out eval scores the serving head alone)."""
-    train_days, eval_day = split_days(data, split)
+    is read for training only (the held-out eval scores the serving head alone); the
+    held-out day comes from `eval_from` when given (see `split_days`)."""
+    train_days, eval_day = split_days(data, split, eval_from)
+    held = data if eval_from is None else eval_from
     batch = per_rank_batch(cfg.batch_size, env.world_size)
     common: dict[str, Any] = dict(
         dedup=loader_cfg.recd, hash_sizes=sizes, rank=env.rank, world_size=env.world_size,
@@ -80,8 +88,8 @@ def loaders(data: Path, cfg: TrainConfig, split: SplitConfig, loader_cfg: Loader
     if len(train) == 0:
         raise DataError(data, None, None, f"days {train_days} hold fewer than one batch of "
                                           f"{cfg.batch_size} impressions")
-    rows = BatchLoader(data, batch, days=[eval_day]).num_rows()
-    held_out = BatchLoader(data, eval_batch(rows, env.world_size, batch), days=[eval_day],
+    rows = BatchLoader(held, batch, days=[eval_day]).num_rows()
+    held_out = BatchLoader(held, eval_batch(rows, env.world_size, batch), days=[eval_day],
                            **common)
     return train, held_out, train_days, eval_day
 

@@ -77,7 +77,9 @@ def test_teacher_augment_student_chain(world, tmp_path):
     assert "Successfully loaded" not in r.stdout + r.stderr  # fbgemm's import chatter is quiet
     t = json.loads((tmp_path / "metrics/teacher.json").read_text())
     assert t["train_days"] == [0] and t["eval_day"] == 1
-    assert t["registry"] == {"name": "lrm-teacher", "version": "1", "alias": "champion"}
+    reg = t["registry"]  # the first version: no champion to beat, it becomes champion
+    assert (reg["name"], reg["version"], reg["promoted"]) == ("lrm-teacher", "1", True)
+    assert reg["champion"] is None and reg["challenger"]["ne"] == pytest.approx(t["eval"]["ne"])
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     client = mlflow.MlflowClient()
     mv = client.get_model_version_by_alias("lrm-teacher", "champion")

@@ -1,0 +1,241 @@
+"""The streaming retraining flow: `python -m flows.streaming --days N` runs the next N days now;
+`lrm serve` (flows/deployments.py) runs it on a cron schedule.
+
+One run processes the stream's next days (`streaming.days`, or --days; --day D: that day
+only), each as a subflow `day D` whose steps are tasks: get the day, dedup, collisions,
+teacher (on its own cadence), augment (the `augment` stage, through `execute`), the
+evaluation split, one task per student, the report. The work is lrm.streaming's (the
+library); this module orders it, names it for the Prefect UI, opens one MLflow parent run
+per day (`stream_day_D`, a nested run per step), publishes the day's report as a markdown
+artifact (`lrm-stream-day-D`) and writes the day's record last.
+
+A day already done (its record holds the same key: the content of its raw days and the
+params) is a no-op: no MLflow run, no artifact, nothing written. A failed day's next run
+goes on from where it stopped; the failure leaves the champions, the augmented days and
+the checkpoint chains as they were. One run of a stream at a time (its root is locked).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import typer
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Failed
+
+from lrm import io, lock, tracking
+from lrm.config import ParamsConfig
+from lrm.errors import ConfigError, LrmError
+from lrm.streaming import days as sdays
+from lrm.streaming import ledger, models, report, sources
+from lrm.streaming.layout import STAGE, StreamPaths
+from stages import augment
+from stages._common import PARAMS, execute, load_params
+
+ARTIFACT = "lrm-stream-day-{day}"
+
+
+def settings(params: list[str] | None, root: str | None) -> tuple[ParamsConfig, StreamPaths]:
+    """The validated params (files laid over each other; `root` overrides streaming.root)."""
+    files = [Path(p) for p in params] if params else ([PARAMS] if PARAMS.exists() else None)
+    cfg = load_params(files, {"streaming.root": root} if root else None)
+    return cfg, StreamPaths(Path(cfg.streaming.root))
+
+
+def _step(cfg: ParamsConfig, name: str, day: int) -> AbstractContextManager[Any]:
+    """The nested MLflow run of one step of a day."""
+    return tracking.run(name.replace(" ", "_"), cfg=cfg.tracking,
+                        tags={"lrm.stage": name, "lrm.stream.day": str(day)})
+
+
+# ---------------------------------------------------------------------------- tasks
+
+@task(task_run_name="get day {day}", cache_policy=NO_CACHE)
+def get_day(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
+    """Raw days 0..D: the synthetic source makes the missing ones; the folder source's are
+    there already (ingested when the run started)."""
+    cfg, paths = settings(params, root)
+    made = []
+    for d in range(day + 1):
+        if sources.read_source(paths.raw, d) is not None:
+            continue
+        if cfg.streaming.source != "synthetic":
+            raise ConfigError(f"stream: no raw day {d} in {paths.raw} (drop a file for it in "
+                              f"the inbox)")
+        sources.synthetic_day(cfg.generate, d, paths.raw)
+        made.append(d)
+    return {"generated": made}
+
+
+@task(task_run_name="dedup day {day}", cache_policy=NO_CACHE)
+def dedup_days(params: list[str] | None, root: str | None, day: int, next_day: bool
+               ) -> dict[str, Any]:
+    """sessions/day=d for every raw day up to D (and D + 1 when it is there)."""
+    cfg, paths = settings(params, root)
+    with _step(cfg, "dedup", day):
+        out = {}
+        for d in range(day + 2 if next_day else day + 1):
+            out[str(d)] = sdays.dedup_day(paths, d, cfg.dedup)
+        tracking.log_metrics({"sessions_days": len(out)})
+        return out
+
+
+@task(task_run_name="collisions day {day}", cache_policy=NO_CACHE)
+def collisions(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
+    cfg, paths = settings(params, root)
+    return sdays.collision_report(paths, day, cfg.model.tables)
+
+
+@task(task_run_name="teacher day {day}", cache_policy=NO_CACHE)
+def teacher(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
+    cfg, paths = settings(params, root)
+    with _step(cfg, "teacher", day):
+        return models.teacher_step(paths, cfg, day)
+
+
+@task(task_run_name="augment day {day}", cache_policy=NO_CACHE)
+def augment_days(params: list[str] | None, root: str | None, day: int, next_day: bool
+                 ) -> dict[str, Any]:
+    """Day D (and D + 1) augmented by the teacher's champion: the augment stage itself."""
+    cfg, paths = settings(params, root)
+    version, folder = models.teacher_champion(paths, cfg)
+    want = [day, day + 1] if next_day else [day]
+    run_cfg = dataclasses.replace(cfg, augment=dataclasses.replace(cfg.augment, days=want))
+    metrics = execute(augment.STAGE, {
+        "data": paths.sessions, "teacher": folder, "out": paths.augmented,
+        "metrics": paths.reports / f"augment_day={day}.json"}, run_cfg,
+        tags={"lrm.stream.day": str(day)})
+    return {"teacher": f"{cfg.teacher.registry_name} v{version}", "written": metrics["written"],
+            "skipped": metrics["skipped"]}
+
+
+@task(task_run_name="evaluation data day {day}", cache_policy=NO_CACHE)
+def evaluation_data(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
+    """Day D + 1, or D cut into its fit part and its held-out last slice."""
+    cfg, paths = settings(params, root)
+    p = sdays.plan(paths, day, cfg.streaming.holdout)
+    split = {} if p.next_day else sdays.split_day(paths, day, cfg.streaming.holdout)
+    return {"label": p.label, "next_day": p.next_day, "split": split}
+
+
+@task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
+def student(params: list[str] | None, root: str | None, name: str, day: int) -> dict[str, Any]:
+    cfg, paths = settings(params, root)
+    with _step(cfg, f"student {name}", day):
+        return models.student_step(paths, cfg, name, day,
+                                   sdays.plan(paths, day, cfg.streaming.holdout))
+
+
+@task(task_run_name="report day {day}", cache_policy=NO_CACHE)
+def publish(params: list[str] | None, root: str | None, day: int, record: dict[str, Any]
+            ) -> str:
+    """The day's report: a file under reports/ and the Prefect markdown artifact."""
+    _, paths = settings(params, root)
+    md = report.markdown(record)
+    io.write_text(md, paths.report(day), stage=STAGE)
+    decisions = [s["decision"] for s in record["students"].values()]
+    summary = "; ".join(f"{d['name']} v{d['version']} "
+                        f"{'promoted' if d['promoted'] else 'kept'}" for d in decisions)
+    create_markdown_artifact(markdown=md, key=ARTIFACT.format(day=day),
+                             description=f"lrm stream day {day}: {summary}")
+    return str(paths.report(day))
+
+
+# ---------------------------------------------------------------------------- flows
+
+@flow(name="lrm-stream-day", flow_run_name="day {day}", log_prints=True)
+def stream_day(day: int, params: list[str] | None = None, root: str | None = None
+               ) -> dict[str, Any]:
+    """Process day `day` of the stream (a no-op when it is done with the same key)."""
+    cfg, paths = settings(params, root)
+    get_day(params, root, day)
+    params_digest = ledger.digest(cfg)
+    key = ledger.day_key(paths, day, params_digest)
+    found = ledger.done(paths, day, key, params_digest)
+    if found is not None:
+        print(f"day {day}: already done (key {key[7:19]}): nothing to do")
+        return {**found, "already_done": True}
+    t0 = time.perf_counter()
+    next_day = sdays.has_next_day(paths, day)
+    with tracking.run(f"stream_day_{day}", cfg=cfg.tracking,
+                      tags={"lrm.pipeline": "stream", "lrm.stream.day": str(day)}):
+        dedup_days(params, root, day, next_day)
+        coll = collisions(params, root, day)
+        tracking.log_metrics({f"collisions/{f}": c["lookup_collisions"] for f, c in coll.items()})
+        t = teacher(params, root, day)
+        aug = augment_days(params, root, day, next_day)
+        ev = evaluation_data(params, root, day)
+        students = {name: student(params, root, name, day) for name in cfg.students.models}
+        record = {"day": day, "key": key, "params": params_digest,
+                  "evaluated_on": ev["label"], "next_day": ev["next_day"], "split": ev["split"],
+                  "teacher": t, "augmented_by": aug["teacher"], "augment": aug,
+                  "students": students, "collisions": coll,
+                  "seconds": round(time.perf_counter() - t0, 2)}
+        record["report"] = publish(params, root, day, record)
+        for name, s in students.items():
+            tracking.log_metrics({f"{name}/challenger_ne": s["decision"]["challenger"]["ne"],
+                                  f"{name}/promoted": float(s["decision"]["promoted"])})
+    ledger.write(paths, day, record)  # last: the day is done
+    for name, s in students.items():
+        d = s["decision"]
+        print(f"day {day}: {d['name']} v{d['version']} "
+              f"{'promoted' if d['promoted'] else 'kept'}: {d['reason']}")
+    return record
+
+
+@flow(name="lrm-streaming", log_prints=True)
+def streaming(days: int | None = None, day: int | None = None,
+              params: list[str] | None = None, root: str | None = None
+              ) -> list[dict[str, Any]]:
+    """Process the stream's next `days` new days (streaming.days), or day `day` only."""
+    try:
+        cfg, paths = settings(params, root)
+        first = cfg.exfm.teacher_days
+        if day is not None and day < first:
+            raise ConfigError(f"--day {day}: days before T = exfm.teacher_days = {first} are "
+                              "the first teacher's; the stream's first day is T")
+        with lock.exclusive(paths.root, purpose="lrm streaming"):
+            ledger.claim(paths)
+            available = None
+            if cfg.streaming.source == "folder":
+                inbox = Path(cfg.streaming.watch) if cfg.streaming.watch else paths.incoming
+                sources.folder_days(inbox, paths.raw, cfg.ingest)
+                available = sources.raw_days(paths.raw)
+            todo = [day] if day is not None else ledger.next_days(
+                paths, first, days or cfg.streaming.days, available)
+            if not todo:
+                print("no new day to process (the inbox holds no new file)")
+            return [stream_day(d, params, root) for d in todo]
+    except LrmError as e:
+        return Failed(message=f"{e}")  # type: ignore[return-value]
+
+
+def main(days: int = typer.Option(None, "--days", help="new days to process now "
+                                                      "[default: streaming.days]"),
+         day: int = typer.Option(None, "--day", help="process this day only (a no-op when "
+                                                    "it is done)"),
+         params: list[Path] = typer.Option(None, "--params", help="params files, later win"),
+         root: str = typer.Option(None, "--root", help="the stream's folder "
+                                                      "[default: streaming.root]")) -> None:
+    """Run the streaming retraining flow now (no schedule): the next N days."""
+    from lrm.progress import setup_logging
+
+    setup_logging()
+    state = streaming(days, day, [str(p) for p in params] if params else None, root,
+                      return_state=True)
+    if state.is_failed():
+        print(f"error: {state.message}", file=sys.stderr)
+        raise typer.Exit(2)
+    for rec in state.result():
+        print(f"day {rec['day']}: report {rec['report']}")
+
+
+if __name__ == "__main__":
+    typer.run(main)

@@ -1,0 +1,65 @@
+"""The day's report: champion and challenger on the same evaluation data, the decisions and
+why, the teacher's step and the collision table (markdown: a file and the Prefect artifact)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lrm.data import collisions
+
+
+def _f(x: Any, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{float(x):.{digits}f}"
+
+
+def _decision_rows(model: str, d: Mapping[str, Any]) -> list[str]:
+    ch, champ = d["challenger"], d.get("champion")
+    rows = [f"| {model} | v{d['version']} | challenger | {_f(ch.get('ne'))} | "
+            f"{_f(ch.get('auc'))} | {_f(ch.get('calibration'), 3)} |"]
+    if champ:
+        rows.append(f"| {model} | v{d['champion_version']} | champion | {_f(champ.get('ne'))} | "
+                    f"{_f(champ.get('auc'))} | {_f(champ.get('calibration'), 3)} |")
+    else:
+        rows.append(f"| {model} | - | champion | (none yet) | | |")
+    return rows
+
+
+def markdown(record: Mapping[str, Any]) -> str:
+    """The report of one day from its record (see flows/streaming.py)."""
+    day = record["day"]
+    lines = [f"# lrm stream: day {day}", "",
+             f"Students trained on day {day}{' (its first part)' if not record['next_day'] else ''}"
+             f"; every model scored on **{record['evaluated_on']}**.", "",
+             "| model | version | role | NE | AUC | calibration |", "|---|---|---|---|---|---|"]
+    decisions: list[tuple[str, Mapping[str, Any]]] = []
+    t = record["teacher"]
+    if t.get("due"):
+        lines += _decision_rows(t["decision"]["name"], t["decision"])
+        decisions.append((t["decision"]["name"], t["decision"]))
+    for s in record["students"].values():
+        lines += _decision_rows(s["decision"]["name"], s["decision"])
+        decisions.append((s["decision"]["name"], s["decision"]))
+    lines += ["", "## Decisions", ""]
+    for model, d in decisions:
+        verb = "promoted to @champion" if d["promoted"] else "kept as @challenger"
+        lines.append(f"- **{model} v{d['version']}: {verb}**: {d['reason']} "
+                     f"(margin {d['margin']:g}; scored on {d['evaluated_on']})")
+    champions = [(t["decision"]["name"], t.get("champion"))] if t.get("due") else []
+    champions += [(s["decision"]["name"], s.get("champion")) for s in record["students"].values()]
+    lines += ["", "Champions after the day: " + ", ".join(
+        f"{m} @champion = v{v}" for m, v in champions if v) + "."]
+    lines += ["", "## Teacher", ""]
+    if t.get("due"):
+        w = t["window"]
+        days = f"day {w[0]}" if len(w) == 1 else f"days {w[0]}..{w[-1]}"
+        lines.append(f"Retrained on {days} and scored on day {day}; "
+                     f"day {day} is augmented by the champion {record['augmented_by']}.")
+    else:
+        nxt = f"; next retrain on day {t['next']}" if t.get("next") is not None else ""
+        lines.append(f"Not due (last window ended at day {t.get('until')}{nxt}); "
+                     f"augmented by the champion {record['augmented_by']}.")
+    lines += ["", "## Hashed ids: collisions", "",
+              "Ids map to table rows by `id mod rows`; ids that share a row share an "
+              "embedding.", "", collisions.markdown(record["collisions"])]
+    return "\n".join(lines)

@@ -1,0 +1,287 @@
+"""The streaming flow under prefect_test_harness, on tiny params (T = 1: day 0 is the first
+teacher's): three days, each processed once, each student resumed from its checkpoint chain,
+one registry version per day, @champion moved only when NE improves (a planted worse model
+is not promoted), one report artifact and one MLflow parent run per day; a day run again
+changes nothing; a failure mid-day leaves champion, checkpoints and augmented days as they
+were and the next run completes the day; the folder source (files dropped in an inbox, the
+next day there: evaluated on it) through `python -m flows.streaming`'s command."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+
+import mlflow
+import pyarrow.parquet as pq
+import pytest
+import typer
+import yaml
+from prefect.testing.utilities import prefect_test_harness
+from typer.testing import CliRunner
+
+from flows.streaming import main as streaming_main
+from flows.streaming import streaming
+from lrm import registry
+from lrm.config import GenerateConfig
+from lrm.data import synthetic
+from tests.test_registry import _scrambled
+
+pytestmark = pytest.mark.slow
+
+WORLD = {"users": 2000, "ads": 300, "advertisers": 40, "categories": 8, "days": 3,
+         "sessions_per_day": 150, "mean_session_length": 4.0, "max_history": 20}
+TINY = {
+    "generate": WORLD,
+    "dedup": {"rows_per_file": 100},
+    "train": {"batch_size": 128, "log_every": 2, "threads": 1},
+    "checkpoint": {"every": 0},
+    "exfm": {"teacher_days": 1},
+    "augment": {"batch_size": 1024},
+    "loader": {"prefetch": 1, "num_workers": 1},
+    "model": {"teacher": {"embedding_dim": 8, "dense_embeddings": 1, "dense_mlp": [8],
+                          "layers": 1, "fm_embeddings": 4, "lcb_embeddings": 4, "fm_rank": 4,
+                          "fm_mlp": [16], "top_mlp": [16]}},
+    "students": {"models": {"small": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [8]}}},
+    "registry": {"margin": 0.0},
+    "streaming": {"teacher_every": 2},
+}
+STUDENT, TEACHER = "lrm-student-small", "lrm-teacher"
+PLANTED_DAY = 2
+
+
+@pytest.fixture(scope="module")
+def harness():
+    with prefect_test_harness():
+        yield
+
+
+def _write_params(root: Path, **more: dict) -> Path:
+    doc = {k: dict(v) for k, v in TINY.items()}
+    for k, v in more.items():
+        doc[k] = {**doc.get(k, {}), **v}
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def _files(root: Path) -> dict[str, str]:
+    """Every file under the stream's folder with its sha256."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _registry_state() -> dict:
+    c = registry.client()
+    out = {}
+    for name in (STUDENT, TEACHER):
+        versions = c.search_model_versions(f"name = '{name}'")
+        aliases = c.get_registered_model(name).aliases
+        out[name] = {"tags": {str(v.version): dict(v.tags) for v in versions},
+                     "aliases": {k: str(v) for k, v in aliases.items()}}
+    return out
+
+
+def _runs() -> int:
+    return len(mlflow.search_runs(search_all_experiments=True))
+
+
+async def _artifacts() -> dict[str, str]:
+    from prefect import get_client
+
+    async with get_client() as client:
+        return {a.key: a.data for a in await client.read_artifacts() if a.key}
+
+
+async def _task_run_names() -> list[str]:
+    from prefect import get_client
+
+    async with get_client() as client:
+        return [r.name for r in await client.read_task_runs()]
+
+
+def _snapshot(stream: Path) -> dict:
+    return {"files": _files(stream), "registry": _registry_state(), "runs": _runs(),
+            "artifacts": asyncio.run(_artifacts())}
+
+
+@pytest.fixture(scope="module")
+def world(harness, tmp_path_factory):
+    """Three days of the synthetic stream (a worse student planted on day 2), then day 2
+    again; the snapshots and records each test reads."""
+    root = tmp_path_factory.mktemp("stream")
+    params = _write_params(root)
+    real = registry.challenge
+
+    def plant(model_dir, name, **kw):  # the day-2 student is replaced by a much worse one
+        if name == STUDENT and Path(model_dir).name == f"day={PLANTED_DAY}":
+            _scrambled(Path(model_dir), Path(model_dir), seed=7)
+        return real(model_dir, name, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.chdir(root)
+        with pytest.MonkeyPatch.context() as planted:
+            planted.setattr(registry, "challenge", plant)
+            state = streaming(days=3, params=[str(params)], return_state=True)
+        assert state.is_completed(), state.message
+        records = state.result()
+        before = _snapshot(root / "stream")
+        again = streaming(day=PLANTED_DAY, params=[str(params)], return_state=True)
+        assert again.is_completed(), again.message
+        yield {"root": root, "params": params, "records": records, "before": before,
+               "again": again.result(), "after": _snapshot(root / "stream")}
+
+
+def _tags(world, version):
+    return world["after"]["registry"][STUDENT]["tags"][version]
+
+
+def test_three_days_each_processed_once(world):
+    recs = world["records"]
+    assert [r["day"] for r in recs] == [1, 2, 3]
+    names = asyncio.run(_task_run_names())  # day 2 was run again: a no-op
+    assert [names.count(f"student small day {d}") for d in (1, 2, 3)] == [1, 1, 1]
+    assert [names.count(f"augment day {d}") for d in (1, 2, 3)] == [1, 1, 1]
+    days = sorted((world["root"] / "stream" / "days").glob("day=*.json"))
+    assert [p.name for p in days] == ["day=1.json", "day=2.json", "day=3.json"]
+    versions = [r["students"]["small"]["decision"]["version"] for r in recs]
+    assert versions == ["1", "2", "3"]  # one new version a day, increasing
+    # the teacher: first on day 0 (scored on day 1), again on days 1-2 (teacher_every: 2)
+    assert [r["teacher"]["due"] for r in recs] == [True, False, True]
+    assert recs[0]["teacher"]["window"] == [0] and recs[2]["teacher"]["window"] == [1, 2]
+    assert recs[1]["teacher"]["next"] == 3
+    assert sorted(world["after"]["registry"][TEACHER]["tags"]) == ["1", "2"]
+    # day 3 is augmented by the teacher's champion of that day
+    champion = world["after"]["registry"][TEACHER]["aliases"]["champion"]
+    assert recs[2]["augmented_by"] == f"{TEACHER} v{champion}"
+    # the day was its own newest: every model scored on the held-out last slice of it
+    assert all(not r["next_day"] and "last 20% of sessions" in r["evaluated_on"] for r in recs)
+
+
+def test_students_resume_from_their_checkpoint_each_day(world):
+    trained = [r["students"]["small"]["train"] for r in world["records"]]
+    assert trained[0]["resumed_from"] is None  # the chain's first day
+    for before, now in zip(trained, trained[1:]):
+        assert now["resumed_from"] == before["steps"]  # the end of the day before
+        assert now["steps"] > before["steps"]
+    chain = world["root"] / "stream" / "checkpoints" / "students" / "small"
+    assert (chain / "run.json").is_file()
+    assert f"step-{trained[-1]['steps']}" in {p.name for p in chain.iterdir()}
+
+
+def test_the_champion_changes_only_when_ne_improves(world):
+    champions = [r["students"]["small"]["champion"] for r in world["records"]]
+    planted = world["records"][PLANTED_DAY - 1]["students"]["small"]["decision"]
+    assert not planted["promoted"] and planted["challenger"]["ne"] > planted["champion"]["ne"]
+    assert planted["champion_version"] == "1" and champions[:2] == ["1", "1"]  # it stayed
+    champion = None
+    for v in ("1", "2", "3"):
+        t = _tags(world, v)
+        if champion is None:
+            assert t["lrm.decision"] == "promoted" and t["lrm.champion_ne"] == ""
+        else:
+            assert t["lrm.champion_version"] == champion
+            better = float(t["lrm.ne"]) < float(t["lrm.champion_ne"])
+            assert (t["lrm.decision"] == "promoted") == better, t
+        if t["lrm.decision"] == "promoted":
+            champion = v
+        assert champions[int(v) - 1] == champion  # the alias after each day
+    assert world["after"]["registry"][STUDENT]["aliases"] == {"champion": champion,
+                                                             "challenger": "3"}
+
+
+def test_each_day_has_a_report_artifact_and_a_parent_mlflow_run(world):
+    arts = world["after"]["artifacts"]
+    assert sorted(k for k in arts if k.startswith("lrm-stream-day-")) == [
+        "lrm-stream-day-1", "lrm-stream-day-2", "lrm-stream-day-3"]
+    md = arts["lrm-stream-day-2"]
+    assert md == (world["root"] / "stream" / "reports" / "day=2.md").read_text()
+    assert "| lrm-student-small | v2 | challenger |" in md
+    assert "| lrm-student-small | v1 | champion |" in md
+    assert "lrm-student-small v2: kept as @challenger" in md and "last 20%" in md
+    assert "| user_id |" in md  # the collision table
+
+    runs = mlflow.search_runs(search_all_experiments=True)
+    for d in (1, 2, 3):
+        parent = runs[runs["tags.mlflow.runName"] == f"stream_day_{d}"]
+        assert len(parent) == 1
+        kids = runs[runs["tags.mlflow.parentRunId"] == parent["run_id"].iloc[0]]
+        assert {"dedup", "teacher", "augment", "student_small"} <= set(kids["tags.mlflow.runName"])
+
+
+def test_running_a_day_again_changes_nothing(world):
+    assert world["again"] == [{**world["records"][PLANTED_DAY - 1], "already_done": True}]
+    before, after = world["before"], world["after"]
+    assert after["files"] == before["files"]  # checkpoints, data, models, records, reports
+    assert after["registry"] == before["registry"]
+    assert after["runs"] == before["runs"] and after["artifacts"] == before["artifacts"]
+
+
+def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(world):
+    from lrm.exfm import distill
+
+    root, params = world["root"], world["params"]
+    stream = root / "stream"
+    chain = stream / "checkpoints" / "students" / "small"
+    real = distill.ExFMLoss.__call__
+    calls = {"n": 0}
+
+    def fail_mid_day(self, model, batch):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("injected failure in the middle of day 4")
+        return real(self, model, batch)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.chdir(root)
+        before = {"chain": _files(chain), "registry": _registry_state(),
+                  "augmented": {k: v for k, v in _files(stream / "augmented").items()
+                                if not k.startswith("day=4")}}
+        with pytest.MonkeyPatch.context() as broken:
+            broken.setattr(distill.ExFMLoss, "__call__", fail_mid_day)
+            state = streaming(days=1, params=[str(params)], return_state=True)
+        assert state.is_failed() and calls["n"] == 2
+        assert _files(chain) == before["chain"]
+        assert _registry_state() == before["registry"]
+        assert {k: v for k, v in _files(stream / "augmented").items()
+                if not k.startswith("day=4")} == before["augmented"]
+        assert not (stream / "days" / "day=4.json").exists()
+
+        state = streaming(days=1, params=[str(params)], return_state=True)
+        assert state.is_completed(), state.message
+    (rec,) = state.result()
+    assert rec["day"] == 4  # the failed day, not the one after it
+    assert rec["students"]["small"]["train"]["resumed_from"] == \
+        world["records"][-1]["students"]["small"]["train"]["steps"]
+    assert rec["students"]["small"]["decision"]["version"] == "4"
+
+
+def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
+    """Files dropped in the inbox become days by content; day D + 1 there: scored on it."""
+    inbox = tmp_path / "stream" / "incoming"
+    inbox.mkdir(parents=True)
+    cfg = GenerateConfig(**WORLD, seed=11)
+    for d in range(3):  # days 0 (the teacher's), 1 and 2
+        pq.write_table(synthetic.generate_day(cfg, d), inbox / f"export-{d}.parquet")
+    (inbox / "zz-copy-of-day-1.parquet").write_bytes((inbox / "export-1.parquet").read_bytes())
+    (inbox / "notes.txt").write_text("not data")
+    params = _write_params(tmp_path, streaming={"source": "folder"})
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    app = typer.Typer()
+    app.command()(streaming_main)
+    r = CliRunner().invoke(app, ["--days", "1", "--params", str(params)])
+    assert r.exit_code == 0, r.output
+    assert "day 1: report stream/reports/day=1.md" in r.output
+    raw = sorted(p.name for p in (tmp_path / "stream" / "raw").glob("day=*"))
+    assert raw == ["day=0", "day=1", "day=2"]  # the copy is not a day of its own
+    src = json.loads((tmp_path / "stream" / "raw" / "day=2" / "_source.json").read_text())
+    assert src["origin"]["file"] == "export-2.parquet"
+    rec = json.loads((tmp_path / "stream" / "days" / "day=1.json").read_text())
+    assert rec["next_day"] and rec["evaluated_on"] == "day 2 (the next day)"
+    assert rec["students"]["small"]["decision"]["evaluated_on"] == "day 2 (the next day)"
+    assert (tmp_path / "stream" / "augmented" / "day=2" / "_manifest.json").is_file()
+    assert len(list(inbox.iterdir())) == 5  # the inbox is only read

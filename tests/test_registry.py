@@ -1,0 +1,228 @@
+"""The registry: @challenger on every new version, @champion only when NE improves on the same
+data (a planted worse model is not promoted), decisions as tags, re-runs that change nothing,
+a promotion stopped half-way finished by the next run, manual promotion and rollback,
+`lrm models`, and a champion that loads back and answers `mlflow models serve` over HTTP."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lrm import registry
+from lrm.config import SplitConfig
+from lrm.errors import ConfigError
+from lrm.serving import pyfunc
+from lrm.train import train
+from lrm.train.export import WEIGHTS, load_model, read_card, save_model
+from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
+
+pytestmark = pytest.mark.slow
+NAME = "lrm-student-small"
+EVAL_DAY = 2
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A tracking store of this module's own; the working folder holds its artifacts."""
+    root = tmp_path_factory.mktemp("registry")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.chdir(root)
+        yield root
+
+
+def _scrambled(good: Path, out: Path, seed: int) -> Path:
+    """The good model with every weight replaced by noise: a much worse model."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.load(good / WEIGHTS, weights_only=True)
+    bad = {k: torch.randn(v.shape, generator=g) * 3 if v.is_floating_point() else v
+           for k, v in w.items()}
+    return save_model(out, read_card(good), bad)
+
+
+@pytest.fixture(scope="module")
+def folders(store, datasets):  # noqa: F811
+    good = store / "good"
+    train("student", tiny_train(), SMALL_MODEL, datasets["sessions"],
+          split=SplitConfig(days=[0, 1], eval_day=EVAL_DAY), loader_cfg=LOADER, out=good)
+    return {"good": good, "bad": _scrambled(good, store / "bad", 1),
+            "worse": _scrambled(good, store / "worse", 2),
+            "sessions": datasets["sessions"]}
+
+
+def _challenge(folders, which, name=NAME, margin=0.0):
+    from lrm import tracking
+
+    with tracking.run(f"register {which}"):
+        return registry.challenge(folders[which], name, eval_data=folders["sessions"],
+                                  eval_day=EVAL_DAY, margin=margin,
+                                  evaluated_on=f"day {EVAL_DAY}")
+
+
+def _tags(name, version):
+    return registry.client().get_model_version(name, version).tags
+
+
+@pytest.mark.parametrize("challenger, champion, margin, promoted", [
+    (0.90, None, 0.01, True),  # no champion yet
+    (0.90, 0.95, 0.01, True),
+    (0.90, 0.905, 0.01, False),  # better, but by less than the margin
+    (0.90, 0.90, 0.0, False),  # a tie keeps the champion
+    (0.95, 0.90, 0.0, False),  # worse
+    (math.nan, 0.90, 0.0, False),
+    (0.90, math.nan, 0.0, True),  # a champion that cannot be scored on this data
+])
+def test_judge(challenger, champion, margin, promoted):
+    got, why = registry.judge(challenger, champion, margin)
+    assert got is promoted and why
+
+
+def test_champion_moves_only_when_ne_improves(folders):
+    first = _challenge(folders, "bad")
+    assert first.promoted and first.version == "1" and first.champion is None
+    better = _challenge(folders, "good")
+    assert better.promoted and better.version == "2" and better.champion_version == "1"
+    assert better.challenger["ne"] < better.champion["ne"]
+    worse = _challenge(folders, "worse")  # the planted worse model
+    assert not worse.promoted and worse.version == "3"
+    assert worse.challenger["ne"] > worse.champion["ne"] and worse.champion_version == "2"
+    assert registry.alias_version(NAME, "champion") == "2"
+    assert registry.alias_version(NAME, "challenger") == "3"
+    tags = _tags(NAME, "3")  # the decision and both NEs are tags of the version
+    assert tags["lrm.decision"] == "kept" and tags["lrm.champion_version"] == "2"
+    assert float(tags["lrm.ne"]) == pytest.approx(worse.challenger["ne"])
+    assert float(tags["lrm.champion_ne"]) == pytest.approx(worse.champion["ne"])
+    assert tags["lrm.evaluated_on"] == f"day {EVAL_DAY}" and "margin" in tags["lrm.reason"]
+    assert _tags(NAME, "2")["lrm.decision"] == "promoted"
+
+
+def test_a_rerun_changes_nothing(folders):
+    before = {v.version: dict(v.tags) for v in
+              registry.client().search_model_versions(f"name = '{NAME}'")}
+    again = _challenge(folders, "good")
+    assert again.version == "2" and again.promoted
+    after = {v.version: dict(v.tags) for v in
+             registry.client().search_model_versions(f"name = '{NAME}'")}
+    assert after == before  # no new version, no tag rewritten
+    assert registry.alias_version(NAME, "champion") == "2"
+
+
+def test_a_promotion_stopped_before_the_alias_moved_is_finished_next_time(folders, monkeypatch):
+    name = "lrm-student-cut"
+    _challenge(folders, "bad", name)
+    real = registry.client().__class__.set_registered_model_alias
+
+    def refuse(self, model, alias, version):
+        if alias == "champion":
+            raise RuntimeError("killed between the tags and the alias")
+        return real(self, model, alias, version)
+
+    monkeypatch.setattr(registry.client().__class__, "set_registered_model_alias", refuse)
+    with pytest.raises(RuntimeError, match="killed"):
+        _challenge(folders, "good", name)
+    monkeypatch.undo()
+    assert registry.alias_version(name, "champion") == "1"  # not moved yet
+    assert _tags(name, "2")["lrm.decision"] == "promoted"
+    done = _challenge(folders, "good", name)
+    assert done.version == "2" and registry.alias_version(name, "champion") == "2"
+
+
+def test_rollback_and_manual_promotion_go_through_the_same_check(folders):
+    assert registry.rollback(NAME, "1") == "2"
+    assert registry.alias_version(NAME, "champion") == "1"
+    assert "replacing v2" in _tags(NAME, "1")["lrm.rollback"]
+    with pytest.raises(ConfigError, match="earlier version"):
+        registry.rollback(NAME, "3")
+    kept = registry.promote(NAME, "3", eval_data=folders["sessions"], eval_day=EVAL_DAY,
+                            margin=0.0)
+    assert not kept.promoted and registry.alias_version(NAME, "champion") == "1"
+    back = registry.promote(NAME, "2", eval_data=folders["sessions"], eval_day=EVAL_DAY,
+                            margin=0.0)
+    assert back.promoted and registry.alias_version(NAME, "champion") == "2"
+    assert back.champion_version == "1" and "manual" in back.evaluated_on
+
+
+def test_lrm_models_commands(folders):
+    from flows.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["models"])
+    assert r.exit_code == 0, r.output
+    assert NAME in r.output and "@champion" in r.output and "kept" in r.output
+    r = runner.invoke(app, ["models", "promote", NAME, "3", "--data", str(folders["sessions"])])
+    assert r.exit_code == 1 and "not promoted" in r.output
+    assert registry.alias_version(NAME, "champion") == "2"
+    r = runner.invoke(app, ["models", "rollback", NAME, "7"])
+    assert r.exit_code == 2 and "has no version '7'" in r.output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_champion_loads_back_and_answers_mlflow_models_serve(folders, store):
+    from mlflow.models import convert_input_example_to_serving_input
+
+    frame = pyfunc.example_frame(folders["sessions"], EVAL_DAY, rows=8)
+    model, card = load_model(folders["good"])  # the champion's folder
+    want = pyfunc.predict_frame(model, card, frame)["probability"].to_numpy()
+    got = registry.load(NAME).predict(frame)["probability"].to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert ((got > 0) & (got < 1)).all()
+
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{store}/mlflow.db",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}  # its uvicorn
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "models", "serve", "-m", f"models:/{NAME}@champion",
+         "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+        cwd=store, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    out = server.stdout.read().decode() if server.poll() is not None else ""
+                    pytest.fail(f"mlflow models serve did not come up: {out[-2000:]}")
+                time.sleep(0.5)
+        body = convert_input_example_to_serving_input(frame).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                     headers={"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        served = np.array([p["probability"] for p in answer["predictions"]])
+        np.testing.assert_allclose(served, want, rtol=1e-5)
+    finally:
+        _stop(server)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group (the server and its workers), SIGKILL after 20 s."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
