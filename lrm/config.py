@@ -407,7 +407,7 @@ class StudentStageConfig:
     models: dict[str, StudentModelConfig] = field(default_factory=lambda: {  # sizes
         "small": StudentModelConfig(),
         "tiny": StudentModelConfig(embedding_dim=8, bottom_mlp=[32], top_mlp=[64, 32])})
-    variants: dict[str, DistillConfig] = field(default_factory=default_variants)
+    variants: dict[str, DistillConfig] = field(default_factory=default_variants)  # ablation
 
     def __post_init__(self) -> None:
         _check(bool(self.models), "models", "list at least one student")
