@@ -1,7 +1,8 @@
 """Low-precision number formats as quantize -> dequantize (the numerics, not the speed).
 
-Each format maps a tensor to the values it would carry in that format, in float64, so the
-probe can compute the error of a GEMM run in it against the same GEMM in full precision:
+Each format maps a tensor to the values it would carry in that format, returned in float64
+(scaling and casting run in float32, as a real cast kernel does), so the probe can compute
+the error of a GEMM run in it against the same GEMM in full precision:
 
     bf16          round to bfloat16 (the training precision on a GPU)
     e4m3_tensor   float8 e4m3fn, one scale per tensor (amax -> 448)
@@ -41,9 +42,8 @@ def _cast(x: torch.Tensor, dtype: torch.dtype, limit: float) -> torch.Tensor:
 def scaled(x: torch.Tensor, dtype: torch.dtype, amax: torch.Tensor) -> torch.Tensor:
     """x quantized with scale = max_of(dtype) / amax (amax broadcast against x), dequantized."""
     limit = torch.finfo(dtype).max
-    x = x.double()
-    scale = limit / amax.double().clamp_min(_TINY)
-    return _cast(x * scale, dtype, limit) / scale
+    scale = limit / amax.float().clamp_min(_TINY)
+    return _cast(x.float() * scale, dtype, limit) / scale.double()
 
 
 def per_tensor(x: torch.Tensor, dtype: torch.dtype = E4M3,
@@ -61,7 +61,7 @@ def per_row(x: torch.Tensor, dtype: torch.dtype = E4M3) -> torch.Tensor:
 
 def _round_e2m1(v: torch.Tensor) -> torch.Tensor:
     """|v| <= 6 rounded to the nearest e2m1 value (ties away from zero), sign kept."""
-    grid = _E2M1.to(v.device)
+    grid = _E2M1.to(v.device, v.dtype)
     mid = (grid[1:] + grid[:-1]) / 2
     idx = torch.bucketize(v.abs(), mid, right=True)
     return grid[idx] * v.sign()
@@ -74,20 +74,20 @@ def mx(x: torch.Tensor, element: str = "e4m3", block: int = MX_BLOCK) -> torch.T
     to the element format. A power-of-two scale wastes up to one binade, which is why
     MXFP8 can be less accurate than a per-tensor float scale.
     """
-    x = x.double()
+    x = x.float()
     k = x.shape[-1]
     pad = (-k) % block
     xp = torch.nn.functional.pad(x, (0, pad)) if pad else x
     blocks = xp.reshape(*xp.shape[:-1], -1, block)
     amax = blocks.abs().amax(-1, keepdim=True)
-    exp = torch.floor(torch.log2(amax.clamp_min(_TINY))) - _EMAX[element]
+    exp = torch.floor(torch.log2(amax.clamp_min(1e-38))) - _EMAX[element]
     scale = torch.exp2(exp.clamp(-127, 127))  # E8M0's range
     v = blocks / scale
     if element == "e4m3":
         q = _cast(v, E4M3, E4M3_MAX)
     else:
-        q = _round_e2m1(v.clamp(-6.0, 6.0))
-    out = (q * scale).reshape(xp.shape)
+        q = _round_e2m1(v.clamp(-6.0, 6.0)).double()
+    out = (q.double() * scale.double()).reshape(xp.shape)
     return out[..., :k] if pad else out
 
 

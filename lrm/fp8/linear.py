@@ -176,7 +176,8 @@ def to_fp8(linear: nn.Linear, recipe: str = "tensorwise", *, backend: str = "aut
     """An FP8 version of `linear` sharing its parameters (see the module docstring)."""
     backend = resolve_backend(backend)
     if backend == "torchao":
-        from torchao.float8 import Float8Linear, Float8LinearConfig
+        from torchao.float8 import Float8LinearConfig
+        from torchao.float8.float8_linear import Float8Linear
 
         config = Float8LinearConfig.from_recipe_name(recipe)
         return Float8Linear.from_float(linear, config=config)  # type: ignore[no-any-return]
