@@ -222,9 +222,13 @@ class StudentModelConfig:
     # the adapter's context: the dense features, or those and the student's top
     # representation (detached: the adapter's loss never trains the student)
     adapter_context: str = "dense"  # dense | dense+features
+    # the dot interaction's sizes padded to a multiple of this: the same function (a GPU
+    # runs odd sizes such as 65 on slow kernels)
+    interaction_pad: int = 1  # pad the interaction's sizes to a multiple (GPU: 8); 1: off
 
     def __post_init__(self) -> None:
         _check(self.embedding_dim >= 1, "embedding_dim", "must be >= 1")
+        _check(self.interaction_pad >= 1, "interaction_pad", "must be >= 1 (1: no padding)")
         _check_dims(self.bottom_mlp, "bottom_mlp")
         _check_dims(self.top_mlp, "top_mlp")
         _check_dims(self.aux_mlp, "aux_mlp")
@@ -268,6 +272,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda when present) | cpu | cuda
     amp: bool = True  # bf16 autocast on GPU (CPU always runs float32)
     threads: int = 0  # torch intra-op threads per process (0: the free cores, lrm.dist)
+    fp8: str = ""  # an fp8_probe report: its safe-and-fast layers train in FP8 ("": off)
 
     def __post_init__(self) -> None:
         for k in ("batch_size", "epochs", "log_every", "ne_window"):
@@ -299,6 +304,39 @@ def with_overrides(base: C, overrides: Any) -> C:
     """`base` with every non-None field of `overrides` (an `_overrides` dataclass) applied."""
     changes = {k: v for k, v in dataclasses.asdict(overrides).items() if v is not None}
     return dataclasses.replace(base, **changes)  # type: ignore[type-var]
+
+
+@dataclass(kw_only=True)
+class FP8Config:
+    """FP8 probing and dispatch (lrm.fp8, stage fp8_probe): thresholds, batches, recipe."""
+
+    min_batches: int = 4  # batches probed at least
+    max_batches: int = 32  # batches probed at most
+    ci_db: float = 0.5  # stop once every judged 95% interval is at most +- this (dB)
+    confidence: float = 0.95  # of those intervals
+    rows: int = 2048  # rows of a batch the error is computed on (a sample; float64 GEMMs)
+    min_sqnr_db: float = 25.0  # safe: the forward SQNR's lower bound is at least this
+    min_grad_sqnr_db: float = 20.0  # ... and the gradients' (e5m2) lower bound at least this
+    min_speedup: float = 1.05  # fast: FP8 forward + backward at least this much faster
+    recipe: str = "tensorwise"  # activation/weight scaling: tensorwise | rowwise
+    backend: str = "auto"  # auto (torchao where installed, else scaled_mm) | torchao | scaled_mm
+    compile: bool = True  # torch.compile the quantization (fused amax/scale/cast) on CUDA
+    speed_reps: int = 10  # timed forward + backward passes per layer and precision
+    outlier_k: float = 6.0  # an outlier lies more than k standard deviations from the mean
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.min_batches <= self.max_batches, "min_batches/max_batches",
+               "need 1 <= min_batches <= max_batches")
+        _check(self.ci_db > 0, "ci_db", "must be > 0")
+        _check(0 < self.confidence < 1, "confidence", "must be in (0, 1)")
+        for k in ("rows", "speed_reps"):
+            _check(getattr(self, k) >= 1, k, "must be >= 1")
+        _check(self.min_speedup > 0, "min_speedup", "must be > 0")
+        _check(self.outlier_k > 0, "outlier_k", "must be > 0")
+        _check(self.recipe in ("tensorwise", "rowwise"), "recipe",
+               f"must be tensorwise or rowwise, got {self.recipe!r}")
+        _check(self.backend in ("auto", "torchao", "scaled_mm"), "backend",
+               f"must be auto, torchao or scaled_mm, got {self.backend!r}")
 
 
 @dataclass(kw_only=True)
@@ -434,6 +472,7 @@ class ParamsConfig:
     teacher: TeacherStageConfig = field(default_factory=TeacherStageConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     students: StudentStageConfig = field(default_factory=StudentStageConfig)
+    fp8: FP8Config = field(default_factory=FP8Config)
 
     def get(self, key: str) -> Any:
         """The value at dotted `key` (e.g. "model.student")."""

@@ -81,6 +81,7 @@ class Stage:
     short: tuple[str, ...] = ()  # params keys whose fields also get a short option (--lr)
     label: tuple[str, ...] = ()  # args that tell two runs of the stage apart (task names)
     group: str | None = None  # a CLI subcommand under the stage (`lrm ingest criteo`)
+    cli_name: str | None = None  # the `lrm` command when not the name (`lrm fp8-probe`)
     derived: Mapping[str, str] = dataclasses.field(default_factory=dict)  # arg -> default
     # built from the other args, e.g. {"out": "models/{kind}"}
     aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -490,7 +491,7 @@ def app(stage: Stage) -> typer.Typer:
     a = typer.Typer(add_completion=False, no_args_is_help=stage.group is not None,
                     pretty_exceptions_enable=False)
     if stage.group is None:
-        a.command(stage.name)(command(stage))
+        a.command(stage.cli_name or stage.name)(command(stage))
     else:
         a.callback()(lambda: None)
         a.command(stage.group)(command(stage))

@@ -41,12 +41,14 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> dict[str, Any]:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
-    from lrm.train import train as train_model  # torch/torchrec: only when the stage runs
+    from lrm.fp8.dispatch import transform  # torch/torchrec: only when the stage runs
+    from lrm.train import train as train_model
 
     result = train_model(
         kind, train, ModelConfig(tables=tables, **{kind: model}), data, split=split,
         loader_cfg=loader, checkpoint=checkpoint, checkpoints=checkpoints, resume=resume,
-        out=out, log_fn=tracking.log_metrics if tracking.active() else None)
+        out=out, transform=transform(train.fp8, kind),
+        log_fn=tracking.log_metrics if tracking.active() else None)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc
 
