@@ -236,11 +236,17 @@ def restore_tables(lineage: list[Entry], tables: Mapping[str, list[TableShard]])
                 if pick.numel() == 0:
                     continue
                 local = ids[pick] - s.r0
+                # ids ascend without repeats: a run of consecutive rows (a baseline's) is a
+                # slice, far cheaper to write than an indexed scatter
+                n = int(local.numel())
+                if int(local[-1]) - int(local[0]) + 1 == n:
+                    pick, local = slice(int(pick[0]), int(pick[0]) + n), \
+                        slice(int(local[0]), int(local[0]) + n)
                 rows = g_rows[span][pick]
                 with torch.no_grad():
                     s.weight[local, lo - s.c0:hi - s.c0] = \
                         rows[:, lo - p["c0"]:hi - p["c0"]].to(s.weight.device, s.weight.dtype)
-                n_read += int(pick.numel())
+                n_read += n
                 by_cols = states.setdefault((p["table"], si), {})
                 for name in s.states:
                     if name not in p["states"]:
