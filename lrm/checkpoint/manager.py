@@ -200,18 +200,16 @@ class CheckpointManager:
             return True
         return False
 
-    def finish(self, step: int, parts: Mapping[str, Stateful],
-               info: Mapping[str, Any] | None = None) -> Path | None:
+    def finish(self, step: int, parts: Mapping[str, Stateful]) -> Path | None:
         """The end of the run (or of a streaming day): save unless this step is already
         saved, wait until it is committed, and stop the writer. Returns the checkpoint."""
         if self.saved_at != step:
-            self.save(step, parts, info)
+            self.save(step, parts)
         self.wait()
         self.close()
         return self.last
 
-    def save(self, step: int, parts: Mapping[str, Stateful],
-             info: Mapping[str, Any] | None = None) -> Path:
+    def save(self, step: int, parts: Mapping[str, Stateful]) -> Path:
         """Copy the state out now and write it in the background (a collective)."""
         if not self._nonce:
             raise RuntimeError("CheckpointManager.save before start()")
@@ -234,7 +232,6 @@ class CheckpointManager:
             "parent": None if head is None or baseline else head.name,
             "chain": name if head is None or baseline else head.chain,
             "quantize": q, "world_size": self.env.world_size, "identity": self.identity,
-            "info": dict(info or {}),
             "estimated_bytes": base_bytes if baseline else delta_bytes,
         }
         job = _Job(self.store, self.root / temp_name(seq, step, self._nonce), manifest, snap,
@@ -294,7 +291,8 @@ class CheckpointManager:
     @staticmethod
     def latest(root: Path) -> Entry | None:
         """The newest restorable checkpoint in `root` (verified; None if none), e.g. for
-        a flow to see which day its last checkpoint covered (`manifest["info"]`)."""
+        a flow to see what its last checkpoint covered (`manifest["identity"]`: the run
+        identity the loop gives, train days included)."""
         lineage, _ = Store(root).newest_restorable()
         return lineage[-1] if lineage else None
 
