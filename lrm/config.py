@@ -353,14 +353,23 @@ class SplitConfig:
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
-    """Periodic training checkpoints (lrm.checkpoint): when to save and how many to keep."""
+    """Periodic training checkpoints (lrm.checkpoint): incremental chains, when to save, how
+    rows are stored and how many chains to keep."""
 
     every: int = 100  # optimizer steps between checkpoints (0: only at the end)
-    keep: int = 2  # complete checkpoints kept
+    keep: int = 2  # chains kept (a chain: a full baseline and the deltas after it)
+    deltas: int = 10  # deltas after a baseline before the next baseline (0: every one full)
+    delta_budget: float = 1.0  # new baseline when a chain's deltas pass this x its baseline
+    quantize: str = "none"  # embedding rows stored as: none (fp32), int8 or int4 (row-wise)
+    background: bool = True  # write in a background thread (training waits only for the copy)
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "every", "must be >= 0 (0: only at the end)")
         _check(self.keep >= 1, "keep", "must be >= 1")
+        _check(self.deltas >= 0, "deltas", "must be >= 0 (0: every checkpoint is full)")
+        _check(self.delta_budget > 0, "delta_budget", "must be > 0")
+        _check(self.quantize in ("none", "int8", "int4"), "quantize",
+               f"{self.quantize!r} is not one of none, int8, int4")
 
 
 @dataclass(kw_only=True)

@@ -115,7 +115,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
     torch.set_num_threads(intra_op_threads(cfg.threads,
                                            loader_cfg.num_workers if loader_cfg.prefetch else 0))
     data = Path(data)
-    with process_group(cfg.device) as env:
+    with process_group(cfg.device) as env, contextlib.ExitStack() as cleanup:
         # -- build: model, sharding, optimizers, data -----------------------------------
         torch.manual_seed(cfg.seed)
         schema, _ = read_schema(data)
@@ -139,12 +139,11 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
         parts = {"model": dmp, "optim": opt, "train": state, "data": stream}
         ckpt = None
         if checkpoints is not None:
-            ckpt = CheckpointManager(checkpoints, env, checkpoint or CheckpointConfig(),
-                                     run_identity(kind, model_cfg, sizes, cfg, env, data,
-                                                  train_days, loader_cfg))
-            if resume:
-                dense_opt.init_state()  # AdamW's state is lazy: create it to load into
-            resumed_from = ckpt.start(parts, resume)
+            ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
+                checkpoints, env, checkpoint or CheckpointConfig(),
+                run_identity(kind, model_cfg, sizes, cfg, env, data, train_days, loader_cfg)))
+            # AdamW's state is lazy: made (a dummy step) only when there is one to load
+            resumed_from = ckpt.start(parts, resume, prepare=dense_opt.init_state)
             opt.zero_grad(set_to_none=True)
         else:
             resumed_from = None
