@@ -323,6 +323,9 @@ class FP8Config:
     compile: bool = True  # torch.compile the quantization (fused amax/scale/cast) on CUDA
     speed_reps: int = 10  # timed forward + backward passes per layer and precision
     outlier_k: float = 6.0  # an outlier lies more than k standard deviations from the mean
+    # model mods (lrm.fp8.mods), applied with the plan by train.fp8
+    fuse_norm: bool = False  # the LayerNorm feeding an FP8 Linear casts its output to e4m3 itself
+    bf16_residual: bool = False  # Wukong's residual stream (add, LayerNorm) in bf16 under autocast
 
     def __post_init__(self) -> None:
         _check(1 <= self.min_batches <= self.max_batches, "min_batches/max_batches",
@@ -337,6 +340,9 @@ class FP8Config:
                f"must be tensorwise or rowwise, got {self.recipe!r}")
         _check(self.backend in ("auto", "torchao", "scaled_mm"), "backend",
                f"must be auto, torchao or scaled_mm, got {self.backend!r}")
+        _check(not self.fuse_norm or (self.recipe == "tensorwise" and self.backend != "torchao"),
+               "fuse_norm", "needs recipe tensorwise and backend scaled_mm or auto (the "
+               "norm hands the Linear one scale per tensor; torchao's Linear quantizes itself)")
 
 
 @dataclass(kw_only=True)

@@ -5,7 +5,8 @@ GEMMs were safe (error) and faster (timed on the probing device), already checke
 whole not to make the model's training step slower. `dispatch(model, plan)` swaps exactly
 those layers (matched by name and shape) for FP8 ones sharing their parameters
 (lrm.fp8.linear.to_fp8); `transform(report, kind)` is the model transform lrm.train runs
-between building the model and sharding it (`train.fp8`).
+between building the model and sharding it (`train.fp8`); it also applies the model mods
+the report's settings switch on (lrm.fp8.mods: fp8.fuse_norm, fp8.bf16_residual).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import nn
 
 from lrm.errors import ConfigError, DataError
 from lrm.fp8.linear import is_fp8, resolve_backend, to_fp8
+from lrm.fp8.mods import apply_mods
 
 log = logging.getLogger("lrm")
 FORMAT = 1  # the report's format
@@ -94,6 +96,9 @@ def transform(report_path: Path | str, kind: str) -> Callable[[nn.Module], nn.Mo
                            backend=backend, compile=settings.get("compile", True))
         log.info("fp8: %d layer(s) of the %s in FP8 (%s)%s", len(swapped), kind, backend,
                  f": {', '.join(swapped)}" if swapped else "")
+        modded = apply_mods(model, settings)
+        if modded:
+            log.info("fp8: mods on the %s: %s", kind, ", ".join(modded))
         return model
 
     return apply

@@ -14,6 +14,11 @@ in FP8 on the device's real kernels:
   (`_scaled_mm` rejects others on CUDA; padding adds zeros to no sum, so the function is
   the same); on CUDA the quantization is compiled (`torch.compile`: amax, scale and cast fused
   into one pass over the tensor), which is what makes it pay.
+
+`Fp8Linear` also takes a `Quantized` input: an activation its producer already cast to e4m3
+with one scale (lrm.fp8.norm.QuantizedLayerNorm fuses the cast into the LayerNorm, mod
+`fp8.fuse_norm`). Then the layer runs no amax or cast pass over its input, and keeps the
+e4m3 tensor (1 byte an element, not the input's 2 or 4) for the weight gradient.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -70,6 +76,39 @@ def _quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool
     return q.to(dtype), inv
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """An activation that arrives already in e4m3 with one scale: its value is `q * inv`.
+
+    `handle` is not the activation: a zero-stride tensor of its shape and dtype that
+    requires grad, so the gradient the consuming Fp8Linear computes for the activation
+    flows back to whatever produced `q` (its values are never read). A Quantized is no
+    Tensor: any consumer but an Fp8Linear fails on it instead of reading wrong values.
+    """
+
+    q: torch.Tensor  # [..., K] float8_e4m3fn
+    inv: torch.Tensor  # 0-d float32, the inverse scale
+    handle: torch.Tensor  # [..., K]: carries the gradient back to the producer
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Quantized:
+        """Both tensors flattened alike (one scale: any view of q is still quantized)."""
+        return Quantized(self.q.flatten(start_dim, end_dim), self.inv,
+                         self.handle.flatten(start_dim, end_dim))
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.float() * self.inv
+
+
+def _pad16(q: torch.Tensor) -> torch.Tensor:
+    """A 2-D e4m3 tensor zero-padded to multiples of 16 (what `quantize` returns)."""
+    pm, pk = (-q.shape[0]) % ALIGN, (-q.shape[1]) % ALIGN
+    return F.pad(q, (0, pk, 0, pm)) if pm or pk else q.contiguous()
+
+
 @functools.cache
 def _compiled_quantize() -> Any:
     return torch.compile(_quantize, dynamic=True)
@@ -92,14 +131,19 @@ def _mm(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tenso
 
 
 class _Fp8Matmul(torch.autograd.Function):
-    """y = x Wᵀ + b with e4m3 operands; the backward's gradients in e5m2."""
+    """y = x Wᵀ + b with e4m3 operands; the backward's gradients in e5m2.
+
+    pre: x already quantized, (q [M, K] e4m3, inverse scale), one scale per tensor; then
+    `x` is only the gradient's handle (Quantized.handle) and its values are not read.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                rowwise: bool, epilogue: bool, compile: bool, out_dtype: torch.dtype
-                ) -> torch.Tensor:
+                rowwise: bool, epilogue: bool, compile: bool, out_dtype: torch.dtype,
+                pre: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         m, n = x.shape[0], weight.shape[0]
-        qx = quantize(x, E4M3, rowwise, compile=compile)
+        qx = quantize(x, E4M3, rowwise, compile=compile) if pre is None else \
+            (_pad16(pre[0]), pre[1].float())
         qw = quantize(weight, E4M3, rowwise, compile=compile)
         pad_n = qw[0].shape[0] - n
         # the bias is added by the GEMM's epilogue, not a second pass (cuBLAS takes a bias
@@ -110,27 +154,34 @@ class _Fp8Matmul(torch.autograd.Function):
         y = _mm(qx, qw, out_dtype, b)[:m, :n]
         if bias is not None and not epilogue:
             y = y + bias.to(out_dtype)
-        ctx.save_for_backward(x, weight)
+        if pre is None:
+            ctx.save_for_backward(x, weight)
+        else:  # the e4m3 input serves the weight gradient: one scale, so qᵀ = quantize(xᵀ)
+            ctx.save_for_backward(weight, *qx)
+        ctx.pre, ctx.m, ctx.k, ctx.x_dtype = pre is not None, m, x.shape[1], x.dtype
         ctx.has_bias, ctx.compile = bias is not None, compile
         return y
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight = ctx.saved_tensors
-        m, k = x.shape
-        n = weight.shape[0]
+        if ctx.pre:
+            weight, qx, inv = ctx.saved_tensors
+        else:
+            x, weight = ctx.saved_tensors
+        m, k, n = ctx.m, ctx.k, weight.shape[0]
         c = ctx.compile
         g = grad.contiguous()
         dx = dw = None
         if ctx.needs_input_grad[0]:  # dX [M, K] = G [M, N] @ W [N, K]
             dx = _mm(quantize(g, E5M2, compile=c), quantize(weight.t(), E4M3, compile=c),
-                     torch.float32)[:m, :k].to(x.dtype)
+                     torch.float32)[:m, :k].to(ctx.x_dtype)
         if ctx.needs_input_grad[1]:  # dW [N, K] = Gᵀ [N, M] @ X [M, K]
-            dw = _mm(quantize(g.t(), E5M2, compile=c), quantize(x.t(), E4M3, compile=c),
-                     torch.float32)[:n, :k].to(weight.dtype)
+            qxt = (qx.t().contiguous(), inv) if ctx.pre else quantize(x.t(), E4M3, compile=c)
+            dw = _mm(quantize(g.t(), E5M2, compile=c), qxt, torch.float32)[:n, :k] \
+                .to(weight.dtype)
         db = g.float().sum(0).to(weight.dtype) if ctx.has_bias and ctx.needs_input_grad[2] \
             else None
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 class Fp8Linear(nn.Linear):
@@ -155,7 +206,14 @@ class Fp8Linear(nn.Linear):
         new.recipe, new.epilogue, new.compile = recipe, epilogue, compile
         return new
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | Quantized) -> torch.Tensor:
+        pre = None
+        if isinstance(x, Quantized):
+            if self.recipe != "tensorwise":
+                raise ValueError(f"Fp8Linear({self.recipe}) got an input quantized with one "
+                                 f"scale per tensor; only the tensorwise recipe takes one")
+            pre = (x.q.reshape(-1, self.in_features), x.inv)
+            x = x.handle
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if torch.is_autocast_enabled(x.device.type):
@@ -164,7 +222,7 @@ class Fp8Linear(nn.Linear):
             out_dtype = x.dtype
         with torch.autocast(x.device.type, enabled=False):
             y = _Fp8Matmul.apply(x2, self.weight, self.bias, self.recipe == "rowwise",
-                                 self.epilogue, self.compile, out_dtype)
+                                 self.epilogue, self.compile, out_dtype, pre)
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:
@@ -190,5 +248,5 @@ def is_fp8(module: nn.Module) -> bool:
     return type(module).__name__ == "Float8Linear"  # torchao's, without importing it
 
 
-__all__ = ["ALIGN", "Fp8Linear", "TORCHAO", "is_fp8", "quantize", "resolve_backend",
-           "to_fp8", "torchao_available"]
+__all__ = ["ALIGN", "Fp8Linear", "Quantized", "TORCHAO", "is_fp8", "quantize",
+           "resolve_backend", "to_fp8", "torchao_available"]

@@ -161,13 +161,14 @@ def probe_saved(model_dir: Path, data: Path, cfg: FP8Config, *, device: str = "a
 
 
 def settings(cfg: FP8Config, device: torch.device | str, amp: bool) -> dict[str, Any]:
-    """What a report was measured with (dispatch reads recipe, backend and compile)."""
+    """What a report was measured with (dispatch reads recipe, backend, compile, the mods)."""
     device = torch.device(device)
     return {"recipe": cfg.recipe, "format": RECIPES[cfg.recipe],
             "backend": resolve_backend(cfg.backend), "compile": cfg.compile,
             "precision": precision(device, amp), "min_sqnr_db": cfg.min_sqnr_db,
             "min_grad_sqnr_db": cfg.min_grad_sqnr_db, "min_speedup": cfg.min_speedup,
-            "ci_db": cfg.ci_db, "confidence": cfg.confidence, "rows": cfg.rows}
+            "ci_db": cfg.ci_db, "confidence": cfg.confidence, "rows": cfg.rows,
+            "fuse_norm": cfg.fuse_norm, "bf16_residual": cfg.bf16_residual}
 
 
 def device_name(device: torch.device | str) -> str:

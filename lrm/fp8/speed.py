@@ -4,6 +4,10 @@ vs FP8, timed on the real kernels (quantization included).
 The training precision is bf16 autocast on CUDA when `amp` is on (what lrm.train runs),
 float32 otherwise. A CPU has no fast FP8 GEMM (`torch._scaled_mm` there emulates it), so
 its verdicts say "slow": a finding about the device, not a failure.
+
+`bytes_moved(fn)` counts the memory traffic of eager code instead of timing it: the bytes
+every operator reads and writes, the same on any device (what a mod that narrows dtypes
+saves, measurable on a CPU).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from lrm.fp8.linear import to_fp8
 from lrm.train.evaluate import autocast
@@ -72,9 +78,47 @@ def time_linear(rows: int, k: int, n: int, *, bias: bool = True, input_grad: boo
             "speedup": base_ms / fp8_ms, "precision": precision(device, amp)}
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    """Bytes an operator touches reading or writing `t` (an expanded view: its storage's)."""
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+class _Traffic(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if not func._schema.is_mutable:
+            # a view (or _unsafe_view) moves nothing: its output shares an input's storage
+            shared = {t.untyped_storage().data_ptr() for t in ins}
+            if func.is_view or any(t.untyped_storage().data_ptr() in shared for t in outs):
+                return out
+        self.bytes += sum(_nbytes(t) for t in ins + outs)
+        self.ops += 1
+        return out
+
+
+def bytes_moved(fn: Callable[[], Any]) -> tuple[int, int]:
+    """(bytes read and written by every operator `fn` runs, operators), eager.
+
+    Each operator counts as reading its tensor inputs and writing its outputs once (an
+    unfused kernel each, as eager execution runs them); views count nothing; an in-place
+    operator counts its operands and its output. A backward run inside `fn` counts too.
+    """
+    with _Traffic() as t:
+        fn()
+    return t.bytes, t.ops
+
+
 def precision(device: torch.device, amp: bool) -> str:
     """The training precision lrm.train uses on `device` (what FP8 is compared against)."""
     return "bf16" if amp and device.type == "cuda" else "float32"
 
 
-__all__ = ["median_ms", "precision", "time_linear"]
+__all__ = ["bytes_moved", "median_ms", "precision", "time_linear"]

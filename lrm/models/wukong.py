@@ -47,8 +47,12 @@ class WukongLayer(nn.Module):
         n_out = n_fm + n_lcb
         self.residual = nn.Linear(n_in, n_out, bias=False) if n_in != n_out else None
         self.norm = nn.LayerNorm(dim)
+        # where the residual stream enters the layer: lrm.fp8.mods.bf16_residual casts it to
+        # bf16 here (no parameters: state dict and init order are those of the plain layer)
+        self.stream_in: nn.Module = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stream_in(x)
         xt = x.transpose(1, 2)  # [B, d, n]
         fm = self.fm_dots(x, xt if self.fm_proj is None else self.fm_compress(xt, self.fm_proj))
         out = [self.fm_mlp(fm.flatten(1)).view(-1, self.n_fm, self.dim)]
@@ -90,4 +94,6 @@ class Wukong(ScoredModel):
             parts.append(self.dense(batch.dense).view(-1, self.n_dense, self.dim))
         parts.append(item)
         x = self.layers(torch.cat(parts, 1))
+        # x: a Quantized (e4m3) where lrm.fp8.mods.fuse_norm fused the last norm's cast for
+        # an FP8 top.0; its flatten keeps it quantized
         return self.top(x.flatten(1))

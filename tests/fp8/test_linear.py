@@ -65,3 +65,50 @@ def test_torchao_backend_without_torchao_says_what_to_install(monkeypatch):
     assert L.resolve_backend("auto") == "scaled_mm"
     with pytest.raises(ConfigError, match=r"torchao==0\.18\.0"):
         L.resolve_backend("torchao")
+
+
+def _quantized(a: torch.Tensor, bound: float) -> L.Quantized:
+    """`a` cast to e4m3 at the scale of `bound` (as a fused producer does); the handle is
+    NaN: the Linear must never read it."""
+    scale = L.E4M3_MAX / bound
+    q = (a * scale).clamp(-L.E4M3_MAX, L.E4M3_MAX).to(L.E4M3)
+    handle = torch.full(a.shape, float("nan"), requires_grad=True)
+    return L.Quantized(q, torch.tensor(1 / scale), handle)
+
+
+def test_a_prequantized_input_is_used_as_is_forward_and_backward(monkeypatch):
+    torch.manual_seed(2)
+    lin = nn.Linear(40, 24)  # padded to 48 x 32 inside
+    a = torch.randn(37, 40)
+    x = _quantized(a, bound=1.5 * float(a.abs().max()))  # a looser scale than the amax
+    seen = []
+    quantize = L.quantize
+    monkeypatch.setattr(L, "quantize", lambda t, *a, **k: seen.append(tuple(t.shape)) or
+                        quantize(t, *a, **k))
+    f8 = L.Fp8Linear.from_linear(lin)
+    y = f8(x)
+    deq = x.dequantize().double()
+    w = per_tensor(lin.weight.detach())
+    torch.testing.assert_close(y.double(), deq @ w.T + lin.bias.detach().double(),
+                               rtol=1e-5, atol=1e-5)
+    g = torch.randn(37, 24)
+    y.backward(g)
+    qg = per_tensor(g, L.E5M2)
+    torch.testing.assert_close(x.handle.grad.double(), qg @ w, rtol=1e-5, atol=1e-5)
+    # the weight gradient uses the e4m3 input it was given, not a requantization
+    torch.testing.assert_close(lin.weight.grad.double(), qg.T @ deq, rtol=1e-5, atol=1e-5)
+    assert (37, 40) not in seen and (40, 37) not in seen  # no amax/cast pass over the input
+    seen.clear()
+    f8(a.requires_grad_()).backward(g)
+    assert seen.count((37, 40)) == 1 and seen.count((40, 37)) == 1  # what it saves
+    with pytest.raises(ValueError, match="tensorwise"):
+        L.Fp8Linear.from_linear(lin, "rowwise")(x)
+
+
+def test_a_quantized_input_flattens_alike_and_is_no_tensor():
+    x = _quantized(torch.randn(4, 3, 8), bound=10.0)
+    flat = x.flatten(1)
+    assert flat.shape == (4, 24) and flat.handle.shape == (4, 24) and flat.inv is x.inv
+    assert torch.equal(flat.dequantize(), x.dequantize().flatten(1))
+    with pytest.raises(TypeError):
+        nn.Linear(24, 2)(flat)  # a plain layer cannot read it by mistake
