@@ -26,14 +26,14 @@ from typing import Any
 
 import yaml
 
-from stages import (augment, dedup, evaluate, generate, ingest, register, student, summary,
-                    teacher, train)
+from stages import (augment, dedup, evaluate, fp8_probe, generate, ingest, register, student,
+                    summary, teacher, train)
 from stages._common import Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES: dict[str, Stage] = {s.name: s for s in (
     generate.STAGE, ingest.STAGE, dedup.STAGE, train.STAGE, evaluate.STAGE, teacher.STAGE,
-    augment.STAGE, student.STAGE, register.STAGE, summary.STAGE)}
+    augment.STAGE, student.STAGE, register.STAGE, summary.STAGE, fp8_probe.STAGE)}
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,12 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
     Node("evaluate", STAGES["evaluate"], {
         "models": ["student=models/baseline/student", "teacher=models/baseline/teacher"],
         "data": "data/sessions", "out": "metrics/eval.json"}),
+    Node("fp8_probe", STAGES["fp8_probe"], {
+        "models": ["student=models/baseline/student", "teacher=models/baseline/teacher"],
+        "data": "data/sessions", "out": "reports/fp8_probe.json", "table": "reports/fp8_probe.md",
+        "metrics": "metrics/fp8_probe.json"},
+         desc="LoKA: per layer of the baselines, FP8 error and speed; the layers train.fp8 may "
+              "run in FP8."),
     Node("teacher", STAGES["teacher"], {"data": "data/sessions", "out": "models/teacher"},
          desc="ExFM: one teacher (Wukong, days [0, T)) for every student."),
     Node("augment", STAGES["augment"], {"data": "data/sessions", "teacher": "models/teacher",

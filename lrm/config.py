@@ -222,9 +222,13 @@ class StudentModelConfig:
     # the adapter's context: the dense features, or those and the student's top
     # representation (detached: the adapter's loss never trains the student)
     adapter_context: str = "dense"  # dense | dense+features
+    # the dot interaction's sizes padded to a multiple of this: the same function (a GPU
+    # runs odd sizes such as 65 on slow kernels)
+    interaction_pad: int = 1  # pad the interaction's sizes to a multiple (GPU: 8); 1: off
 
     def __post_init__(self) -> None:
         _check(self.embedding_dim >= 1, "embedding_dim", "must be >= 1")
+        _check(self.interaction_pad >= 1, "interaction_pad", "must be >= 1 (1: no padding)")
         _check_dims(self.bottom_mlp, "bottom_mlp")
         _check_dims(self.top_mlp, "top_mlp")
         _check_dims(self.aux_mlp, "aux_mlp")
@@ -268,6 +272,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda when present) | cpu | cuda
     amp: bool = True  # bf16 autocast on GPU (CPU always runs float32)
     threads: int = 0  # torch intra-op threads per process (0: the free cores, lrm.dist)
+    fp8: str = ""  # an fp8_probe report: its safe-and-fast layers train in FP8 ("": off)
 
     def __post_init__(self) -> None:
         for k in ("batch_size", "epochs", "log_every", "ne_window"):
@@ -302,6 +307,45 @@ def with_overrides(base: C, overrides: Any) -> C:
 
 
 @dataclass(kw_only=True)
+class FP8Config:
+    """FP8 probing and dispatch (lrm.fp8, stage fp8_probe): thresholds, batches, recipe."""
+
+    min_batches: int = 4  # batches probed at least
+    max_batches: int = 32  # batches probed at most
+    ci_db: float = 0.5  # stop once every judged 95% interval is at most +- this (dB)
+    confidence: float = 0.95  # of those intervals
+    rows: int = 2048  # rows of a batch the error is computed on (a sample; float64 GEMMs)
+    min_sqnr_db: float = 25.0  # safe: the forward SQNR's lower bound is at least this
+    min_grad_sqnr_db: float = 20.0  # ... and the gradients' (e5m2) lower bound at least this
+    min_speedup: float = 1.05  # fast: FP8 forward + backward at least this much faster
+    recipe: str = "tensorwise"  # activation/weight scaling: tensorwise | rowwise
+    backend: str = "auto"  # auto (torchao where installed, else scaled_mm) | torchao | scaled_mm
+    compile: bool = True  # torch.compile the quantization (fused amax/scale/cast) on CUDA
+    speed_reps: int = 10  # timed forward + backward passes per layer and precision
+    outlier_k: float = 6.0  # an outlier lies more than k standard deviations from the mean
+    # model mods (lrm.fp8.mods), applied with the plan by train.fp8
+    fuse_norm: bool = False  # the LayerNorm feeding an FP8 Linear casts its output to e4m3 itself
+    bf16_residual: bool = False  # Wukong's residual stream (add, LayerNorm) in bf16 under autocast
+
+    def __post_init__(self) -> None:
+        _check(1 <= self.min_batches <= self.max_batches, "min_batches/max_batches",
+               "need 1 <= min_batches <= max_batches")
+        _check(self.ci_db > 0, "ci_db", "must be > 0")
+        _check(0 < self.confidence < 1, "confidence", "must be in (0, 1)")
+        for k in ("rows", "speed_reps"):
+            _check(getattr(self, k) >= 1, k, "must be >= 1")
+        _check(self.min_speedup > 0, "min_speedup", "must be > 0")
+        _check(self.outlier_k > 0, "outlier_k", "must be > 0")
+        _check(self.recipe in ("tensorwise", "rowwise"), "recipe",
+               f"must be tensorwise or rowwise, got {self.recipe!r}")
+        _check(self.backend in ("auto", "torchao", "scaled_mm"), "backend",
+               f"must be auto, torchao or scaled_mm, got {self.backend!r}")
+        _check(not self.fuse_norm or (self.recipe == "tensorwise" and self.backend != "torchao"),
+               "fuse_norm", "needs recipe tensorwise and backend scaled_mm or auto (the "
+               "norm hands the Linear one scale per tensor; torchao's Linear quantizes itself)")
+
+
+@dataclass(kw_only=True)
 class SplitConfig:
     """Which days train and which day is held out (the baselines of stage `train`)."""
 
@@ -315,14 +359,23 @@ class SplitConfig:
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
-    """Periodic training checkpoints (lrm.checkpoint): when to save and how many to keep."""
+    """Periodic training checkpoints (lrm.checkpoint): incremental chains, when to save, how
+    rows are stored and how many chains to keep."""
 
     every: int = 100  # optimizer steps between checkpoints (0: only at the end)
-    keep: int = 2  # complete checkpoints kept
+    keep: int = 2  # chains kept (a chain: a full baseline and the deltas after it)
+    deltas: int = 10  # deltas after a baseline before the next baseline (0: every one full)
+    delta_budget: float = 1.0  # new baseline when a chain's deltas pass this x its baseline
+    quantize: str = "none"  # embedding rows stored as: none (fp32), int8 or int4 (row-wise)
+    background: bool = True  # write in a background thread (training waits only for the copy)
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "every", "must be >= 0 (0: only at the end)")
         _check(self.keep >= 1, "keep", "must be >= 1")
+        _check(self.deltas >= 0, "deltas", "must be >= 0 (0: every checkpoint is full)")
+        _check(self.delta_budget > 0, "delta_budget", "must be > 0")
+        _check(self.quantize in ("none", "int8", "int4"), "quantize",
+               f"{self.quantize!r} is not one of none, int8, int4")
 
 
 @dataclass(kw_only=True)
@@ -406,7 +459,7 @@ class StudentStageConfig:
     models: dict[str, StudentModelConfig] = field(default_factory=lambda: {  # sizes
         "small": StudentModelConfig(),
         "tiny": StudentModelConfig(embedding_dim=8, bottom_mlp=[32], top_mlp=[64, 32])})
-    variants: dict[str, DistillConfig] = field(default_factory=default_variants)
+    variants: dict[str, DistillConfig] = field(default_factory=default_variants)  # ablation
 
     def __post_init__(self) -> None:
         _check(bool(self.models), "models", "list at least one student")
@@ -485,6 +538,7 @@ class ParamsConfig:
     students: StudentStageConfig = field(default_factory=StudentStageConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    fp8: FP8Config = field(default_factory=FP8Config)
 
     def get(self, key: str) -> Any:
         """The value at dotted `key` (e.g. "model.student")."""

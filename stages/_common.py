@@ -18,7 +18,6 @@ every output is lrm's to replace, locks the outputs for the run, opens the MLflo
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import inspect
 import io as _stdio
@@ -36,6 +35,7 @@ from typing import Any, Literal
 
 import typer
 import yaml
+from rich.markup import escape
 
 from lrm import io, lock, progress, tracking
 from lrm.config import ParamsConfig, from_dict, section_type
@@ -81,6 +81,7 @@ class Stage:
     short: tuple[str, ...] = ()  # params keys whose fields also get a short option (--lr)
     label: tuple[str, ...] = ()  # args that tell two runs of the stage apart (task names)
     group: str | None = None  # a CLI subcommand under the stage (`lrm ingest criteo`)
+    cli_name: str | None = None  # the `lrm` command when not the name (`lrm fp8-probe`)
     derived: Mapping[str, str] = dataclasses.field(default_factory=dict)  # arg -> default
     # built from the other args, e.g. {"out": "models/{kind}"}
     aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
@@ -253,13 +254,24 @@ def field_comments(cls: type) -> dict[str, str]:
     assert isinstance(body, ast.ClassDef)
     for node in body.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            line = lines[node.end_lineno - 1]  # type: ignore[operator]
-            toks = tokenize.generate_tokens(_stdio.StringIO(line).readline)
-            with contextlib.suppress(tokenize.TokenError):
-                comment = [t.string for t in toks if t.type == tokenize.COMMENT]
+            for line in lines[node.lineno - 1:node.end_lineno]:  # the first comment on it
+                comment = _comment(line)
                 if comment:
-                    out[node.target.id] = comment[-1].lstrip("#").strip()
+                    out[node.target.id] = comment
+                    break
     return out
+
+
+def _comment(line: str) -> str:
+    """The `# comment` of one source line ("" if none); the line may be a statement's part."""
+    toks = tokenize.generate_tokens(_stdio.StringIO(line).readline)
+    try:
+        for t in toks:
+            if t.type == tokenize.COMMENT:
+                return t.string.lstrip("#").strip()
+    except tokenize.TokenError:  # an open bracket continued on the next line
+        pass
+    return ""
 
 
 def _optional_inner(tp: Any) -> Any:
@@ -424,14 +436,14 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
             opt = typer.Option(None, decl, *a.aliases, help=a.help, show_default=False)
         else:
             opt = typer.Option(None, a.flag, *a.aliases, help=a.help, show_default=False)
-        shown = f" [default: {default}]" if not required and default not in (None, False) else ""
-        if not required or not a.flag:
-            opt.help = (a.help + shown).strip()
+        shown = f" (default: {default})" if not required and default not in (None, False) else ""
+        choices = f" ({' | '.join(a.choices)})" if a.choices else ""
+        opt.help = escape((a.help + choices + shown).strip())  # rich would eat [brackets]
         params.append(inspect.Parameter(name, kw, default=opt, annotation=tp | None))
     params.append(inspect.Parameter(
         "params", kw, annotation=list[Path] | None,
         default=typer.Option(None, "--params", help="params YAML file(s), later ones win "
-                                                    "[default: ./params.yaml]")))
+                                                    "(default: ./params.yaml)")))
     if stage.paths({k: "x" for k in stage.args}, "out", "state") or \
             "force" in stage.signature().parameters:
         params.append(inspect.Parameter(
@@ -446,7 +458,7 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
             decls = [f"{decls[0]}/--no-{o.key}"] + [f"{s}/--no-{s[2:]}" for s in decls[1:]]
         params.append(inspect.Parameter(
             o.param, kw, annotation=tp | None,
-            default=typer.Option(None, *decls, help=f"{o.help} (params: {o.key})".strip(),
+            default=typer.Option(None, *decls, help=escape(f"{o.help} (params: {o.key})".strip()),
                                  show_default=False, rich_help_panel="Params")))
     return params
 
@@ -479,7 +491,7 @@ def app(stage: Stage) -> typer.Typer:
     a = typer.Typer(add_completion=False, no_args_is_help=stage.group is not None,
                     pretty_exceptions_enable=False)
     if stage.group is None:
-        a.command(stage.name)(command(stage))
+        a.command(stage.cli_name or stage.name)(command(stage))
     else:
         a.callback()(lambda: None)
         a.command(stage.group)(command(stage))

@@ -42,6 +42,7 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, exfm: ExFMConfig, loader:
         force: bool = False) -> dict[str, Any]:
     """Train every ExFM student variant day by day and write the NE table."""
     from lrm.exfm import students as S  # torch import: only when the stage runs
+    from lrm.fp8.dispatch import transform
 
     days = S.student_days(data, exfm.teacher_days, cfg.days)
     teacher = S.teacher_per_day(data, [d + 1 for d in days])
@@ -54,7 +55,8 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, exfm: ExFMConfig, loader:
                 with progress.context(student=name, variant=variant):
                     results[name][variant] = S.stream_student(
                         size, dcfg, train_cfg, data, days, tmp / name / variant,
-                        tables=tables, loader_cfg=loader)
+                        tables=tables, loader_cfg=loader,
+                        transform=transform(train_cfg.fp8, "student"))
     rep = S.report(results, teacher, exfm.teacher_days)
     rep["days"] = {"train": days, "eval": [d + 1 for d in days]}
     rep["per_day_detail"] = results

@@ -43,14 +43,16 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
     """Train the ExFM teacher (Wukong) on days [0, T) and register it as lrm-teacher."""
     from lrm import registry
     from lrm.exfm.augment import teacher_hash
+    from lrm.fp8.dispatch import transform
     from lrm.serving import pyfunc
     from lrm.train import train
 
     T = exfm.teacher_days
-    result = train("teacher", with_overrides(base, cfg.train),
-                   ModelConfig(tables=tables, teacher=model), data,
+    train_cfg = with_overrides(base, cfg.train)
+    result = train("teacher", train_cfg, ModelConfig(tables=tables, teacher=model), data,
                    split=SplitConfig(days=list(range(T)), eval_day=T), loader_cfg=loader,
                    checkpoint=checkpoint, checkpoints=checkpoints, out=out,
+                   transform=transform(train_cfg.fp8, "teacher"),
                    log_fn=tracking.log_metrics if tracking.active() else None)
     m = result.summary("teacher")
     m["content_hash"] = teacher_hash(out)

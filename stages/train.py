@@ -41,12 +41,14 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> dict[str, Any]:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
-    from lrm.train import train as train_model  # torch/torchrec: only when the stage runs
+    from lrm.fp8.dispatch import transform  # torch/torchrec: only when the stage runs
+    from lrm.train import train as train_model
 
     result = train_model(
         kind, train, ModelConfig(tables=tables, **{kind: model}), data, split=split,
         loader_cfg=loader, checkpoint=checkpoint, checkpoints=checkpoints, resume=resume,
-        out=out, log_fn=tracking.log_metrics if tracking.active() else None)
+        out=out, transform=transform(train.fp8, kind),
+        log_fn=tracking.log_metrics if tracking.active() else None)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc
 
@@ -64,11 +66,11 @@ STAGE = Stage(
     args={
         "kind": Arg("--model", "which model to train", choices=MODEL_KINDS),
         "data": Arg("--data", "dataset folder", "in"),
-        "out": Arg("--out", "final model folder [default: models/KIND]", "out"),
-        "checkpoints": Arg("--checkpoints", "checkpoint folder [default: checkpoints/KIND]",
+        "out": Arg("--out", "final model folder (default: models/KIND)", "out"),
+        "checkpoints": Arg("--checkpoints", "checkpoint folder (default: checkpoints/KIND)",
                            "state"),
         "resume": Arg("--resume", "go on from the newest checkpoint"),
-        "metrics": Arg("--metrics", "stage metrics file [default: metrics/train_KIND.json]",
+        "metrics": Arg("--metrics", "stage metrics file (default: metrics/train_KIND.json)",
                        "metrics"),
         "plot": Arg("--plot", "loss and NE per logged step (CSV; a PNG beside it)", "plot"),
     },

@@ -1,11 +1,17 @@
-"""Training checkpoints: when to save, how many to keep, how to restore, what a run is.
+"""Training checkpoints: incremental, quantized chains (Check-N-Run) in global row space.
 
-    manager.py   CheckpointManager: the loop calls it once a step (interval, retention,
-                 restore, the resume identity check); it collects every stateful part
-                 (model, optimizers, train state, data position) like torchtitan's
-    dcp.py       the storage: torch.distributed.checkpoint step-N/ folders
+    manager.py    CheckpointManager: the loop calls it once a step (interval, baseline or
+                  delta, background write, retention, restore with fallback, the resume
+                  identity check); it collects every stateful part like torchtitan's
+    tracker.py    which embedding rows changed: torchrec's ModelDeltaTracker on the lookups
+    tables.py     a sharded state dict's tables as shards in global row/column space
+    snapshot.py   copy rows and dense state out at a step; write; read a chain into any layout
+    quantize.py   row-wise int8 / int4 with fbgemm's fused operators
+    store.py      folders, JSON manifests with sha256, atomic commit, verification, retention
+    listing.py    `lrm checkpoint ls|verify DIR`
 """
 
 from lrm.checkpoint.manager import CheckpointManager, Stateful
+from lrm.checkpoint.store import CheckpointError, Store
 
-__all__ = ["CheckpointManager", "Stateful"]
+__all__ = ["CheckpointError", "CheckpointManager", "Stateful", "Store"]

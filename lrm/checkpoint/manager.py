@@ -2,28 +2,50 @@
 
 Everything a run needs to go on is a `Stateful` (state_dict / load_state_dict): the sharded
 model, the optimizers, the train state and the data position. The manager saves them every
-`CheckpointConfig.every` steps and at the end, keeps the newest `keep`, and on resume loads
-the newest complete one into them, after checking that the run asking is the run that
-wrote it (the same model, tables, batch cut and data; `identity`), so a resume with other
-settings is a one-line error saying what differs instead of a traceback.
+`CheckpointConfig.every` steps and at the end as a chain (Check-N-Run): a full baseline,
+then deltas holding only the embedding rows looked up since the previous checkpoint
+(lrm.checkpoint.tracker) with their row-wise optimizer state, plus every dense tensor
+exactly. A new baseline starts after `deltas` deltas, or when the chain's deltas would pass
+`delta_budget` times its baseline's size. Rows are stored `quantize`d (fp32, int8, int4).
+
+At a save the training thread copies the rows and tensors out (lrm.checkpoint.snapshot)
+and goes on; a background thread quantizes, writes, fsyncs and commits them
+(lrm.checkpoint.store); the next save first waits for it. On resume the newest checkpoint
+whose whole chain verifies is loaded into the parts, in whatever sharding this run has,
+after checking that the run asking is the run that wrote it (`identity`: the same model,
+tables, batch cut and data), so a resume with other settings is a one-line error saying
+what differs. A checkpoint that does not verify is named in one log line and passed over.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from lrm import io
-from lrm.checkpoint.dcp import Checkpointer
+import torch
+
+from lrm.checkpoint import snapshot
+from lrm.checkpoint.store import CheckpointError, Entry, Store, final_name, temp_name
+from lrm.checkpoint.tables import TableShard, table_shards
+from lrm.checkpoint.tracker import RowTracker
 from lrm.config import CheckpointConfig
 from lrm.dist import Dist
 from lrm.errors import ConfigError
 
 log = logging.getLogger("lrm")
-IDENTITY = "run.json"
+# identity keys a chain does not depend on: rows are stored in global row space and the
+# data position counts steps, so a chain written by N processes restores under M
+RESHARDABLE = frozenset({"world_size"})
+# what must match when a run resumes a model onto new data (the streaming flow's next day)
+MODEL_IDENTITY = frozenset({"kind", "model", "tables", "table_rows"})
+COMPACT_EVERY = 32  # steps between merges of the tracker's recorded ids
 
 
 class Stateful(Protocol):
@@ -41,69 +63,302 @@ def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _tables(state: Mapping[str, Any]) -> dict[str, list[TableShard]]:
+    return table_shards(state["model"], state.get("optim")) if "model" in state else {}
+
+
+@dataclass(frozen=True)
+class _Head:
+    """The checkpoint the next one builds on, and its chain's size so far (rows' bytes,
+    estimated the same on every rank)."""
+
+    name: str
+    chain: str  # the chain's baseline
+    deltas: int  # deltas since the baseline
+    base_bytes: float
+    chain_bytes: float  # the deltas' bytes
+
+    def wants_baseline(self, cfg: CheckpointConfig, delta_bytes: float) -> bool:
+        return (cfg.deltas == 0 or self.deltas >= cfg.deltas
+                or self.chain_bytes + delta_bytes > cfg.delta_budget * self.base_bytes)
+
+
 class CheckpointManager:
     """Periodic checkpoints of one run in `root` (see the module docstring).
 
-    identity: what makes a checkpoint resumable by this run (JSON-able): written beside the
-    checkpoints on the first save, compared on resume.
+    identity: what makes a checkpoint resumable by this run (JSON-able): kept in every
+    checkpoint's manifest, compared on resume. Call `close()` when the run ends, on every
+    path (it waits for a write in flight); `finish` does it on the normal one.
     """
 
     def __init__(self, root: Path, env: Dist, cfg: CheckpointConfig,
                  identity: Mapping[str, Any]) -> None:
         self.root, self.env, self.cfg = Path(root), env, cfg
         self.identity = json.loads(json.dumps(dict(identity), sort_keys=True, default=str))
-        self.store = Checkpointer(self.root, env, cfg.keep)
+        self.store = Store(self.root)
         self.saved_at = -1  # step of the newest checkpoint of this run
-        self.last: Path | None = None
+        self.last: Path | None = None  # the newest checkpoint (committed by the next wait)
+        self.stall_s = 0.0  # time the training thread spent in saves (copy, and waits)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future[Path | None] | None = None
+        self._tracker: RowTracker | None = None
+        self._head: _Head | None = None
+        self._seq, self._nonce = 1, ""
 
-    def _state(self, parts: Mapping[str, Stateful]) -> dict[str, Any]:
-        return {k: v.state_dict() for k, v in parts.items()}
+    # -- start ------------------------------------------------------------------------
+    def start(self, parts: Mapping[str, Stateful], resume: bool, *, new_data: bool = False,
+              prepare: Callable[[], Any] | None = None) -> int | None:
+        """Fresh run: clear the folder. Resume: load the newest restorable checkpoint into
+        `parts` and return its step (None when there is none).
 
-    def start(self, parts: Mapping[str, Stateful], resume: bool) -> int | None:
-        """Fresh run: clear the folder. Resume: load the newest complete checkpoint into
-        `parts` and return its step (None when there is none)."""
+        new_data: resume only the model and the optimizers, checking only the model's
+        identity (the streaming flow: the next day's data, its own step count).
+        prepare: called just before a restore, only when there is one (e.g. torchrec's
+        `init_state`, a dummy step that creates AdamW's lazy state to load into: run
+        without a checkpoint to overwrite it, it would change the run).
+        """
+        if self.env.is_main:
+            gone = self.store.discard_temps()
+            if gone:
+                log.info("removed %d unfinished checkpoint(s) in %s: %s", len(gone),
+                         self.root, ", ".join(p.name for p in gone))
+            if not resume:
+                self.store.clear()
+        decision = self._choose(resume, new_data) if self.env.is_main else None
+        decision = self.env.broadcast(decision)  # type: ignore[assignment]
+        assert isinstance(decision, dict)
+        self._seq, self._nonce = decision["seq"], decision["nonce"]
+        model = parts.get("model")
+        if self._tracker is None and hasattr(model, "model_trackers"):
+            self._tracker = RowTracker(model)  # type: ignore[arg-type]
+        if "error" in decision:
+            raise ConfigError(decision["error"])
+        if not decision.get("lineage"):
+            return None
+        found = {e.name: e for e in self.store.entries() if e.manifest is not None}
+        if not set(decision["lineage"]) <= found.keys():
+            raise CheckpointError(f"{self.root}: checkpoints {decision['lineage']} changed "
+                                  f"while resuming")
+        lineage = [found[n] for n in decision["lineage"]]
+        if prepare is not None:
+            prepare()
+        names = set(parts) - ({"train", "data"} if new_data else set())
+        state = {k: parts[k].state_dict() for k in names}
+        t0 = time.perf_counter()
+        n = snapshot.restore_tables(lineage, _tables(state))
+        snapshot.restore_dense(lineage[-1], state, names)
+        for k in names:
+            parts[k].load_state_dict(state[k])
+        if self._tracker is not None:
+            self._tracker.clear()
+        head = lineage[-1]
+        sizes = [float(e.manifest["estimated_bytes"]) for e in lineage]  # type: ignore[index]
+        self._head = _Head(head.name, str(head.chain), len(lineage) - 1, sizes[0],
+                           sum(sizes[1:]))
+        # a new-data run counts its own steps: none of them is saved yet
+        self.saved_at, self.last = (-1 if new_data else head.step), head.path
+        log.info("resumed from %s (step %d: a baseline and %d deltas, %d rows) in %.2f s",
+                 head.path, head.step, len(lineage) - 1, n, time.perf_counter() - t0)
+        return head.step
+
+    def _choose(self, resume: bool, new_data: bool) -> dict[str, Any]:
+        """Rank 0: the checkpoint to resume (verified) or why none; the next seq."""
+        out: dict[str, Any] = {"seq": self.store.next_seq(), "nonce": secrets.token_hex(4)}
         if not resume:
-            self.store.clear()
-            if self.env.is_main:
-                (self.root / IDENTITY).unlink(missing_ok=True)
-            return None
-        self.store.discard_incomplete()
-        latest = self.store.latest()
-        if latest is None:
-            log.info("no checkpoint in %s: starting from scratch", self.root)
-            return None
-        then_file = self.root / IDENTITY
-        if then_file.is_file():
-            then = json.loads(then_file.read_text())
-            diff = _differences(then, self.identity)
-            if diff:
-                raise ConfigError(f"cannot resume from {latest}: it was written by another run "
-                                  f"({'; '.join(diff)}); start fresh without --resume, or "
-                                  f"resume with that run's settings and data")
-        state = self._state(parts)
-        self.store.load(state, latest)
-        for k, v in parts.items():
-            v.load_state_dict(state[k])
-        step = int(state["train"]["step"]) if "train" in state else None
-        self.saved_at, self.last = step if step is not None else -1, latest
-        log.info("resumed from %s (step %s)", latest, step)
-        return step
+            return out
+        if self.store.legacy():
+            log.info("%s: ignoring %d DCP step-N/ folder(s) of an older lrm (their metadata "
+                     "is pickled; lrm does not read them)", self.root, len(self.store.legacy()))
+        lineage, skipped = self.store.newest_restorable()
+        if lineage is None:
+            why = f" ({'; '.join(skipped)})" if skipped else ""
+            log.info("no restorable checkpoint in %s%s: starting from scratch", self.root, why)
+            return out
+        if skipped:
+            log.warning("passing over %d checkpoint(s) that do not verify (%s); restoring %s",
+                        len(skipped), "; ".join(skipped), lineage[-1].path)
+        then = lineage[-1].manifest.get("identity") or {}  # type: ignore[union-attr]
+        keys = MODEL_IDENTITY if new_data else set(then) | set(self.identity)
+        keys = set(keys) - RESHARDABLE
+        diff = _differences({k: v for k, v in then.items() if k in keys},
+                            {k: v for k, v in self.identity.items() if k in keys})
+        if diff:
+            out["error"] = (f"cannot resume from {lineage[-1].path}: it was written by another "
+                            f"run ({'; '.join(diff)}); start fresh without --resume, or resume "
+                            f"with that run's settings and data")
+            return out
+        out["lineage"] = [e.name for e in lineage]
+        return out
 
+    # -- saving -----------------------------------------------------------------------
     def step(self, step: int, parts: Mapping[str, Stateful]) -> bool:
         """Called after every optimizer step: save when the interval says so."""
+        if self._tracker is not None and step % COMPACT_EVERY == 0:
+            self._tracker.compact()
         if self.cfg.every and step % self.cfg.every == 0:
             self.save(step, parts)
             return True
         return False
 
-    def finish(self, step: int, parts: Mapping[str, Stateful]) -> None:
-        """The end of the run: save unless this step is already saved."""
+    def finish(self, step: int, parts: Mapping[str, Stateful]) -> Path | None:
+        """The end of the run (or of a streaming day): save unless this step is already
+        saved, wait until it is committed, and stop the writer. Returns the checkpoint."""
         if self.saved_at != step:
             self.save(step, parts)
+        self.wait()
+        self.close()
+        return self.last
 
     def save(self, step: int, parts: Mapping[str, Stateful]) -> Path:
-        if self.env.is_main and not (self.root / IDENTITY).is_file():
-            io.write_json(self.identity, self.root / IDENTITY)
-        self.last = self.store.save(step, self._state(parts))
-        self.saved_at = step
+        """Copy the state out now and write it in the background (a collective)."""
+        if not self._nonce:
+            raise RuntimeError("CheckpointManager.save before start()")
+        t0 = time.perf_counter()
+        self.wait()
+        state = {k: v.state_dict() for k, v in parts.items()}
+        tables = _tables(state)
+        touched = self._tracker.take(tables) if self._tracker is not None else None
+        q = self.cfg.quantize
+        est = torch.tensor([_bytes(tables, touched, q), _bytes(tables, None, q)],
+                           dtype=torch.float64)
+        delta_bytes, base_bytes = (float(x) for x in self.env.all_sum(est))
+        head = self._head
+        baseline = head is None or touched is None or head.wants_baseline(self.cfg, delta_bytes)
+        snap = snapshot.capture(state, tables, None if baseline else touched,
+                                dense=self.env.is_main)
+        seq, name = self._seq, final_name(self._seq, step)
+        manifest = {
+            "seq": seq, "step": step, "kind": "baseline" if baseline else "delta",
+            "parent": None if head is None or baseline else head.name,
+            "chain": name if head is None or baseline else head.chain,
+            "quantize": q, "world_size": self.env.world_size, "identity": self.identity,
+            "estimated_bytes": base_bytes if baseline else delta_bytes,
+        }
+        job = _Job(self.store, self.root / temp_name(seq, step, self._nonce), manifest, snap,
+                   self.env, self._nonce, keep=self.cfg.keep)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lrm-checkpoint")
+        self._pending = self._pool.submit(job.run)
+        if head is None or baseline:
+            self._head = _Head(name, name, 0, base_bytes, 0.0)
+        else:
+            self._head = _Head(name, head.chain, head.deltas + 1, head.base_bytes,
+                               head.chain_bytes + delta_bytes)
+        self._seq += 1
+        self.saved_at, self.last = step, self.root / name
+        if not self.cfg.background:
+            self.wait()
+        self.stall_s += time.perf_counter() - t0
         return self.last
+
+    def wait(self) -> None:
+        """Wait for the write in flight (a collective: a failure on any rank raises on
+        every rank)."""
+        err: BaseException | None = None
+        if self._pending is not None:
+            try:
+                self._pending.result()
+            except Exception as e:  # noqa: BLE001  (reported on every rank below)
+                err = e
+            self._pending = None
+        if self.env.any(err is not None):
+            self._head = None  # the chain may lack this checkpoint: start a new one
+            where = f": {err}" if err is not None else " on another rank"
+            raise CheckpointError(f"writing a checkpoint in {self.root} failed{where}")
+
+    def close(self) -> None:
+        """Wait for the write in flight and stop the writer; never raises (it runs on
+        error paths too: a failed write is logged)."""
+        if self._pending is not None:
+            try:
+                self._pending.result()
+            except Exception as e:  # noqa: BLE001
+                log.warning("writing a checkpoint in %s failed: %s", self.root, e)
+            self._pending = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._tracker is not None:
+            self._tracker.close()
+            self._tracker = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def latest(root: Path) -> Entry | None:
+        """The newest restorable checkpoint in `root` (verified; None if none), e.g. for
+        a flow to see what its last checkpoint covered (`manifest["identity"]`: the run
+        identity the loop gives, train days included)."""
+        lineage, _ = Store(root).newest_restorable()
+        return lineage[-1] if lineage else None
+
+
+def _bytes(tables: Mapping[str, list[TableShard]], touched: Mapping[str, torch.Tensor] | None,
+           q: str) -> int:
+    """Bytes this rank's rows take in a checkpoint: all rows (touched None) or the touched."""
+    from lrm.checkpoint.quantize import row_bytes
+
+    n = 0
+    for key, shards in tables.items():
+        for s in shards:
+            if touched is None:
+                rows = s.weight.shape[0]
+            else:
+                ids = touched.get(key)
+                rows = 0 if ids is None else int(((ids >= s.r0) & (ids < s.r1)).sum())
+            n += rows * (row_bytes(s.c1 - s.c0, q) + 4 + 4 * len(s.states))
+    return n
+
+
+class _Job:
+    """One checkpoint's write on one rank (the writer thread runs `run`)."""
+
+    def __init__(self, store: Store, tmp: Path, manifest: dict[str, Any],
+                 snap: snapshot.Snapshot, env: Dist, nonce: str, keep: int) -> None:
+        self.store, self.tmp, self.manifest, self.snap = store, tmp, manifest, snap
+        self.rank, self.world_size, self.main = env.rank, env.world_size, env.is_main
+        self.nonce, self.keep = nonce, keep
+
+    def run(self) -> Path | None:
+        q, snap = self.manifest["quantize"], self.snap
+        pieces: list[dict[str, Any]] = []
+        files = {}
+        if snap.pieces:
+            def rows(path: Path) -> dict[str, Any]:
+                info, meta = snapshot.write_rows(snap, q, path)
+                pieces.extend(meta)
+                return info
+            files[snapshot.ROWS_FILE.format(rank=self.rank)] = rows
+        dense: dict[str, Any] = {}
+        if self.main:
+            def write_dense(path: Path) -> dict[str, Any]:
+                info, index = snapshot.write_dense(snap, path)
+                dense.update(index)
+                return info
+            files[snapshot.DENSE_FILE] = write_dense
+        try:
+            self.store.write_part(self.tmp, self.rank, self.nonce, files,
+                                  {"pieces": pieces, "rows_written": snap.num_rows(),
+                                   "tables": snap.tables})
+        except Exception as e:
+            self.store.write_failure(self.tmp, self.rank, self.nonce, e)  # rank 0 stops waiting
+            raise
+        if not self.main:
+            return None
+
+        def merge(manifest: dict[str, Any], parts: list[dict[str, Any]]) -> None:
+            manifest["pieces"] = [p for part in parts for p in part["pieces"]]
+            manifest["rows_written"] = sum(part["rows_written"] for part in parts)
+            manifest["tables"] = {k: v for part in parts for k, v in part["tables"].items()}
+            manifest["dense"] = {"file": snapshot.DENSE_FILE, "tensors": dense,
+                                 "values": snap.values}
+
+        final = self.store.commit(self.tmp, self.manifest, self.world_size, self.nonce, merge)
+        gone = self.store.prune(self.keep, final.name)
+        if gone:
+            log.debug("removed old checkpoints: %s", ", ".join(p.name for p in gone))
+        return final

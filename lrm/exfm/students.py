@@ -36,7 +36,7 @@ from lrm.data.schema import day_files
 from lrm.errors import ConfigError
 from lrm.exfm.augment import TEACHER_COLUMN, read_manifest
 from lrm.exfm.distill import ExFMLoss, student_config
-from lrm.train.loop import LogFn, train
+from lrm.train.loop import LogFn, Transform, train
 
 log = logging.getLogger("lrm")
 
@@ -74,11 +74,13 @@ def student_days(data: Path, teacher_days: int, days: Sequence[int] = ()) -> lis
 def stream_student(size: StudentModelConfig, variant: DistillConfig, train_cfg: TrainConfig,
                    data: Path, days: Sequence[int], out: Path, *,
                    tables: TableConfig | None = None, loader_cfg: LoaderConfig | None = None,
-                   log_fn: LogFn | None = None) -> list[dict[str, Any]]:
+                   log_fn: LogFn | None = None, transform: Transform | None = None
+                   ) -> list[dict[str, Any]]:
     """Train one student configuration day by day; `out` ends as the last day's model.
 
     Day d trains on d (from the model of day d - 1, from scratch on the first) and is
     evaluated on d + 1. Returns one row per day: {train_day, day, ne, auc, ...}.
+    transform: applied to each day's model before sharding (FP8 dispatch, `train.fp8`).
     """
     model_cfg = ModelConfig(tables=tables or TableConfig(), student=student_config(size, variant))
     column = TEACHER_COLUMN if variant.distill else None
@@ -91,7 +93,7 @@ def stream_student(size: StudentModelConfig, variant: DistillConfig, train_cfg: 
             res = train("student", train_cfg, model_cfg, data,
                         split=SplitConfig(days=[d], eval_day=d + 1), loader_cfg=loader_cfg,
                         out=out, init_from=init, loss_fn=ExFMLoss(variant),
-                        teacher_column=column, log_fn=log_fn,
+                        teacher_column=column, log_fn=log_fn, transform=transform,
                         info={"init_from": f"this stream's day-{prev} model" if init else None})
         init, prev = out, d
         rows.append({"train_day": d, "day": d + 1, "steps": res.steps,

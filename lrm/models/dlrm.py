@@ -22,6 +22,7 @@ from lrm.config import StudentModelConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema
 from lrm.models.layers import ScoredModel, mlp
+from lrm.models.matmul import BatchedMatmul
 from lrm.models.tables import SparseEmbeddings, side_features
 
 
@@ -34,12 +35,15 @@ class DotInteraction(nn.Module):
 
     forward(user [U, n_user, d], rest [B, n_rest, d], expand) -> [B, num_pairs], where
     `expand` maps per-session rows [U, ...] to impressions [B, ...] (Batch.expand_user).
-    Equal to `plain(cat([expand(user), rest], 1))`.
+    Equal to `plain(cat([expand(user), rest], 1))`. The three products are `BatchedMatmul`
+    modules (lrm.fp8's probe hooks them); `pad` > 1 pads their sizes to multiples of it.
     """
 
-    def __init__(self, n_user: int, n_rest: int) -> None:
+    def __init__(self, n_user: int, n_rest: int, pad: int = 1) -> None:
         super().__init__()
         self.n_user, self.n_rest = n_user, n_rest
+        # user x user (once per session), user x rest, rest x rest; no parameters
+        self.dot_uu, self.dot_ur, self.dot_rr = (BatchedMatmul(pad) for _ in range(3))
         uu, rr = _triu_pairs(n_user), _triu_pairs(n_rest)
         self.num_pairs = len(_triu_pairs(n_user + n_rest))
         # where each canonical pair lies in cat([user x user, user x rest, rest x rest])
@@ -58,17 +62,14 @@ class DotInteraction(nn.Module):
             self.register_buffer(f"_{name}", t, persistent=False)
         self.register_buffer("_order", torch.tensor(order, dtype=torch.long), persistent=False)
 
-    @staticmethod
-    def _dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.bmm(a, b.transpose(1, 2))
-
     def forward(self, user: torch.Tensor, rest: torch.Tensor,
                 expand: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        rr = self._dots(rest, rest)[:, self._rr[0], self._rr[1]]
+        rr = self.dot_rr(rest, rest.transpose(1, 2))[:, self._rr[0], self._rr[1]]
         if self.n_user == 0:
             return rr
-        uu = expand(self._dots(user, user)[:, self._uu[0], self._uu[1]])  # once per session
-        ur = self._dots(expand(user), rest).flatten(1)
+        uu = self.dot_uu(user, user.transpose(1, 2))[:, self._uu[0], self._uu[1]]
+        uu = expand(uu)  # computed once per session
+        ur = self.dot_ur(expand(user), rest.transpose(1, 2)).flatten(1)
         return torch.cat([uu, ur, rr], 1).index_select(1, self._order)
 
     @staticmethod
@@ -90,7 +91,7 @@ class DLRMStudent(ScoredModel):
         # dense layers first: their init does not depend on where the tables are built
         self.bottom = mlp(len(schema.dense), cfg.bottom_mlp + [d]) if schema.dense else None
         n_rest = len(item_f) + (1 if self.bottom is not None else 0)
-        self.interaction = DotInteraction(len(user_f), n_rest)
+        self.interaction = DotInteraction(len(user_f), n_rest, pad=cfg.interaction_pad)
         top_in = self.interaction.num_pairs + (d if self.bottom is not None else 0)
         self.top = mlp(top_in, cfg.top_mlp)
         self._add_head(cfg.top_mlp[-1], [self.bottom, self.interaction, self.top], dense_device)

@@ -26,6 +26,7 @@ from lrm.config import TeacherModelConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import FeatureSchema
 from lrm.models.layers import ScoredModel, mlp
+from lrm.models.matmul import BatchedMatmul
 from lrm.models.tables import SparseEmbeddings, side_features
 
 
@@ -34,6 +35,8 @@ class WukongLayer(nn.Module):
                  fm_mlp: list[int]) -> None:
         super().__init__()
         self.n_fm, self.dim = n_fm, dim
+        # X (Xᵀ Y): two GEMM-like products, modules so lrm.fp8's probe sees them
+        self.fm_compress, self.fm_dots = BatchedMatmul(), BatchedMatmul()
         if rank:
             self.fm_proj = nn.Parameter(torch.randn(n_in, rank) / math.sqrt(n_in))
         else:
@@ -44,10 +47,14 @@ class WukongLayer(nn.Module):
         n_out = n_fm + n_lcb
         self.residual = nn.Linear(n_in, n_out, bias=False) if n_in != n_out else None
         self.norm = nn.LayerNorm(dim)
+        # where the residual stream enters the layer: lrm.fp8.mods.bf16_residual casts it to
+        # bf16 here (no parameters: state dict and init order are those of the plain layer)
+        self.stream_in: nn.Module = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stream_in(x)
         xt = x.transpose(1, 2)  # [B, d, n]
-        fm = torch.bmm(x, xt) if self.fm_proj is None else torch.bmm(x, xt @ self.fm_proj)
+        fm = self.fm_dots(x, xt if self.fm_proj is None else self.fm_compress(xt, self.fm_proj))
         out = [self.fm_mlp(fm.flatten(1)).view(-1, self.n_fm, self.dim)]
         if self.lcb is not None:
             out.append(self.lcb(xt).transpose(1, 2))
@@ -87,4 +94,6 @@ class Wukong(ScoredModel):
             parts.append(self.dense(batch.dense).view(-1, self.n_dense, self.dim))
         parts.append(item)
         x = self.layers(torch.cat(parts, 1))
+        # x: a Quantized (e4m3) where lrm.fp8.mods.fuse_norm fused the last norm's cast for
+        # an FP8 top.0; its flatten keeps it quantized
         return self.top(x.flatten(1))

@@ -1,11 +1,12 @@
 """The models of a stream day: each resumed from its checkpoint chain, trained, registered.
 
-Every model keeps one checkpoint chain (`checkpoints/teacher`, `checkpoints/students/NAME`)
-that `lrm.train.train(..., resume=True, streaming=True)` goes on from: the model and optimizer
-state of the last day carry over and the day's data gets one pass (a chain whose newest
-checkpoint is of this same day, from a failed run, is resumed where it stopped). The day's
-model folder is written once training is over; a run that finds it goes straight to the
-registry (`lrm.registry.challenge`: register once, score challenger and champion on the same
+Every model keeps its checkpoints (`checkpoints/teacher`, `checkpoints/students/NAME`) in
+one folder per day (lrm.streaming.chains): day D resumes the newest checkpoint of the day
+before with `lrm.train.train(..., resume=True, new_data=True)` (the model and optimizer
+state carry over, the day's data gets one pass), or, after a failed run of D, D's own newest
+checkpoint (where it stopped). The day's model folder is written once training is over
+and its checkpoint folder is then marked finished; a run that finds the model goes straight
+to the registry (`lrm.registry.challenge`: register once, score challenger and champion on the same
 data, move @champion only when NE improves).
 
 Students: every size in `students.models`, in the serving variant `registry.variant`,
@@ -23,6 +24,7 @@ from typing import Any
 from lrm import io, progress, registry, tracking
 from lrm.config import ModelConfig, ParamsConfig, SplitConfig, with_overrides
 from lrm.errors import ConfigError
+from lrm.streaming import chains
 from lrm.streaming.days import EvalPlan
 from lrm.streaming.layout import STAGE, StreamPaths
 from lrm.train.export import CARD
@@ -34,6 +36,15 @@ def _complete(model_dir: Path) -> bool:
 
 def _log_fn() -> Any:
     return tracking.log_metrics if tracking.active() else None
+
+
+def _trained(r: Any, new_data: bool) -> dict[str, Any]:
+    """What a day's training did: steps, and what it resumed (the day before's checkpoint,
+    or this day's own after a failed run; None: a fresh start)."""
+    return {"steps": r.steps, "resumed_from": r.resumed_from,
+            "resumed": None if r.resumed_from is None else
+            ("previous day" if new_data else "this day (a run that stopped)"),
+            "checkpoint": str(r.checkpoint) if r.checkpoint else None, "eval": r.eval}
 
 
 # ------------------------------------------------------------------------- teacher
@@ -76,14 +87,16 @@ def teacher_step(paths: StreamPaths, cfg: ParamsConfig, day: int) -> dict[str, A
     out = paths.teacher_model(day)
     trained: dict[str, Any] = {"skipped": True}
     if not _complete(out):
+        folder, new_data = chains.day_folder(paths.teacher_chain(), day)
         with progress.context(model="teacher", day=day):
             r = train("teacher", with_overrides(cfg.train, cfg.teacher.train),
                       ModelConfig(tables=cfg.model.tables, teacher=cfg.model.teacher),
                       paths.sessions, split=SplitConfig(days=window, eval_day=day),
-                      loader_cfg=cfg.loader, checkpoint=cfg.checkpoint,
-                      checkpoints=paths.teacher_chain(), resume=True, streaming=True, out=out,
-                      log_fn=_log_fn(), info={"stream_day": day})
-        trained = {"steps": r.steps, "resumed_from": r.resumed_from, "eval": r.eval}
+                      loader_cfg=cfg.loader, checkpoint=cfg.checkpoint, checkpoints=folder,
+                      resume=True, new_data=new_data, out=out, log_fn=_log_fn(),
+                      info={"stream_day": day})
+        trained = _trained(r, new_data)
+    chains.finish(paths.teacher_chain(), day, trained)
     d = registry.challenge(out, name, eval_data=paths.sessions, eval_day=day,
                            margin=cfg.registry.margin, evaluated_on=f"day {day}",
                            cfg=cfg.tracking)
@@ -128,16 +141,18 @@ def student_step(paths: StreamPaths, cfg: ParamsConfig, name: str, day: int,
     trained: dict[str, Any] = {"skipped": True}
     if not _complete(out):
         chain = paths.student_chain(name)
+        folder, new_data = chains.day_folder(chain, day)
         with progress.context(student=name, variant=cfg.registry.variant, day=day):
             r = train("student", with_overrides(cfg.train, cfg.students.train),
                       ModelConfig(tables=cfg.model.tables, student=student_config(size, variant)),
                       plan.train_data, split=SplitConfig(days=[day], eval_day=plan.eval_day),
                       eval_from=plan.separate_eval, loader_cfg=cfg.loader,
-                      checkpoint=cfg.checkpoint, checkpoints=chain, resume=True, streaming=True,
-                      out=out, loss_fn=ExFMLoss(variant),
+                      checkpoint=cfg.checkpoint, checkpoints=folder, resume=True,
+                      new_data=new_data, out=out, loss_fn=ExFMLoss(variant),
                       teacher_column=TEACHER_COLUMN if variant.distill else None,
                       log_fn=_log_fn(), info={"stream_day": day, "evaluated_on": plan.label})
-        trained = {"steps": r.steps, "resumed_from": r.resumed_from, "eval": r.eval}
+        trained = _trained(r, new_data)
+    chains.finish(paths.student_chain(name), day, trained)
     model = registry.student_model(name, cfg.registry)
     d = registry.challenge(out, model, eval_data=plan.eval_data, eval_day=plan.eval_day,
                            margin=cfg.registry.margin, evaluated_on=plan.label,

@@ -46,7 +46,7 @@ from lrm.train.data import EpochStream, loaders, model_hash_sizes, run_identity
 from lrm.train.evaluate import autocast, predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.meter import Meter
-from lrm.train.state import Segment, TrainState, data_key, seed_step
+from lrm.train.state import TrainState, seed_step
 
 log = logging.getLogger("lrm")
 LogFn = Callable[[Mapping[str, float], int], None]
@@ -95,7 +95,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
           transform: Transform | None = None, log_fn: LogFn | None = None,
           init_from: Path | None = None, loss_fn: LossFn = bce_loss,
           teacher_column: str | None = None, info: Mapping[str, Any] | None = None,
-          streaming: bool = False, eval_from: Path | None = None) -> TrainResult:
+          new_data: bool = False, eval_from: Path | None = None) -> TrainResult:
     """Train a `kind` model on `data` (see the module docstring); rank 0 writes `out`.
 
     split: which days train and which is held out (default: every day but the last).
@@ -109,21 +109,17 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
     loss_fn(model, batch) -> (loss, serving log loss); the held-out eval always scores
     `model(batch)`. teacher_column: read into `batch.teacher_logits` (augmented data).
     info: more entries for the saved model card's training summary.
-    streaming: training a day at a time with one checkpoint chain: a resume from a
-    checkpoint of other train data (the previous day's) keeps its model, optimizer state
-    and step count and makes one pass over this run's data (the resume identity then
-    leaves the data out); one of these same data goes on where it stopped. Needs
-    `checkpoints`.
-    eval_from: read the held-out day from this dataset instead of `data`.
+    new_data: with resume, the checkpoint is of other data (the streaming flow's previous
+    day): only the model and the optimizers come back; this run counts its own steps.
+    eval_from: read the held-out day from this dataset instead of `data` (e.g. the held-out
+    last slice of the train day, when the next day is not there yet).
     """
-    if streaming and checkpoints is None:
-        raise ValueError("streaming=True needs a checkpoint folder (checkpoints=)")
     quiet_libraries()
     split, loader_cfg = split or SplitConfig(), loader_cfg or LoaderConfig()
     torch.set_num_threads(intra_op_threads(cfg.threads,
                                            loader_cfg.num_workers if loader_cfg.prefetch else 0))
     data = Path(data)
-    with process_group(cfg.device) as env:
+    with process_group(cfg.device) as env, contextlib.ExitStack() as cleanup:
         # -- build: model, sharding, optimizers, data -----------------------------------
         torch.manual_seed(cfg.seed)
         schema, _ = read_schema(data)
@@ -140,30 +136,22 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
         opt = parallel.optimizer(dmp, dense_opt)
         train_data, eval_data, train_days, eval_day = loaders(
             data, cfg, split, loader_cfg, env, sizes, teacher_column, eval_from)
+        total = cfg.steps or cfg.epochs * len(train_data)
         state, stream = TrainState(), EpochStream(train_data)
 
         # -- checkpoints: everything a resume needs is a stateful part -----------------
-        parts: dict[str, Any] = {"model": dmp, "optim": opt, "train": state, "data": stream}
-        segment = Segment() if streaming else None
+        parts = {"model": dmp, "optim": opt, "train": state, "data": stream}
         ckpt = None
         if checkpoints is not None:
-            identity = run_identity(kind, model_cfg, sizes, cfg, env, data, train_days,
-                                    loader_cfg)
-            if segment is not None:  # the data moves on day by day: it starts a new pass
-                key = data_key({k: identity.pop(k) for k in ("train_days", "data")})
-                parts["segment"] = segment
-            ckpt = CheckpointManager(checkpoints, env, checkpoint or CheckpointConfig(),
-                                     identity)
-            if resume:
-                dense_opt.init_state()  # AdamW's state is lazy: create it to load into
-            resumed_from = ckpt.start(parts, resume)
+            ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
+                checkpoints, env, checkpoint or CheckpointConfig(),
+                run_identity(kind, model_cfg, sizes, cfg, env, data, train_days, loader_cfg)))
+            # AdamW's state is lazy: made (a dummy step) only when there is one to load
+            resumed_from = ckpt.start(parts, resume, new_data=new_data,
+                                      prepare=dense_opt.init_state)
             opt.zero_grad(set_to_none=True)
-            if segment is not None and segment.key != key and resumed_from is None:
-                segment.key, segment.start = key, state.step
-                stream.epoch = stream.batch = 0
         else:
             resumed_from = None
-        total = (segment.start if segment else 0) + (cfg.steps or cfg.epochs * len(train_data))
 
         # -- the loop ---------------------------------------------------------------
         meter, history = Meter(env, cfg.ne_window), []

@@ -12,7 +12,7 @@ import mlflow
 import pytest
 import yaml
 
-from lrm.checkpoint.dcp import Checkpointer
+from lrm.checkpoint import Store
 from lrm.serving.pyfunc import OUTPUT, example_frame
 from tests.conftest import REPO
 from tests.train.conftest import datasets, poison_day  # noqa: F401  (session fixture)
@@ -56,7 +56,7 @@ def test_torchrun_stage_trains_checkpoints_and_logs_once(datasets, tmp_path):  #
     assert {"ne", "auc", "calibration", "rows"} <= m["eval"].keys()
     assert {p.name for p in (tmp_path / "models/student").iterdir()} == {
         "model.json", "state_dict.pt", ".lrm-output.json"}
-    assert Checkpointer(tmp_path / "ck/student").complete() == [6, 12]
+    assert [e.step for e in Store(tmp_path / "ck/student").entries()] == [6, 12]
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     runs = mlflow.search_runs(experiment_names=["test-train"], output_format="list")
@@ -107,7 +107,7 @@ def test_bad_input_exits_2_with_one_line(datasets, tmp_path):  # noqa: F811
         assert "Traceback" not in err, (name, err[-3000:])
         assert not (tmp_path / f"m-{name}").exists()
         assert not (tmp_path / f"metrics-{name}.json").exists()
-    assert Checkpointer(tmp_path / "ck-nan").complete()
+    assert Store(tmp_path / "ck-nan").entries()
 
 
 def test_two_runs_on_one_checkpoint_folder_the_second_fails_at_once(datasets, tmp_path):  # noqa: F811

@@ -9,7 +9,8 @@ and the all-to-all). "Tracks" means, numerically:
   * held-out NE: absolute difference <= 1e-4 (measured: ~5e-6);
   * every weight tensor: ||w2 - w1|| / ||w1|| <= 1e-2 (measured: <= 5e-4; single
     elements drift up to ~1.5e-3 as rounding differences compound through training).
-The 2-process run also checkpoints with DCP (each rank writes its shards) and resumes.
+Checkpoints hold rows in global row space: the 2-process run's checkpoint resumes in one
+process, and the 1-process run's in two.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import pytest
 import torch
 
+from lrm.config import CheckpointConfig
 from lrm.train import train
 from tests.conftest import REPO
 from tests.train.conftest import LOADER, SMALL_MODEL, tiny_train
@@ -55,8 +57,9 @@ def _assert_weights_track(w1, w2):
 
 def test_two_processes_track_one_and_resume(datasets, tmp_path):
     data = datasets["sessions"]
+    every10 = CheckpointConfig(every=10)
     one = train("student", tiny_train(steps=30, **CFG), SMALL_MODEL, data, loader_cfg=LOADER,
-                out=tmp_path / "one")
+                out=tmp_path / "one", checkpoint=every10, checkpoints=tmp_path / "ck1")
     common = {"data": str(data), "loader": {"prefetch": 2, "num_workers": 1}, "model": MODEL}
     two = _torchrun(tmp_path, "two", out=str(tmp_path / "two"), checkpoints=str(tmp_path / "ck"),
                     train={**CFG, "steps": 30}, checkpoint={"every": 10}, **common)
@@ -71,12 +74,18 @@ def test_two_processes_track_one_and_resume(datasets, tmp_path):
     assert two["eval"]["ne"] == pytest.approx(one.eval["ne"], abs=1e-4)
     _assert_weights_track(_weights(tmp_path / "one"), _weights(tmp_path / "two"))
 
-    # resume the 2-rank run from the checkpoint its 2 ranks wrote, on to step 40
+    # on to step 40: from the 1-process checkpoint in 2 processes, from the 2 ranks' in one
     one40 = train("student", tiny_train(steps=40, **CFG), SMALL_MODEL, data, loader_cfg=LOADER,
                   out=tmp_path / "one40")
     more = _torchrun(tmp_path, "more", out=str(tmp_path / "two40"),
-                     checkpoints=str(tmp_path / "ck"), resume=True,
+                     checkpoints=str(tmp_path / "ck1"), resume=True,
                      train={**CFG, "steps": 40}, checkpoint={"every": 10}, **common)
     assert more["resumed_from"] == 30 and more["steps"] == 40
     assert more["eval"]["ne"] == pytest.approx(one40.eval["ne"], abs=1e-4)
     _assert_weights_track(_weights(tmp_path / "one40"), _weights(tmp_path / "two40"))
+    back = train("student", tiny_train(steps=40, **CFG), SMALL_MODEL, data, loader_cfg=LOADER,
+                 out=tmp_path / "back40", checkpoint=every10, checkpoints=tmp_path / "ck",
+                 resume=True)
+    assert back.resumed_from == 30 and back.steps == 40 and back.samples == one40.samples
+    assert back.eval["ne"] == pytest.approx(one40.eval["ne"], abs=1e-4)
+    _assert_weights_track(_weights(tmp_path / "one40"), _weights(tmp_path / "back40"))

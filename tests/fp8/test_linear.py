@@ -1,0 +1,114 @@
+"""FP8 linears: the real `_scaled_mm` kernels, padding to 16, bias epilogue, gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from lrm.errors import ConfigError
+from lrm.fp8 import linear as L
+from lrm.fp8.formats import per_tensor
+from lrm.fp8.probe import error_metrics
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_linear_trains_close_to_full_precision_and_shares_parameters(recipe):
+    torch.manual_seed(0)
+    lin = nn.Linear(40, 24)  # neither a multiple of 16: padded inside
+    f8 = L.Fp8Linear.from_linear(lin, recipe)
+    assert f8.weight is lin.weight and f8.bias is lin.bias
+    assert list(f8.state_dict()) == ["weight", "bias"]
+    x = torch.randn(37, 40, requires_grad=True)
+    x8 = x.detach().clone().requires_grad_()
+    g = torch.randn(37, 24)
+    lin(x).backward(g)
+    ref = {"x": x.grad, "w": lin.weight.grad.clone(), "b": lin.bias.grad.clone()}
+    lin.zero_grad()
+    y8 = f8(x8)
+    y8.backward(g)
+    assert y8.shape == (37, 24) and y8.dtype == torch.float32
+    assert error_metrics(lin(x).detach(), y8.detach())["sqnr_db"] > 25
+    assert error_metrics(ref["x"], x8.grad)["sqnr_db"] > 20  # e5m2 gradient
+    assert error_metrics(ref["w"], lin.weight.grad)["sqnr_db"] > 20
+    torch.testing.assert_close(lin.bias.grad, ref["b"])
+
+
+def test_forward_is_the_emulated_quantized_gemm_and_padding_changes_nothing():
+    torch.manual_seed(1)
+    lin = nn.Linear(13, 7)  # padded to 16 x 16 inside
+    x = torch.randn(5, 13)
+    want = per_tensor(x) @ per_tensor(lin.weight.detach()).T + lin.bias.detach().double()
+    for epilogue in (True, False):
+        y = L.Fp8Linear.from_linear(lin, epilogue=epilogue)(x)
+        torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)
+    # backward: G in e5m2, the other operand in e4m3, each one scale per tensor
+    xg = x.clone().requires_grad_()
+    g = torch.randn(5, 7)
+    lin.zero_grad()
+    L.Fp8Linear.from_linear(lin)(xg).backward(g)
+    qg = per_tensor(g, L.E5M2)
+    torch.testing.assert_close(xg.grad.double(), qg @ per_tensor(lin.weight.detach()),
+                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lin.weight.grad.double(), qg.T @ per_tensor(x),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_the_quantizer_pads_to_multiples_of_16():
+    q, inv = L.quantize(torch.randn(5, 13), L.E4M3, rowwise=True)
+    assert q.shape == (16, 16) and q.dtype == L.E4M3 and inv.shape == (16, 1)
+    assert q[5:].float().abs().sum() == 0 and q[:, 13:].float().abs().sum() == 0
+
+
+def test_torchao_backend_without_torchao_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(L, "torchao_available", lambda: False)
+    assert L.resolve_backend("auto") == "scaled_mm"
+    with pytest.raises(ConfigError, match=r"torchao==0\.18\.0"):
+        L.resolve_backend("torchao")
+
+
+def _quantized(a: torch.Tensor, bound: float) -> L.Quantized:
+    """`a` cast to e4m3 at the scale of `bound` (as a fused producer does); the handle is
+    NaN: the Linear must never read it."""
+    scale = L.E4M3_MAX / bound
+    q = (a * scale).clamp(-L.E4M3_MAX, L.E4M3_MAX).to(L.E4M3)
+    handle = torch.full(a.shape, float("nan"), requires_grad=True)
+    return L.Quantized(q, torch.tensor(1 / scale), handle)
+
+
+def test_a_prequantized_input_is_used_as_is_forward_and_backward(monkeypatch):
+    torch.manual_seed(2)
+    lin = nn.Linear(40, 24)  # padded to 48 x 32 inside
+    a = torch.randn(37, 40)
+    x = _quantized(a, bound=1.5 * float(a.abs().max()))  # a looser scale than the amax
+    seen = []
+    quantize = L.quantize
+    monkeypatch.setattr(L, "quantize", lambda t, *a, **k: seen.append(tuple(t.shape)) or
+                        quantize(t, *a, **k))
+    f8 = L.Fp8Linear.from_linear(lin)
+    y = f8(x)
+    deq = x.dequantize().double()
+    w = per_tensor(lin.weight.detach())
+    torch.testing.assert_close(y.double(), deq @ w.T + lin.bias.detach().double(),
+                               rtol=1e-5, atol=1e-5)
+    g = torch.randn(37, 24)
+    y.backward(g)
+    qg = per_tensor(g, L.E5M2)
+    torch.testing.assert_close(x.handle.grad.double(), qg @ w, rtol=1e-5, atol=1e-5)
+    # the weight gradient uses the e4m3 input it was given, not a requantization
+    torch.testing.assert_close(lin.weight.grad.double(), qg.T @ deq, rtol=1e-5, atol=1e-5)
+    assert (37, 40) not in seen and (40, 37) not in seen  # no amax/cast pass over the input
+    seen.clear()
+    f8(a.requires_grad_()).backward(g)
+    assert seen.count((37, 40)) == 1 and seen.count((40, 37)) == 1  # what it saves
+    with pytest.raises(ValueError, match="tensorwise"):
+        L.Fp8Linear.from_linear(lin, "rowwise")(x)
+
+
+def test_a_quantized_input_flattens_alike_and_is_no_tensor():
+    x = _quantized(torch.randn(4, 3, 8), bound=10.0)
+    flat = x.flatten(1)
+    assert flat.shape == (4, 24) and flat.handle.shape == (4, 24) and flat.inv is x.inv
+    assert torch.equal(flat.dequantize(), x.dequantize().flatten(1))
+    with pytest.raises(TypeError):
+        nn.Linear(24, 2)(flat)  # a plain layer cannot read it by mistake

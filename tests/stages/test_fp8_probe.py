@@ -1,0 +1,111 @@
+"""Stage `fp8_probe`: the report and table of saved models; CPU says slow; bad input exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app as lrm_app
+from lrm.config import FP8Config, ParamsConfig
+from lrm.fp8.dispatch import read_report
+from lrm.train import train
+from stages import fp8_probe as stage
+from stages._common import app, execute
+from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
+
+FAST = FP8Config(min_batches=2, max_batches=3, speed_reps=1, rows=256)
+
+
+@pytest.fixture(scope="module")
+def model_dir(datasets, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("fp8-model") / "student"
+    train("student", tiny_train(steps=4), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
+          out=out)
+    return out
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_the_stage_writes_the_report_and_the_table(datasets, model_dir, tmp_path):  # noqa: F811
+    out, table = tmp_path / "r/fp8.json", tmp_path / "r/fp8.md"
+    params = ParamsConfig(fp8=FAST)
+    params.train.device, params.train.batch_size = "cpu", 256
+    m = execute(stage.STAGE, {"models": [str(model_dir)], "data": datasets["sessions"],
+                              "out": out, "table": table, "metrics": tmp_path / "m.json"},
+                params)
+    doc = read_report(out)  # what train.fp8 reads
+    probed = doc["models"]["student"]  # a bare DIR is named by its kind
+    assert probed["kind"] == "student" and probed["batches"] in (2, 3)
+    layers = probed["layers"]
+    assert {"bottom.0", "top.0", "head", "interaction.dot_rr"} <= set(layers)
+    e = layers["top.0"]
+    for fmt in ("bf16", "e4m3_tensor", "e4m3_row", "mxfp8", "mxfp4", "e5m2_dgrad"):
+        assert e["error"][fmt]["row_sqnr_db"]["n"] == probed["batches"]
+    assert e["speed"]["base_ms"] > 0 and e["speed"]["precision"] == "float32"
+    assert layers["interaction.dot_rr"]["speed"] is None and not layers[
+        "interaction.dot_rr"]["fast"]  # no FP8 batched-matmul kernel to dispatch to
+    for e in layers.values():  # the verdicts follow the measurements (timings: not asserted)
+        if e["speed"] is not None:
+            assert e["fast"] == (e["speed"]["speedup"] >= FAST.min_speedup)
+        assert e["fp8"] == (e["safe"] and e["fast"])
+    planned = {n for n, e in layers.items() if e["fp8"]}
+    assert set(probed["plan"]) == (planned if probed["model_check"]["keep"] else set())
+    assert m["student"]["safe"] >= 1 and doc["device"].startswith("CPU")
+    text = table.read_text()
+    assert "| top.0 | linear | 256 x " in text and "plan: " in text
+    assert json.loads((tmp_path / "m.json").read_text())["student"]["layers"] == len(layers)
+
+
+def test_lrm_has_the_hyphenated_command():
+    r = CliRunner().invoke(lrm_app, ["fp8-probe", "--help"])
+    assert r.exit_code == 0 and "--model" in r.output and "--fp8.min_sqnr_db" in r.output
+
+
+def test_a_folder_that_is_no_model_is_exit_2(datasets, tmp_path):  # noqa: F811
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(app(stage.STAGE), [
+        "--model", str(tmp_path / "empty"), "--data", str(datasets["sessions"]),
+        "--out", str(tmp_path / "r.json"), "--table", str(tmp_path / "r.md"),
+        "--metrics", str(tmp_path / "m.json")])
+    assert r.exit_code == 2 and "not a model folder" in r.output + r.stderr
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkeypatch):
+    import lrm.train
+    from lrm.config import (CheckpointConfig, LoaderConfig, SplitConfig, StudentModelConfig,
+                            TableConfig, TrainConfig)
+    from lrm.fp8.dispatch import FORMAT
+    from stages import train as train_stage
+
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"format": FORMAT, "models": {"s": {
+        "kind": "student", "plan": ["head"], "layers": {"head": {"shape": {"k": 64, "n": 1}}}}},
+        "settings": {"recipe": "tensorwise", "backend": "scaled_mm", "compile": False}}))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_train(*a, **kw):
+        seen.update(kw)
+        raise Stop
+
+    monkeypatch.setattr(lrm.train, "train", fake_train)
+    for fp8, has in (("", False), (str(report), True)):
+        with pytest.raises(Stop):
+            train_stage.run(kind="student", train=TrainConfig(fp8=fp8), split=SplitConfig(),
+                            checkpoint=CheckpointConfig(), loader=LoaderConfig(),
+                            tables=TableConfig(), model=StudentModelConfig(),
+                            data=tmp_path, out=None)
+        assert (seen["transform"] is not None) is has
+    import torch
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Linear(64, 1)
+
+    from lrm.fp8.linear import Fp8Linear
+    assert isinstance(seen["transform"](M()).head, Fp8Linear)
