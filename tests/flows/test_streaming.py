@@ -26,6 +26,7 @@ from flows.streaming import streaming
 from lrm import registry
 from lrm.config import GenerateConfig
 from lrm.data import synthetic
+from lrm.streaming import chains
 from tests.test_registry import _scrambled
 
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ TINY = {
     "generate": WORLD,
     "dedup": {"rows_per_file": 100},
     "train": {"batch_size": 128, "log_every": 2, "threads": 1},
-    "checkpoint": {"every": 0},
+    "checkpoint": {"every": 2},  # 3 steps a day: one checkpoint mid-day, one at its end
     "exfm": {"teacher_days": 1},
     "augment": {"batch_size": 1024},
     "loader": {"prefetch": 1, "num_workers": 1},
@@ -162,13 +163,18 @@ def test_three_days_each_processed_once(world):
 
 def test_students_resume_from_their_checkpoint_each_day(world):
     trained = [r["students"]["small"]["train"] for r in world["records"]]
-    assert trained[0]["resumed_from"] is None  # the chain's first day
-    for before, now in zip(trained, trained[1:]):
-        assert now["resumed_from"] == before["steps"]  # the end of the day before
-        assert now["steps"] > before["steps"]
+    assert trained[0]["resumed_from"] is None  # the first day starts fresh
     chain = world["root"] / "stream" / "checkpoints" / "students" / "small"
-    assert (chain / "run.json").is_file()
-    assert f"step-{trained[-1]['steps']}" in {p.name for p in chain.iterdir()}
+    for d, (before, now) in enumerate(zip(trained, trained[1:]), start=2):
+        assert now["resumed"] == "previous day" and now["steps"] == 3  # one pass of its day
+        assert now["resumed_from"] == before["steps"]  # the end of the day before
+        assert (world["root"] / now["checkpoint"]).parent == chain / f"day={d}"
+        # day d's folder started from day d - 1's newest checkpoint (linked, not rewritten)
+        seed = json.loads((chain / f"day={d}" / "_seed.json").read_text())
+        assert seed["from_day"] == d - 1
+        assert Path(before["checkpoint"]).name in seed["checkpoints"]
+    # the two newest finished days are kept, older ones removed
+    assert sorted(p.name for p in chain.glob("day=*")) == ["day=2", "day=3"]
 
 
 def test_the_champion_changes_only_when_ne_improves(world):
@@ -228,9 +234,9 @@ def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(
     real = distill.ExFMLoss.__call__
     calls = {"n": 0}
 
-    def fail_mid_day(self, model, batch):
+    def fail_mid_day(self, model, batch):  # step 3 of 3: after day 4's checkpoint at step 2
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == 3:
             raise RuntimeError("injected failure in the middle of day 4")
         return real(self, model, batch)
 
@@ -243,8 +249,13 @@ def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(
         with pytest.MonkeyPatch.context() as broken:
             broken.setattr(distill.ExFMLoss, "__call__", fail_mid_day)
             state = streaming(days=1, params=[str(params)], return_state=True)
-        assert state.is_failed() and calls["n"] == 2
-        assert _files(chain) == before["chain"]
+        assert state.is_failed() and calls["n"] == 3
+        after = _files(chain)  # the finished days' checkpoints: as they were
+        assert {k: after.get(k) for k in before["chain"]} == before["chain"]
+        assert {k for k in after if k not in before["chain"]} <= {
+            k for k in after if k.startswith("day=4/")}  # day 4's own, in its own folder
+        assert chains.newest(chain) == root / world["records"][-1]["students"]["small"][
+            "train"]["checkpoint"]  # what day 5 would start from: day 3's last
         assert _registry_state() == before["registry"]
         assert {k: v for k, v in _files(stream / "augmented").items()
                 if not k.startswith("day=4")} == before["augmented"]
@@ -254,8 +265,10 @@ def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(
         assert state.is_completed(), state.message
     (rec,) = state.result()
     assert rec["day"] == 4  # the failed day, not the one after it
-    assert rec["students"]["small"]["train"]["resumed_from"] == \
-        world["records"][-1]["students"]["small"]["train"]["steps"]
+    trained = rec["students"]["small"]["train"]
+    # it went on from day 4's own checkpoint at step 2: one step left of the day's three
+    assert trained["resumed"] == "this day (a run that stopped)"
+    assert trained["resumed_from"] == 2 and trained["steps"] == 3 and calls["n"] == 3
     assert rec["students"]["small"]["decision"]["version"] == "4"
 
 
