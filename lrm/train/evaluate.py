@@ -1,7 +1,9 @@
-"""Scoring a model on a held-out day: NE, AUC, calibration over every impression.
+"""Scoring a model on a held-out day: NE, AUC, calibration over every impression, each with
+a bootstrap confidence interval (lrm.metrics.bootstrap_ci).
 
-`evaluate` loads a saved model folder and scores it in this process (the unsharded model);
-the training loop scores its sharded model with `predict` on every rank and gathers the
+`evaluate` loads a saved model folder and scores it in this process (the unsharded model):
+every row of the day unless `max_rows` says otherwise, and the result says how many; the
+training loop scores its sharded model with `predict` on every rank and gathers the
 predictions to rank 0.
 """
 
@@ -70,26 +72,38 @@ def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
     return torch.cat(logits), torch.cat(labels)
 
 
-def score(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """{ne, auc, calibration, rows, log_loss, ctr} of logits against 0/1 labels."""
+def score(logits: torch.Tensor, labels: torch.Tensor, *, ci: bool = False,
+          resamples: int = metrics.BOOTSTRAP) -> dict[str, Any]:
+    """{ne, auc, calibration, rows, log_loss, ctr} of logits against 0/1 labels; with `ci`,
+    also {ne_ci, auc_ci, calibration_ci}: [low, high] at `ci_level` over `resamples`
+    bootstrap resamples of the rows."""
     n = int(labels.numel())
     if n == 0:
         nan = math.nan
-        return {"ne": nan, "auc": nan, "calibration": nan, "rows": 0, "log_loss": nan,
-                "ctr": nan}
-    return {
-        "ne": metrics.normalized_entropy(logits, labels),
-        "auc": metrics.auc(logits, labels),
-        "calibration": metrics.calibration(logits, labels),
-        "rows": n,
-        "log_loss": float(metrics.log_losses(logits, labels).mean()),
-        "ctr": float(labels.double().mean()),
-    }
+        out: dict[str, Any] = {"ne": nan, "auc": nan, "calibration": nan, "rows": 0,
+                               "log_loss": nan, "ctr": nan}
+    else:
+        out = {
+            "ne": metrics.normalized_entropy(logits, labels),
+            "auc": metrics.auc(logits, labels),
+            "calibration": metrics.calibration(logits, labels),
+            "rows": n,
+            "log_loss": float(metrics.log_losses(logits, labels).mean()),
+            "ctr": float(labels.double().mean()),
+        }
+    if ci and resamples:
+        bounds = metrics.bootstrap_ci(logits, labels, resamples=resamples)
+        out.update({f"{k}_ci": list(v) for k, v in bounds.items()})
+        out.update(ci_level=metrics.CI_LEVEL, ci_resamples=resamples)
+    return out
 
 
 def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 8192,
-             device: str = "cpu") -> dict[str, Any]:
-    """Score the saved model in `model_dir` on one day of `data` (either layout)."""
+             device: str = "cpu", max_rows: int = 0,
+             resamples: int = metrics.BOOTSTRAP) -> dict[str, Any]:
+    """Score the saved model in `model_dir` on one day of `data` (either layout): every row
+    of it, or its first `max_rows` (> 0); confidence intervals from `resamples` bootstrap
+    resamples (0: none). The result's `rows` is how many were scored, of `day_rows`."""
     quiet_libraries()
     dev = torch.device(device)
     model, card = load_model(model_dir, dev)
@@ -100,6 +114,11 @@ def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 81
             loader.schema.dense != card.schema.dense:
         raise ConfigError(f"evaluate: {data} has schema {loader.schema.name!r} with other "
                           f"features than the model's ({card.schema.name!r})")
-    with Reporter(f"evaluate {card.kind}", total=loader.num_rows(), unit="rows") as rep:
-        logits, labels = predict(model, loader, dev, reporter=rep)
-    return {**score(logits, labels), "day": chosen, "kind": card.kind}
+    day_rows = loader.num_rows()
+    want = min(max_rows, day_rows) if max_rows > 0 else day_rows
+    with Reporter(f"evaluate {card.kind}", total=want, unit="rows") as rep:
+        logits, labels = predict(model, loader, dev, reporter=rep,
+                                 max_batches=-(-want // batch_size))
+    logits, labels = logits[:want], labels[:want]
+    return {**score(logits, labels, ci=True, resamples=resamples), "day": chosen,
+            "day_rows": day_rows, "kind": card.kind}
