@@ -7,16 +7,20 @@ rate), so the schedule adapts:
 * a floor on optimizer steps (`min_steps`, runs given in epochs): when the epochs at
   `batch_size` make fewer steps, the batch shrinks (to a multiple of the world size, not
   below `min_batch_size`), and when that is not enough the epochs grow;
-* a validation slice: the last `val_fraction` of the train days' batches (at most
-  `val_max_rows` impressions) is held out of training and scored every `val_every` steps
-  (0: ten times an epoch); training stops after `patience` validations without a better
-  NE and the best state is restored (lrm.train.early_stop);
+* a validation slice, when the run passes over the train days more than once: the last
+  `val_fraction` of their batches (at most `val_max_rows` impressions) is held out of
+  training and scored every `val_every` steps (0: ten times an epoch); training stops after
+  `patience` validations without a better NE and the best state is restored
+  (lrm.train.early_stop). A single pass never sees a row twice, so it cannot overfit by
+  repetition and its windowed train NE is already a held-out NE (progressive validation):
+  there a slice would only cost data (measured on the Criteo sample: the teacher's NE
+  0.908 with all rows, 0.921 with a tenth held out);
 * warm-up: the learning rates of both optimizers ramp linearly over the first
   `warmup_steps` steps (at most a tenth of an epoch).
 
-`steps` > 0 is taken literally: the batch size and epochs are then the user's. Nothing but
-the run's length depends on `steps`, so a run cut short and resumed with more steps goes on
-exactly as the longer run would have.
+`steps` > 0 is taken literally: the batch size is then the user's, and there is no
+validation slice. Nothing but the run's length depends on `steps`, so a run cut short and
+resumed with more steps goes on exactly as the longer run would have.
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ def plan(cfg: TrainConfig, rows: int, world_size: int) -> Schedule:
     adapted: list[str] = []
     batch, epochs = cfg.batch_size, cfg.epochs
     if cfg.steps == 0 and cfg.min_steps:
-        train_rows = rows * (1 - cfg.val_fraction)
+        train_rows = rows * (1 - cfg.val_fraction) if epochs > 1 else rows
         if epochs * int(train_rows // batch) < cfg.min_steps:
             floor = max(cfg.min_batch_size, world_size)
             fit = int(epochs * train_rows // cfg.min_steps) // world_size * world_size
@@ -82,7 +86,7 @@ def plan(cfg: TrainConfig, rows: int, world_size: int) -> Schedule:
     # a step: one batch of batch_size / W on every rank; the loader cuts the stream into
     # such batches (dropping the last partial one) and deals them out round-robin
     per_rank = rows // (batch // world_size) // world_size  # = steps an epoch
-    val = _split(per_rank, batch, cfg)
+    val = _split(per_rank, batch, cfg) if cfg.steps == 0 and epochs > 1 else 0
     epoch_batches = max(per_rank - val, 0)
     steps = cfg.steps or epochs * epoch_batches
     val_every = (cfg.val_every or max(1, epoch_batches // 10)) if val else 0
