@@ -347,9 +347,13 @@ class EvalConfig:
 
     day: int = -1  # negative counts from the last day (-1: the last)
     batch_size: int = 8192
+    rows: int = 0  # score the day's first N rows (0: every row)
+    bootstrap: int = 200  # resamples for the 95% confidence intervals (0: none)
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
+        _check(self.rows >= 0, "rows", "must be >= 0 (0: every row)")
+        _check(self.bootstrap >= 0, "bootstrap", "must be >= 0 (0: no intervals)")
 
 
 @dataclass(kw_only=True)

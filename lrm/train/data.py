@@ -170,7 +170,8 @@ def loaders(data: Path, batch_size: int, train_days: list[int], eval_day: int,
         dedup=loader_cfg.recd, hash_sizes=sizes, rank=env.rank, world_size=env.world_size,
         prefetch=loader_cfg.prefetch, num_workers=loader_cfg.num_workers)
     train = BatchLoader(data, batch, days=train_days, drop_last=True,
-                        teacher_column=teacher_column, **common)
+                        teacher_column=teacher_column, pin_memory=env.device.type == "cuda",
+                        **common)
     if len(train) - val_batches < 1:
         raise DataError(data, None, None, f"days {train_days} hold fewer than one batch of "
                                           f"{batch_size} impressions to train on")
