@@ -5,7 +5,7 @@ train.vs_torchrec        lrm's student vs torchrec's own DLRM on the same batche
 train.dedup              student samples/s on RecD batches vs plain batches (session data)
 train.vs_plain_pytorch   the project's student step vs the same student in plain PyTorch
 train.scaling            lrm.train.train under torchrun with 2 processes vs 1 (CPU, gloo)
---quick: small sizes and a few steps, under a minute on 2 cores (vs_torchrec: ~40k rows).
+--quick: small sizes and a few steps (vs_torchrec: ~40k rows).
 --device cuda: every case's models on the GPU (train.scaling needs a GPU per process and
 is skipped with one); every line says the device.
 """

@@ -270,6 +270,9 @@ class TrainConfig:
     patience: int = 3  # validations without a lower NE before stopping (the best state returns)
     warmup_steps: int = 50  # linear learning-rate warm-up, both optimizers (at most a tenth of an epoch)
     fit_tables: bool = True  # hashed tables get no more rows than the train days have distinct ids
+    # torch.compile the dense MLPs (CUDA graphs on a GPU). CPU: measured no faster (41 vs 42
+    # ms a step) and ~50 s to compile, so off; on a GPU not measured yet (bench/train.py)
+    compile: bool = False
     lr: float = 1e-3  # dense part: AdamW
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
     embedding_lr: float = 0.05  # embedding tables: fbgemm's fused row-wise Adagrad

@@ -56,7 +56,7 @@ from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.meter import Meter
 from lrm.train.state import TrainState, seed_step
-from lrm.train.steps import LrSchedule, Steps, dense_optimizer
+from lrm.train.steps import LrSchedule, Steps, compile_dense, dense_optimizer
 
 log = logging.getLogger("lrm")
 LogFn = Callable[[Mapping[str, float], int], None]
@@ -149,6 +149,8 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
         sizes = model_hash_sizes(model)
         if transform is not None:
             model = transform(model)
+        if cfg.compile:
+            log.info("train %s: compiled %s", kind, compile_dense(model, env.device))
         dmp = parallel.shard(model, env, embedding_lr=cfg.embedding_lr, seed=cfg.seed,
                              plan=plan)
         if init_from is not None:

@@ -102,3 +102,16 @@ class LrSchedule:
     def set(self, factor: float) -> None:
         for g, lr in zip(self.opt.param_groups, self.base, strict=True):
             g["lr"] = lr * factor
+
+
+def compile_dense(model: nn.Module, device: torch.device) -> list[str]:
+    """torch.compile, in place, the model's MLPs (its `nn.Sequential` children): static
+    shapes [batch, width], so on a GPU CUDA graphs (mode "reduce-overhead") replay their
+    ~dozens of kernels in one launch. The tables stay eager (DMP shards them) and so does
+    the interaction (its per-session shapes vary batch to batch). In place
+    (`Module.compile`): the state-dict keys stay those of the model. Returns the names."""
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    names = [n for n, m in model.named_children() if isinstance(m, nn.Sequential)]
+    for n in names:
+        getattr(model, n).compile(mode=mode)
+    return names
