@@ -282,7 +282,7 @@ class TrainConfig:
     log_every: int = 10  # steps between progress / MLflow metric points
     ne_window: int = 100_000  # impressions in the running (windowed) train NE
     device: str = "auto"  # auto (cuda when present) | cpu | cuda
-    amp: bool = True  # bf16 autocast on GPU (CPU always runs float32)
+    amp: bool = True  # bf16 autocast of train steps: GPU, or a CPU with native bf16
     threads: int = 0  # torch intra-op threads per process (0: the free cores, lrm.dist)
 
     def __post_init__(self) -> None:

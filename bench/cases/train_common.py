@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from lrm.config import DedupConfig, GenerateConfig, ModelConfig
+from lrm.config import DedupConfig, GenerateConfig, ModelConfig, TrainConfig
 from lrm.data import dedup, synthetic
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
@@ -32,6 +32,7 @@ from lrm.models import build_model
 from lrm.sharding import parallel
 from lrm.dist import process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
+from lrm.train.evaluate import autocast
 from lrm.train.guard import NonFiniteGuard
 from lrm.train.loop import bce_loss
 from lrm.train.meter import Meter
@@ -134,7 +135,8 @@ def project_step(data: Path, model_cfg: ModelConfig = MODEL
         meter = Meter(env, 100_000)
 
         def step_fn(b: Batch) -> tuple[torch.Tensor, None]:
-            loss, serving = bce_loss(dmp, b)
+            with autocast(env.device, TrainConfig().amp):
+                loss, serving = bce_loss(dmp, b)
             meter.record(serving, b.labels, guard.watch(loss))
             return loss, None
 

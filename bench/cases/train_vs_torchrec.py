@@ -40,7 +40,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from bench.cases.train_common import EMBEDDING_LR, LR, sync
 from bench.common import emit
 from lrm import metrics
-from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig
+from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig, \
+    TrainConfig
 from lrm.data import dedup, synthetic
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
@@ -49,6 +50,7 @@ from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.models import build_model, embedding_tables
 from lrm.sharding import parallel
 from lrm.train.data import model_hash_sizes
+from lrm.train.evaluate import autocast
 from lrm.train.guard import NonFiniteGuard
 from lrm.train.loop import bce_loss
 from lrm.train.meter import Meter
@@ -133,7 +135,8 @@ def _lrm_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch]) 
     meter = Meter(env, 100_000)
 
     def step_fn(b: Batch) -> tuple[torch.Tensor, None]:  # lrm.train.loop's step
-        loss, serving = bce_loss(dmp, b)
+        with autocast(env.device, TrainConfig().amp):
+            loss, serving = bce_loss(dmp, b)
         meter.record(serving, b.labels, guard.watch(loss))
         return loss, None
 
