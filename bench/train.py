@@ -30,11 +30,17 @@ def main() -> None:
     ap.add_argument("--only", choices=["vs_torchrec", "dedup", "plain", "scaling"],
                     default=None)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:  # one process of train.scaling (under torchrun or alone)
         train_scaling.worker(args.worker)
         return
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     train_common.use_device(args.device)
     common.DEVICE[0] = args.device
     if args.only in (None, "vs_torchrec"):  # its own ~200k-row dataset

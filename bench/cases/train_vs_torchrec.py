@@ -21,6 +21,7 @@ lrm at equal or better NE.
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -95,18 +96,30 @@ class _Side:
                  score: Callable[[], float], detach: Callable[[], None]) -> None:
         self.name, self.pipeline, self.batches = name, pipeline, batches
         self.score, self.detach = score, detach
-        self.at, self.seconds = 0, 0.0
+        self.at = 0
+        self.segments: list[tuple[int, float, float]] = []  # (steps, wall s, process CPU s)
 
     def run(self, n: int, timed: bool = True) -> None:
-        seg = iter(self.batches[self.at:self.at + n])
+        k = min(n, len(self.batches) - self.at)
+        seg = iter(self.batches[self.at:self.at + k])
         sync()
-        t0 = time.perf_counter()
-        for _ in range(min(n, len(self.batches) - self.at)):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(k):
             self.pipeline.progress(seg)
         sync()
         if timed:
-            self.seconds += time.perf_counter() - t0
-        self.at = min(self.at + n, len(self.batches))
+            self.segments.append((k, time.perf_counter() - t0, time.process_time() - c0))
+        self.at += k
+
+    @property
+    def seconds(self) -> float:
+        return sum(w for _, w, _ in self.segments)
+
+    def per_step(self, what: int, median: bool) -> float:
+        """Seconds a step: over every segment, or the median segment's (what 1: wall, 2: CPU)."""
+        if not median:
+            return sum(s[what] for s in self.segments) / sum(s[0] for s in self.segments)
+        return statistics.median(s[what] / s[0] for s in self.segments)
 
     @property
     def done(self) -> bool:
@@ -202,8 +215,14 @@ def run(quick: bool = False, data: dict[str, Any] | None = None,
         ne = {s.name: s.score() for s in sides}
         n = (len(recd) - WARMUP) * BATCH
         lrm, tr = sides
+        # beside the headline (all segments' wall time), two views that a shared machine's
+        # load disturbs less: the median segment, and this process's CPU time
+        robust = {f"ratio_{name}": round(tr.per_step(what, median) / lrm.per_step(what, median),
+                                         4)
+                  for name, what, median in (("median_segment", 1, True),
+                                             ("cpu_time", 2, False))}
         emit("train.vs_torchrec", "student_vs_dlrm", "samples/s", n / lrm.seconds,
-             n / tr.seconds, "higher", device=str(env.device), batch_size=BATCH,
+             n / tr.seconds, "higher", **robust, device=str(env.device), batch_size=BATCH,
              embedding_dim=DIM, bottom_mlp=MODEL.student.bottom_mlp,
              top_mlp=MODEL.student.top_mlp, train_rows=len(recd) * BATCH,
              steps=len(recd), threads=torch.get_num_threads(),
