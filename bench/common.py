@@ -24,6 +24,9 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {cpu}, {gpu}, torch {torch.__version__}"
 
 
+DEVICE: list[str | None] = [None]  # set by a bench that runs on a chosen device (--device)
+
+
 def emit(bench: str, case: str, unit: str, candidate: float, baseline: float, better: str,
          **extra: Any) -> dict[str, Any]:
     """Print one JSON line; ratio > 1 always means the project wins."""
@@ -32,7 +35,7 @@ def emit(bench: str, case: str, unit: str, candidate: float, baseline: float, be
     ratio = candidate / baseline if better == "higher" else baseline / candidate
     rec = {"bench": bench, "case": case, "unit": unit, "candidate": candidate,
            "baseline": baseline, "ratio": round(ratio, 4), "better": better,
-           "machine": machine(), **extra}
+           "machine": machine(), **({"device": DEVICE[0]} if DEVICE[0] else {}), **extra}
     print(json.dumps(rec), flush=True)
     return rec
 

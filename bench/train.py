@@ -1,9 +1,13 @@
-"""Training benchmarks: `python bench/train.py [--quick]` prints one JSON line per case.
+"""Training benchmarks: `python bench/train.py [--quick] [--device cuda]` prints one JSON line
+per case.
 
+train.vs_torchrec        lrm's student vs torchrec's own DLRM on the same batches (samples/s, NE)
 train.dedup              student samples/s on RecD batches vs plain batches (session data)
 train.vs_plain_pytorch   the project's student step vs the same student in plain PyTorch
 train.scaling            lrm.train.train under torchrun with 2 processes vs 1 (CPU, gloo)
---quick: 5k sessions a day and a few steps, under a minute on 2 cores.
+--quick: small sizes and a few steps (vs_torchrec: ~40k rows).
+--device cuda: every case's models on the GPU (train.scaling needs a GPU per process and
+is skipped with one); every line says the device.
 """
 
 from __future__ import annotations
@@ -14,21 +18,37 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cases import train_dedup, train_plain, train_scaling  # noqa: E402
+from bench import common  # noqa: E402
+from bench.cases import train_common, train_dedup, train_plain, train_scaling, \
+    train_vs_torchrec  # noqa: E402
 from bench.cases.train_common import dataset  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
-    ap.add_argument("--only", choices=["dedup", "plain", "scaling"], default=None)
+    ap.add_argument("--only", choices=["vs_torchrec", "dedup", "plain", "scaling"],
+                    default=None)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:  # one process of train.scaling (under torchrun or alone)
         train_scaling.worker(args.worker)
         return
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    train_common.use_device(args.device)
+    common.DEVICE[0] = args.device
+    if args.only in (None, "vs_torchrec"):  # its own ~200k-row dataset
+        train_vs_torchrec.run(quick=args.quick, device=args.device)
     cases = {"dedup": train_dedup.run, "plain": train_plain.run, "scaling": train_scaling.run}
-    with dataset(args.quick) as data:  # one dataset for every case
+    if args.only == "vs_torchrec":
+        return
+    with dataset(args.quick) as data:  # one dataset for the other cases
         for name, fn in cases.items():
             if args.only in (None, name):
                 fn(quick=args.quick, data=data)

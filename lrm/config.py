@@ -119,11 +119,14 @@ class IngestConfig:
 
     files: list[str] = field(default_factory=list)
     skip_bad: bool = False  # skip and count bad rows instead of failing on the first
-    rows_per_day: int = 0  # split the row stream into days of this many rows; 0: one day per file
+    # the days: the data's own time. Criteo TSV has no time column, so a day is a file
+    # ("file": file k of the list is day k) or every file together is one day ("one")
+    days: str = "file"
     chunk_rows: int = 200_000  # rows per streamed chunk (bounds memory)
 
     def __post_init__(self) -> None:
-        _check(self.rows_per_day >= 0, "rows_per_day", "must be >= 0")
+        _check(self.days in ("file", "one"), "days",
+               f"must be 'file' (a day per file) or 'one' (one day), got {self.days!r}")
         _check(self.chunk_rows >= 1, "chunk_rows", "must be >= 1")
 
 
@@ -256,11 +259,24 @@ class TrainConfig:
 
     The base for every stage that trains; `teacher.train` and `students.train` override
     single keys of it. Which days train is `SplitConfig`'s; checkpoints are `CheckpointConfig`'s.
+    On small data the schedule adapts (lrm.train.schedule): a floor on steps, a validation
+    slice with early stopping, warm-up; hashed tables fit the ids seen.
     """
 
     batch_size: int = 2048  # impressions per step over all ranks (each rank: batch_size / W)
     epochs: int = 1  # passes over the train days (when steps is 0)
-    steps: int = 0  # optimizer steps (0: `epochs` passes); may span epochs
+    steps: int = 0  # optimizer steps (0: `epochs` passes); may span epochs; taken literally
+    min_steps: int = 50  # floor on a run's steps: fewer shrink the batch, then add epochs (0: off)
+    min_batch_size: int = 32  # the batch never shrinks below this
+    val_fraction: float = 0.1  # last share of the train days held out to validate (0: none)
+    val_max_rows: int = 50_000  # at most this many impressions in that slice
+    val_every: int = 0  # steps between validations (0: ten an epoch)
+    patience: int = 3  # validations without a lower NE before stopping (the best state returns)
+    warmup_steps: int = 50  # linear learning-rate warm-up, both optimizers (at most a tenth of an epoch)
+    fit_tables: bool = True  # hashed tables get no more rows than the train days have distinct ids
+    # torch.compile the dense MLPs (CUDA graphs on a GPU). CPU: measured no faster (41 vs 42
+    # ms a step) and ~50 s to compile, so off; on a GPU not measured yet (bench/train.py)
+    compile: bool = False
     lr: float = 1e-3  # dense part: AdamW
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
     embedding_lr: float = 0.05  # embedding tables: fbgemm's fused row-wise Adagrad
@@ -270,15 +286,18 @@ class TrainConfig:
     log_every: int = 10  # steps between progress / MLflow metric points
     ne_window: int = 100_000  # impressions in the running (windowed) train NE
     device: str = "auto"  # auto (cuda when present) | cpu | cuda
-    amp: bool = True  # bf16 autocast on GPU (CPU always runs float32)
+    amp: bool = True  # bf16 autocast of train steps: GPU, or a CPU with native bf16
     threads: int = 0  # torch intra-op threads per process (0: the free cores, lrm.dist)
     fp8: str = ""  # an fp8_probe report: its safe-and-fast layers train in FP8 ("": off)
 
     def __post_init__(self) -> None:
-        for k in ("batch_size", "epochs", "log_every", "ne_window"):
+        for k in ("batch_size", "epochs", "log_every", "ne_window", "min_batch_size",
+                  "val_max_rows", "patience"):
             _check(getattr(self, k) >= 1, k, "must be >= 1")
-        for k in ("steps", "eval_every", "eval_batches", "threads"):
+        for k in ("steps", "eval_every", "eval_batches", "threads", "min_steps", "val_every",
+                  "warmup_steps"):
             _check(getattr(self, k) >= 0, k, "must be >= 0 (0: see the comment in params.yaml)")
+        _check(0 <= self.val_fraction < 1, "val_fraction", "must be in [0, 1)")
         _check(self.lr > 0 and self.embedding_lr > 0, "lr/embedding_lr", "must be > 0")
         _check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         _check(self.device in ("auto", "cpu", "cuda"), "device", "must be auto, cpu or cuda")
@@ -384,9 +403,13 @@ class EvalConfig:
 
     day: int = -1  # negative counts from the last day (-1: the last)
     batch_size: int = 8192
+    rows: int = 0  # score the day's first N rows (0: every row)
+    bootstrap: int = 200  # resamples for the 95% confidence intervals (0: none)
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
+        _check(self.rows >= 0, "rows", "must be >= 0 (0: every row)")
+        _check(self.bootstrap >= 0, "bootstrap", "must be >= 0 (0: no intervals)")
 
 
 @dataclass(kw_only=True)

@@ -4,10 +4,13 @@
     lrm evaluate --model-dir student=models/student --model-dir teacher=models/teacher \\
         --data data/sessions --out metrics/eval.json
 
-One unnamed model writes its metrics as the whole file: {ne, auc, calibration, rows, ...}.
-Named models (NAME=DIR) are merged into the file under their names, keeping the entries of
-other models: {"student": {...}, "teacher": {...}}. The day is `evaluate.day` (default -1:
-the last day of the data). `--model` is the old name of `--model-dir`.
+One unnamed model writes its metrics as the whole file: {ne, auc, calibration, rows, ...},
+each metric with its 95% bootstrap interval (`ne_ci`: [low, high], ...). Named models
+(NAME=DIR) are merged into the file under their names, keeping the entries of other models:
+{"student": {...}, "teacher": {...}}. The day is `evaluate.day` (default -1: the last day
+of the data); every row of it is scored unless `evaluate.rows` says otherwise, and a line
+per model on stdout says how many rows were scored. `--model` is the old name of
+`--model-dir`.
 """
 
 from __future__ import annotations
@@ -42,6 +45,20 @@ def parse_models(models: list[str], name: str | None = None) -> list[tuple[str |
     return parsed
 
 
+def describe(name: str, m: dict[str, Any]) -> str:
+    """One line: what was scored and the metrics, with their intervals when present."""
+    def metric(k: str, label: str, digits: int) -> str:
+        ci = m.get(f"{k}_ci")
+        return f"{label} {m[k]:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+                                                if ci else "")
+    which = "every row" if m["rows"] == m["day_rows"] else f"of {m['day_rows']}"
+    return (f"{name}: scored {m['rows']} rows of day {m['day']} ({which}): "
+            f"{metric('ne', 'NE', 4)}, {metric('auc', 'AUC', 4)}, "
+            f"{metric('calibration', 'calibration', 3)}"
+            + (f" (95% bootstrap intervals, {m['ci_resamples']} resamples)"
+               if "ci_resamples" in m else ""))
+
+
 def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"),
         out: Path = Path("metrics/eval.json"), name: str | None = None, force: bool = False
         ) -> dict[str, Any]:
@@ -49,8 +66,11 @@ def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"
     from lrm.train.evaluate import evaluate  # torch import: only when the stage runs
 
     parsed = parse_models(models, name)
-    results = {name: evaluate(path, data, day=cfg.day, batch_size=cfg.batch_size)
-               for name, path in parsed}
+    results = {}
+    for key, path in parsed:
+        results[key] = m = evaluate(path, data, day=cfg.day, batch_size=cfg.batch_size,
+                                    max_rows=cfg.rows, resamples=cfg.bootstrap)
+        print(describe(key or str(path), m), flush=True)
     if list(results) == [None]:
         io.write_json(results[None], out, stage=NAME, force=force)
         return results[None]

@@ -1,4 +1,5 @@
-"""NE, AUC and calibration against hand computations, brute force and torchrec."""
+"""NE, AUC and calibration against hand computations, brute force and torchrec; their
+bootstrap confidence intervals."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import math
 import pytest
 import torch
 
-from lrm.metrics import StreamingMetrics, auc, calibration, normalized_entropy
+from lrm import metrics
+from lrm.metrics import StreamingMetrics, auc, bootstrap_ci, calibration, normalized_entropy
 
 
 def test_ne_by_hand():
@@ -109,3 +111,51 @@ def test_streaming_equals_one_shot_and_window():
     assert math.isnan(small.compute()["auc"])
     small.reset()
     assert small.rows == 0 and math.isnan(small.compute()["ne"])
+
+
+def test_weighted_metrics_equal_the_metrics_of_repeated_rows():
+    """The bootstrap's weighted NE, AUC (ties included) and calibration: a row of weight k
+    counts as k copies of it."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(0, 15, (300,), generator=g).double() / 4 - 2  # many ties
+    y = (torch.rand(300, generator=g) < torch.sigmoid(x)).double()
+    w = torch.randint(0, 4, (5, 300), generator=g).double()
+    xs, order = torch.sort(x)
+    ys = y[order]
+    ends = torch.cumsum(torch.unique_consecutive(xs, return_counts=True)[1], 0)
+    ne, a, cal = metrics._weighted(w[:, order], metrics.log_losses(xs, ys), ys,
+                                   torch.sigmoid(xs), ends)
+    for r in range(5):
+        idx = torch.repeat_interleave(torch.arange(300), w[r].long())
+        assert float(ne[r]) == pytest.approx(normalized_entropy(x[idx], y[idx]), rel=1e-12)
+        assert float(a[r]) == pytest.approx(auc(x[idx], y[idx]), abs=1e-12)
+        assert float(cal[r]) == pytest.approx(calibration(x[idx], y[idx]), rel=1e-12)
+
+
+def test_bootstrap_intervals_cover_the_truth_and_narrow_with_more_rows():
+    g = torch.Generator().manual_seed(4)
+
+    def day(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(n, generator=g) - 2.5
+        return x, (torch.rand(n, generator=g) < torch.sigmoid(x)).double()
+
+    truth = day(500_000)  # the population's metrics, to about 1e-3
+    true = {"ne": normalized_entropy(*truth), "auc": auc(*truth),
+            "calibration": calibration(*truth)}
+    covered = {k: 0 for k in true}
+    for _ in range(30):  # 30 small days: a 95% interval misses about 1.5 of them
+        ci = bootstrap_ci(*day(2000), resamples=100)
+        for k, (lo, hi) in ci.items():
+            covered[k] += lo <= true[k] <= hi
+    assert all(c >= 25 for c in covered.values()), covered  # 0.6% chance below at 95%
+
+    small, big = bootstrap_ci(*day(1000)), bootstrap_ci(*day(40_000))
+    for k in true:
+        assert big[k][1] - big[k][0] < (small[k][1] - small[k][0]) / 3, k  # ~1/sqrt(40)
+    x, y = day(500)
+    assert bootstrap_ci(x, y) == bootstrap_ci(x, y)  # seeded
+    assert all(lo < m < hi for (lo, hi), m in zip(
+        bootstrap_ci(x, y).values(), (normalized_entropy(x, y), auc(x, y),
+                                      calibration(x, y)), strict=True))
+    nan = bootstrap_ci(torch.zeros(3), torch.zeros(3))  # no click: NE, AUC, calibration NaN
+    assert all(math.isnan(v) for b in nan.values() for v in b)

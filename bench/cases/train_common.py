@@ -8,6 +8,7 @@ train() needs. --quick uses 5,000 sessions a day (~40k impressions), the full ru
 The throughput cases time optimizer steps on batches built beforehand (the loader has its
 own benchmark, data.loader), best of a few repeats after warm-up steps; the `end_to_end`
 variants run lrm.train.train itself (loader in the loop, prefetching in the background).
+`use_device("cuda")` (bench/train.py --device) runs every case's model there.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from lrm.config import DedupConfig, GenerateConfig, ModelConfig
+from lrm.config import DedupConfig, GenerateConfig, ModelConfig, TrainConfig
 from lrm.data import dedup, synthetic
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
@@ -32,10 +32,27 @@ from lrm.models import build_model
 from lrm.sharding import parallel
 from lrm.dist import process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
+from lrm.train.evaluate import autocast
+from lrm.train.guard import NonFiniteGuard
+from lrm.train.loop import bce_loss
+from lrm.train.meter import Meter
+from lrm.train.steps import Steps, dense_optimizer
 
 BATCH = 2048  # TrainConfig's default
 LR, EMBEDDING_LR = 1e-3, 0.05  # TrainConfig's defaults
 MODEL = ModelConfig()  # the default student: d=16, bottom [64], top [128, 64]
+_DEVICE = ["cpu"]
+
+
+def use_device(device: str) -> None:
+    """Run the cases' models on `device` (cpu or cuda)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no GPU is visible")
+    _DEVICE[0] = device
+
+
+def device() -> str:
+    return _DEVICE[0]
 
 
 def sessions_per_day(quick: bool) -> int:
@@ -82,29 +99,51 @@ def time_steps(runs: dict[str, tuple[Callable[[Any], None], list[Any]]], warmup:
     best = {name: float("inf") for name in runs}
     for _ in range(repeat):
         for name, (step, data) in runs.items():
+            sync()
             t0 = time.perf_counter()
             for b in data:
                 step(b)
+            sync()
             best[name] = min(best[name], time.perf_counter() - t0)
     return best
 
 
+def sync() -> None:
+    """Wait for the GPU's queued work (timing); nothing on the CPU."""
+    if device() == "cuda":
+        torch.cuda.synchronize()
+
+
 @contextmanager
-def project_step(data: Path) -> Iterator[Callable[[Batch], None]]:
+def project_step(data: Path, model_cfg: ModelConfig = MODEL
+                 ) -> Iterator[Callable[[Batch], None]]:
     """The project's training step, as lrm.train.loop runs it: the student sharded by DMP
-    (one process, gloo), fused row-wise Adagrad on the tables, AdamW on the dense part."""
+    (one process), fused row-wise Adagrad on the tables, fused AdamW on the dense part, the
+    non-finite guard and the device-side meter, through torchrec's TrainPipelineSparseDist
+    (here a segment of one batch per call: no overlap between calls)."""
     quiet_libraries()
     schema, _ = read_schema(data)
-    with process_group("cpu") as env:
+    with process_group(device()) as env:
         torch.manual_seed(0)
-        model = build_model("student", schema, MODEL, device="meta")
+        model = build_model("student", schema, model_cfg, device="meta",
+                            dense_device=env.device)
         dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
-        opt = parallel.optimizer(dmp, parallel.dense_optimizer(dmp, LR, 0.0))
+        guard = NonFiniteGuard(env, lambda step, v: f"non-finite loss at step {step}: {v}")
+        dense, adamw = dense_optimizer(dmp, LR, 0.0)
+        guard.gate(dmp, adamw)
+        opt = parallel.optimizer(dmp, dense)
+        meter = Meter(env, 100_000)
+
+        def step_fn(b: Batch) -> tuple[torch.Tensor, None]:
+            with autocast(env.device, TrainConfig().amp):
+                loss, serving = bce_loss(dmp, b)
+            meter.record(serving, b.labels, guard.watch(loss))
+            return loss, None
+
+        steps = Steps(dmp, opt, env.device, step_fn)
 
         def step(b: Batch) -> None:
-            loss = F.binary_cross_entropy_with_logits(dmp(b), b.labels)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            steps.step(iter([b]))
 
         yield step
+        guard.check()

@@ -15,11 +15,13 @@ import os
 import subprocess
 import sys
 import tempfile
+
+import torch
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from bench.cases.train_common import BATCH, MODEL, dataset
+from bench.cases.train_common import BATCH, MODEL, dataset, device
 from bench.common import emit
 from lrm.config import LoaderConfig, TrainConfig, from_dict
 
@@ -53,9 +55,13 @@ def _launch(procs: int, spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
 def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
     steps = 16 if quick else 60
+    if device() == "cuda" and torch.cuda.device_count() < 2:
+        print("train.scaling: skipped on cuda (2 processes need 2 GPUs)", file=sys.stderr)
+        return
     with (dataset(quick) if data is None else nullcontext(data)) as d:
-        spec = {"data": str(d["sessions"]), "loader": {"dedup": True},
-                "train": {"batch_size": BATCH, "steps": steps, "log_every": steps}}
+        spec = {"data": str(d["sessions"]), "loader": {"recd": True},
+                "train": {"batch_size": BATCH, "steps": steps, "log_every": steps,
+                          "device": device()}}
         with tempfile.TemporaryDirectory(prefix="lrm-bench-scaling-") as tmp:
             one = _launch(1, spec, Path(tmp))
             two = _launch(2, spec, Path(tmp))

@@ -66,6 +66,14 @@ class _TrainLookups(ModelDeltaTrackerTrec):
         return super().get_unique(*args, **kwargs)
 
 
+class _Holder(nn.Module):
+    """A module's parent under the name `module`, as DistributedDataParallel holds it."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+
 class RowTracker:
     """The rows of each table looked up in training since the last `take()`."""
 
@@ -74,8 +82,13 @@ class RowTracker:
         trackers = getattr(dmp, "model_trackers", None)
         if trackers is None:
             raise TypeError(f"{type(dmp).__name__} is not a DistributedModelParallel")
-        # what DMP.init_torchrec_delta_tracker passes: the data-parallel wrapped module
-        self._tracker = _TrainLookups(dmp._dmp_wrapped_module,  # type: ignore[arg-type]
+        # what DMP.init_torchrec_delta_tracker passes: the data-parallel wrapped module;
+        # one process has no DDP wrapper (lrm.sharding.parallel), and torchrec's tracker
+        # reads `.module` of what it gets: a holder gives the same names as DDP would
+        wrapped = dmp._dmp_wrapped_module
+        if not hasattr(wrapped, "module"):
+            wrapped = _Holder(wrapped)
+        self._tracker = _TrainLookups(wrapped,  # type: ignore[arg-type]
                                       mode=TrackingMode.ID_ONLY, delete_on_read=True)
         trackers[NAME] = self._tracker  # DMP.forward calls its step() before each lookup
         self._dmp = dmp

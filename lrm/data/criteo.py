@@ -8,8 +8,10 @@ Output, per good row:
 
 * ``session_id``: the row's number in the stream of good rows across all files, in order
   (0, 1, 2, ...); every row is its own session, so ``position`` is always 0.
-* ``day``: the file's index in `files`, or, when ``cfg.rows_per_day > 0``,
-  ``session_id // rows_per_day`` (the files read as one concatenated stream).
+* ``day``: the data's own time. Criteo TSV has no time column; its public releases are
+  one file per day, so ``cfg.days == "file"`` makes file k of `files` day k, and
+  ``cfg.days == "one"`` makes every row day 0 (the files are parts of one day). Rows are
+  never cut into days by count: a held-out day is all of its file.
 * ``label``: int8.
 * ``C1..C26``: the hash parsed from hex to int64 (in [0, 2**32)); null when empty.
 * ``I1..I13``: float32, the standard DLRM transform ``log(1 + max(x, 0))``; a missing value
@@ -177,13 +179,11 @@ def _parse(chunk: pl.DataFrame, values: dict[str, pl.Expr], bad: pl.Expr) -> pl.
         bad.alias("_bad"), values[LABEL].alias(LABEL), *sparse, *dense).collect()
 
 
-def _with_keys(parsed: pl.DataFrame, first_row: int, day: int, rows_per_day: int,
-               ) -> pl.DataFrame:
+def _with_keys(parsed: pl.DataFrame, first_row: int, day: int) -> pl.DataFrame:
     """Add day, session_id and position to good parsed rows; columns in schema order."""
     session = pl.int_range(pl.len(), dtype=pl.Int64) + first_row
-    day_expr = (session // rows_per_day) if rows_per_day > 0 else pl.lit(day)
     return parsed.select(
-        day_expr.cast(pl.Int32).alias(DAY),
+        pl.lit(day, dtype=pl.Int32).alias(DAY),
         session.alias(SESSION),
         pl.lit(0, dtype=pl.Int16).alias(POSITION),
         LABEL, *CRITEO_CAT, *CRITEO_INT,
@@ -240,7 +240,7 @@ def ingest(files: Sequence[Path], out: Path, cfg: IngestConfig) -> dict[str, Any
                     file_bad += len(errors)
                     parsed = parsed.filter(~pl.col("_bad"))
                 if parsed.height:
-                    typed = _with_keys(parsed, rows, index, cfg.rows_per_day)
+                    typed = _with_keys(parsed, rows, index if cfg.days == "file" else 0)
                     writer.write(typed)
                     rows += typed.height
                     positives += int(typed[LABEL].sum())

@@ -53,6 +53,10 @@ class _Now(Future):  # type: ignore[type-arg]
 _DONE = object()
 
 
+def _pinned(batch: Batch, pin: bool) -> Batch:
+    return batch.pin_memory() if pin else batch
+
+
 @dataclass
 class _Pending:
     """A chunk read but maybe not yet normalized; impressions [g0, g1) of the stream."""
@@ -83,12 +87,15 @@ class BatchLoader:
     prefetch: batches prepared ahead by `num_workers` background threads (0 for either:
         everything in the calling thread). The output never depends on them.
     teacher_column: per-impression float column returned as `teacher_logits`.
+    pin_memory: batches come in page-locked memory (by the worker threads), so that a copy
+        to the GPU can overlap compute (torchrec's train pipeline copies on its own stream).
     """
 
     def __init__(self, root: Path, batch_size: int, *, days: Sequence[int] | None = None,
                  dedup: bool = True, hash_sizes: Mapping[str, int] | None = None,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, num_workers: int = 1,
-                 drop_last: bool = False, teacher_column: str | None = None) -> None:
+                 drop_last: bool = False, teacher_column: str | None = None,
+                 pin_memory: bool = False) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -116,6 +123,7 @@ class BatchLoader:
         if bad:
             raise ValueError(f"hash sizes must be >= 1: {bad}")
         self.teacher_column = teacher_column
+        self.pin_memory = pin_memory
         self.columns = self._check_files()  # the Parquet columns read
         self._num_rows: int | None = None
         self._start = self._next_start = self._done = 0  # resume state (state_dict)
@@ -200,8 +208,9 @@ class BatchLoader:
         def job(g0: int, g1: int) -> Callable[[], Batch]:
             pieces = [(c.future(submit, spec), max(g0, c.g0) - c.g0, min(g1, c.g1) - c.g0)
                       for c in window if c.g0 < g1 and c.g1 > g0]
-            schema, dedup = self.schema, self.dedup
-            return lambda: assemble([(f.result(), a, b) for f, a, b in pieces], schema, dedup)
+            schema, dedup, pin = self.schema, self.dedup, self.pin_memory
+            return lambda: _pinned(assemble([(f.result(), a, b) for f, a, b in pieces], schema,
+                                            dedup), pin)
 
         for day, f, rb, n in self._chunks():
             window.append(_Pending(end, end + n, day, f, rb))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -39,6 +41,15 @@ class ScoredModel(nn.Module):
             for m in (*dense, self.head):
                 if m is not None:
                     m.to(dense_device)
+
+    @torch.no_grad()
+    def init_output_bias(self, ctr: float) -> None:
+        """Start the serving head at the base rate: its bias = logit(ctr), the training
+        CTR (clamped to [1e-6, 1 - 1e-6]), so the first predictions are calibrated on
+        average instead of centred on 0.5 (a CTR model starting at p = 0.5 spends its
+        first steps only learning the base rate, and a short run may not get there)."""
+        c = min(max(ctr, 1e-6), 1 - 1e-6)
+        self.head.bias.fill_(math.log(c / (1 - c)))
 
     def forward_features(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError

@@ -48,15 +48,16 @@ def embedding_tables(schema: FeatureSchema, cfg: TableConfig, dim: int) -> list[
     # each table in the schema position of its owner, the owner first among its features
     members = {f: [f] + [g for g in features if cfg.shared.get(g) == f]
                for f in features if f not in cfg.shared}
-    seq = set(schema.user_seq)
     tables = []
     for owner, feats in members.items():
         rows = max(min(schema.vocab[f], cfg.max_rows) if f in schema.vocab else cfg.hash_size
                    for f in feats)
-        pooling = cfg.seq_pooling if seq.intersection(feats) else "sum"
+        # every table pools like the sequences: a single-id feature's bag holds 0 or 1 ids,
+        # which mean and sum pool alike, and one pooling mode lets all the tables of a side
+        # share one fused kernel (fbgemm runs one pooling mode per TBE)
         tables.append(EmbeddingBagConfig(
             name=table_name(owner), num_embeddings=rows, embedding_dim=dim,
-            feature_names=list(feats), pooling=_POOLING[pooling],
+            feature_names=list(feats), pooling=_POOLING[cfg.seq_pooling],
         ))
     return tables
 

@@ -17,12 +17,14 @@ it has not seen), registered as `teacher.registry_name`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from lrm import io, progress, registry, tracking
-from lrm.config import ModelConfig, ParamsConfig, SplitConfig, with_overrides
+from lrm.config import (ModelConfig, ParamsConfig, SplitConfig, TrainConfig, TrainOverrides,
+                        with_overrides)
 from lrm.errors import ConfigError
 from lrm.streaming import chains
 from lrm.streaming.days import EvalPlan
@@ -36,6 +38,14 @@ def _complete(model_dir: Path) -> bool:
 
 def _log_fn() -> Any:
     return tracking.log_metrics if tracking.active() else None
+
+
+def _train_cfg(cfg: ParamsConfig, overrides: TrainOverrides) -> TrainConfig:
+    """The train values of a stream model. fit_tables off: the tables keep the rows of
+    `model.tables` day after day (a day's distinct ids would give each day other table
+    sizes, and the next day could not resume the model); arriving ids hash into them (the
+    day's collision report)."""
+    return dataclasses.replace(with_overrides(cfg.train, overrides), fit_tables=False)
 
 
 def _trained(r: Any, new_data: bool) -> dict[str, Any]:
@@ -89,7 +99,7 @@ def teacher_step(paths: StreamPaths, cfg: ParamsConfig, day: int) -> dict[str, A
     if not _complete(out):
         folder, new_data = chains.day_folder(paths.teacher_chain(), day)
         with progress.context(model="teacher", day=day):
-            r = train("teacher", with_overrides(cfg.train, cfg.teacher.train),
+            r = train("teacher", _train_cfg(cfg, cfg.teacher.train),
                       ModelConfig(tables=cfg.model.tables, teacher=cfg.model.teacher),
                       paths.sessions, split=SplitConfig(days=window, eval_day=day),
                       loader_cfg=cfg.loader, checkpoint=cfg.checkpoint, checkpoints=folder,
@@ -143,7 +153,7 @@ def student_step(paths: StreamPaths, cfg: ParamsConfig, name: str, day: int,
         chain = paths.student_chain(name)
         folder, new_data = chains.day_folder(chain, day)
         with progress.context(student=name, variant=cfg.registry.variant, day=day):
-            r = train("student", with_overrides(cfg.train, cfg.students.train),
+            r = train("student", _train_cfg(cfg, cfg.students.train),
                       ModelConfig(tables=cfg.model.tables, student=student_config(size, variant)),
                       plan.train_data, split=SplitConfig(days=[day], eval_day=plan.eval_day),
                       eval_from=plan.separate_eval, loader_cfg=cfg.loader,

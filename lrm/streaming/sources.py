@@ -94,7 +94,7 @@ def _dropped_table(path: Path, ingest: IngestConfig) -> pa.Table:
 
         with tempfile.TemporaryDirectory(prefix="lrm-inbox-") as tmp:
             criteo.ingest([path], Path(tmp) / "raw", IngestConfig(
-                skip_bad=ingest.skip_bad, rows_per_day=0, chunk_rows=ingest.chunk_rows))
+                skip_bad=ingest.skip_bad, days="one", chunk_rows=ingest.chunk_rows))
             files = [f for fs in day_files(Path(tmp) / "raw").values() for f in fs]
             return pa.concat_tables([pq.read_table(f) for f in files])
     _, layout = read_schema(path)

@@ -1,28 +1,41 @@
-"""The training data: which days train and which is held out, and how each rank reads them.
+"""The training data: which days train and which is held out, what the train days look like,
+and how each rank reads them.
 
 Rank r of W reads global batches r, r + W, ... of batch_size / W impressions (the loader's
 split), so a step consumes the same impressions whatever W is; every rank gets the same
-number of batches. The data position of a run is its step (see lrm.train.state).
+number of batches. The train days' stream is cut in two: the first batches train, the last
+ones (the freshest impressions) are the validation slice (lrm.train.schedule says how many).
+The data position of a run is the number of batches its steps consumed (`EpochStream`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection
 
 from lrm.config import LoaderConfig, SplitConfig, TrainConfig
+from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
-from lrm.data.schema import day_files
+from lrm.data.schema import LABEL, FeatureSchema, day_files
 from lrm.errors import ConfigError, DataError
 from lrm.models import hash_sizes
 from lrm.dist import Dist
 from lrm.train.evaluate import pick_day
+
+# the distinct ids of hashed features are counted over at most this many rows (a pass over
+# a few million rows takes seconds); a larger dataset keeps model.tables.hash_size
+SCAN_ROWS = 4_000_000
 
 
 def split_days(data: Path, cfg: SplitConfig, eval_from: Path | None = None
@@ -48,6 +61,65 @@ def split_days(data: Path, cfg: SplitConfig, eval_from: Path | None = None
     return sorted(days), eval_day
 
 
+@dataclass(frozen=True)
+class DataStats:
+    """What the train days hold: rows, clicks, and distinct ids of the hashed features."""
+
+    rows: int
+    positives: int
+    # hashed feature -> distinct non-null ids seen, for those with at most `cap` of them
+    # (a feature with more, or a scan cut short by SCAN_ROWS, is absent)
+    distinct: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ctr(self) -> float:
+        return self.positives / self.rows if self.rows else math.nan
+
+
+def _flat(col: pa.ChunkedArray) -> pa.Array:
+    arr = col.combine_chunks()
+    return pc.list_flatten(arr) if pa.types.is_list(arr.type) else arr
+
+
+def scan_days(data: Path, days: Sequence[int], hashed: Sequence[str] = (),
+              cap: int = 0) -> DataStats:
+    """Rows and clicks of `days` (the label column only), and the distinct ids of each
+    `hashed` feature while it has at most `cap` (each stops being counted past that)."""
+    files = day_files(data)
+    rows = positives = 0
+    seen: dict[str, np.ndarray] = {f: np.empty(0, np.int64) for f in hashed}
+    for d in days:
+        for f in files[d]:
+            counting = [k for k in seen if len(seen[k]) <= cap] if rows < SCAN_ROWS else []
+            t = parquet.read_table(f, columns=[LABEL, *counting])
+            labels = _flat(t.column(LABEL))
+            rows += len(labels)
+            positives += int(pc.sum(labels).as_py() or 0)
+            for k in counting:
+                ids = _flat(t.column(k)).drop_null().to_numpy(zero_copy_only=False)
+                seen[k] = np.union1d(seen[k], ids)
+    scanned_all = rows <= SCAN_ROWS
+    return DataStats(rows, positives, {k: len(v) for k, v in seen.items()
+                                       if len(v) <= cap and scanned_all})
+
+
+def fit_tables(schema: FeatureSchema, stats: DataStats) -> FeatureSchema:
+    """`schema` with the id space of each hashed feature whose distinct ids were counted set
+    to that count: its table gets no more rows than the train days have ids for (the loader
+    hashes ids into those rows). Features with a known vocab keep it."""
+    fitted = {k: max(1, n) for k, n in stats.distinct.items() if k not in schema.vocab}
+    if not fitted:
+        return schema
+    return FeatureSchema(name=schema.name, user_sparse=schema.user_sparse,
+                         user_seq=schema.user_seq, item_sparse=schema.item_sparse,
+                         dense=schema.dense, vocab={**schema.vocab, **fitted})
+
+
+def hashed_features(schema: FeatureSchema) -> list[str]:
+    """Sparse features without a known vocab (their ids are hashed into a table)."""
+    return [f for f in schema.sparse_features if f not in schema.vocab]
+
+
 def per_rank_batch(batch_size: int, world_size: int) -> int:
     if batch_size % world_size:
         raise ConfigError(f"train.batch_size: {batch_size} is not divisible by the "
@@ -71,69 +143,105 @@ def model_hash_sizes(model: nn.Module) -> dict[str, int]:
                        for t in m.embedding_bag_configs()])
 
 
-def loaders(data: Path, cfg: TrainConfig, split: SplitConfig, loader_cfg: LoaderConfig,
-            env: Dist, sizes: dict[str, int], teacher_column: str | None = None,
-            eval_from: Path | None = None) -> tuple[BatchLoader, BatchLoader, list[int], int]:
-    """(train loader, eval loader, train days, eval day) for this rank; `teacher_column`
-    is read for training only (the held-out eval scores the serving head alone); the
-    held-out day comes from `eval_from` when given (see `split_days`)."""
-    train_days, eval_day = split_days(data, split, eval_from)
-    held = data if eval_from is None else eval_from
-    batch = per_rank_batch(cfg.batch_size, env.world_size)
+@dataclass
+class Loaders:
+    """This rank's loaders: the train stream, its validation slice, the held-out day."""
+
+    train: BatchLoader  # the train days; an epoch is its first `train_batches` batches
+    train_batches: int  # per rank
+    validation: BatchLoader | None  # the train days again, read from `train_batches` on
+    held_out: BatchLoader
+
+    def validation_batches(self) -> Iterator[Batch]:
+        """The validation slice: the train stream's batches after the training ones."""
+        assert self.validation is not None
+        seek(self.validation, self.train_batches)
+        return iter(self.validation)
+
+
+def seek(loader: BatchLoader, batch: int) -> None:
+    """The loader's next iteration starts after this rank's first `batch` batches."""
+    loader.load_state_dict({"batch": batch, "batch_size": loader.batch_size,
+                            "world_size": loader.world_size})
+
+
+def loaders(data: Path, batch_size: int, train_days: list[int], eval_day: int,
+            val_batches: int, loader_cfg: LoaderConfig, env: Dist, sizes: dict[str, int],
+            teacher_column: str | None = None, eval_from: Path | None = None) -> Loaders:
+    """This rank's loaders, at a global `batch_size`, the last `val_batches` (per rank) of
+    the train days held out for validation; `teacher_column` is read for training only
+    (the held-out eval and validation score the serving head alone); the held-out day
+    comes from `eval_from` when given (see `split_days`)."""
+    batch = per_rank_batch(batch_size, env.world_size)
     common: dict[str, Any] = dict(
         dedup=loader_cfg.recd, hash_sizes=sizes, rank=env.rank, world_size=env.world_size,
         prefetch=loader_cfg.prefetch, num_workers=loader_cfg.num_workers)
     train = BatchLoader(data, batch, days=train_days, drop_last=True,
-                        teacher_column=teacher_column, **common)
-    if len(train) == 0:
+                        teacher_column=teacher_column, pin_memory=env.device.type == "cuda",
+                        **common)
+    if len(train) - val_batches < 1:
         raise DataError(data, None, None, f"days {train_days} hold fewer than one batch of "
-                                          f"{cfg.batch_size} impressions")
+                                          f"{batch_size} impressions to train on")
+    validation = (BatchLoader(data, batch, days=train_days, drop_last=True, **common)
+                  if val_batches else None)
+    held = data if eval_from is None else eval_from
     rows = BatchLoader(held, batch, days=[eval_day]).num_rows()
     held_out = BatchLoader(held, eval_batch(rows, env.world_size, batch), days=[eval_day],
                            **common)
-    return train, held_out, train_days, eval_day
+    return Loaders(train, len(train) - val_batches, validation, held_out)
 
 
 class EpochStream:
-    """Endless batches of a loader, epoch after epoch, with its position as state.
+    """Endless batches of a loader's first `batches` batches, epoch after epoch, with the
+    position of the steps that consumed them as state.
 
-    The position (epoch, batch within it) is part of every checkpoint; a resume seeks the
-    loader there (`BatchLoader.load_state_dict`: the batches before it are never assembled).
+    The loop calls `advance()` once per optimizer step: the position counts the batches
+    steps used, not those read ahead (the train pipeline holds two more). It is part of
+    every checkpoint as (epoch, batch within it); a resume seeks the loader there
+    (`BatchLoader.load_state_dict`: the batches before it are never assembled).
     """
 
-    def __init__(self, loader: BatchLoader) -> None:
-        self.loader = loader
-        self.epoch = 0
-        self.batch = 0  # batches of this epoch handed out
+    def __init__(self, loader: BatchLoader, batches: int) -> None:
+        if batches < 1:
+            raise ValueError(f"an epoch needs at least one batch, got {batches}")
+        self.loader, self.batches = loader, batches
+        self.used = 0  # batches consumed by steps, over every epoch
+
+    def advance(self) -> None:
+        self.used += 1
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"epoch": torch.tensor(self.epoch), "batch": torch.tensor(self.batch)}
+        epoch, batch = divmod(self.used, self.batches)
+        return {"epoch": torch.tensor(epoch), "batch": torch.tensor(batch)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        self.used = int(state["epoch"]) * self.batches + int(state["batch"])
 
     def __iter__(self) -> Iterator[Batch]:
+        """Batches from the current position on (a new iterator starts there again)."""
+        epoch_start = self.used % self.batches
         while True:
-            if self.batch:
-                self.loader.load_state_dict({"batch": self.batch,
-                                             "batch_size": self.loader.batch_size,
-                                             "world_size": self.loader.world_size})
+            seek(self.loader, epoch_start)
             it = iter(self.loader)
             try:
-                for b in it:
-                    self.batch += 1
+                for _ in range(self.batches - epoch_start):
+                    b = next(it, None)
+                    if b is None:
+                        raise DataError(self.loader.root, None, None, "the train days "
+                                        "changed while training (fewer batches than counted)")
                     yield b
             finally:
                 it.close()
-            self.epoch, self.batch = self.epoch + 1, 0
+            epoch_start = 0
 
 
 def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainConfig,
-                 env: Dist, data: Path, train_days: list[int], loader_cfg: LoaderConfig
-                 ) -> dict[str, Any]:
+                 batch_size: int, epoch_batches: int, env: Dist, data: Path,
+                 train_days: list[int], loader_cfg: LoaderConfig) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it: the model, its tables, the
-    batch cut and the data's shape (rows of every file of the train days: the same rows
-    cut the same batches; values may differ, e.g. after fixing a NaN), as JSON-able values."""
+    batch cut (the batch size the schedule chose, the batches an epoch trains on) and the
+    data's shape (rows of every file of the train days: the same rows cut the same batches;
+    values may differ, e.g. after fixing a NaN), as JSON-able values."""
     import dataclasses
 
     import pyarrow.parquet as pq
@@ -142,7 +250,8 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
     return {
         "kind": kind, "model": dataclasses.asdict(getattr(model_cfg, kind)),
         "tables": dataclasses.asdict(model_cfg.tables), "table_rows": sizes,
-        "batch_size": cfg.batch_size, "world_size": env.world_size, "seed": cfg.seed,
+        "batch_size": batch_size, "epoch_batches": epoch_batches,
+        "world_size": env.world_size, "seed": cfg.seed,
         "recd": loader_cfg.recd, "train_days": train_days,
         "data": {str(d): [[f.name, pq.read_metadata(f).num_rows] for f in files[d]]
                  for d in train_days},

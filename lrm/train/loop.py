@@ -1,19 +1,25 @@
 """The training loop: one process or `torchrun --nproc_per_node=N`, CPU (gloo) or GPU (nccl).
 
-    build the model (tables on meta) -> [transform it] -> shard it (DMP)
-    -> fused Adagrad (tables) + AdamW (dense) -> [resume: lrm.checkpoint]
-    -> for each batch: forward, loss, backward, step
+    read the train days (rows, CTR, distinct ids) -> fit the schedule and hashed tables
+    -> build the model (tables on meta), head bias at logit(train CTR) -> [transform it]
+    -> shard it (DMP) -> fused Adagrad (tables) + fused AdamW (dense) -> [resume]
+    -> steps through torchrec's TrainPipelineSparseDist: forward, loss, guard, backward, step
     -> every log_every steps: loss, windowed NE, samples/s (progress, log_fn)
+    -> every val_every steps: NE on the validation slice; stop when it stops improving
     -> every eval_every steps: NE/AUC on the held-out day; the checkpoint manager each step
-    -> final eval, final checkpoint, unsharded model to `out` (rank 0)
+    -> final checkpoint, restore the best validated state, final eval (with confidence
+       intervals), unsharded model to `out` (rank 0)
 
 The loss is `loss_fn(model, batch)` (default: log loss of the logits; ExFM passes its
 distillation loss, lrm.exfm.distill); `init_from` warm-starts from a saved model folder.
 A step consumes the same impressions whatever the number of processes (lrm.train.data).
-A non-finite loss stops every rank before the update (the model and the checkpoints keep
-their last good state) with NonFiniteLossError. Deterministic on CPU: generators are
-seeded per step, tables are initialized independently of the plan, and a resume seeks the
-data to the checkpointed position, so it reproduces the uninterrupted run bit for bit.
+Inside a step the host never waits for the device: the loss and the meters stay there, and
+a non-finite loss is caught on the device, its update skipped (lrm.train.guard); the run
+stops with NonFiniteLossError at the next log point (at most `log_every` steps later) or
+before anything is saved, so the model and the checkpoints keep their last good state.
+Deterministic on CPU: generators are seeded per step, tables are initialized independently
+of the plan, and a resume seeks the data to the checkpointed position, so it reproduces the
+uninterrupted run bit for bit.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -35,18 +41,22 @@ from torchrec.distributed.types import ShardingPlan
 from lrm.checkpoint import CheckpointManager
 from lrm.config import CheckpointConfig, LoaderConfig, ModelConfig, SplitConfig, TrainConfig
 from lrm.data.batch import Batch
-from lrm.data.loader import BatchLoader
 from lrm.data.schema import read_schema
 from lrm.dist import Dist, intra_op_threads, process_group, quiet_libraries
-from lrm.errors import ConfigError, LrmError
+from lrm.errors import ConfigError, DataError
 from lrm.models import build_model
 from lrm.progress import Reporter
 from lrm.sharding import parallel
-from lrm.train.data import EpochStream, loaders, model_hash_sizes, run_identity
+from lrm.train import schedule as schedules
+from lrm.train.data import EpochStream, fit_tables, hashed_features, loaders, \
+    model_hash_sizes, run_identity, scan_days, split_days
+from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import autocast, predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
+from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.meter import Meter
 from lrm.train.state import TrainState, seed_step
+from lrm.train.steps import LrSchedule, Steps, compile_dense, dense_optimizer
 
 log = logging.getLogger("lrm")
 LogFn = Callable[[Mapping[str, float], int], None]
@@ -55,15 +65,13 @@ LossFn = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
 # model -> model, between building it and sharding it (e.g. lrm.fp8's dispatch)
 Transform = Callable[[nn.Module], nn.Module]
 
+__all__ = ["NonFiniteLossError", "TrainResult", "bce_loss", "train"]
+
 
 def bce_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """The default loss: log loss of the model's logits against the click labels."""
     loss = F.binary_cross_entropy_with_logits(model(batch).float(), batch.labels)
     return loss, loss
-
-
-class NonFiniteLossError(LrmError):
-    """The loss became NaN or infinite; training stopped before applying that step."""
 
 
 @dataclass
@@ -79,13 +87,16 @@ class TrainResult:
     world_size: int = 1
     train_days: list[int] = field(default_factory=list)
     eval_day: int = -1
+    schedule: dict[str, Any] = field(default_factory=dict)  # what the run took (lrm.train.schedule)
+    validation: dict[str, Any] = field(default_factory=dict)  # best NE, its step, stopped early?
 
     def summary(self, kind: str) -> dict[str, Any]:
         """The run's metrics as a stage reports them (JSON-able)."""
         return {"kind": kind, "steps": self.steps, "samples": self.samples,
                 "samples_per_s": self.samples_per_s, "world_size": self.world_size,
                 "train_days": self.train_days, "eval_day": self.eval_day,
-                "resumed_from": self.resumed_from, "eval": self.eval}
+                "resumed_from": self.resumed_from, "eval": self.eval,
+                "schedule": self.schedule, "validation": self.validation}
 
 
 def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
@@ -105,7 +116,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
     transform: applied to the built model before sharding (e.g. FP8 dispatch).
     log_fn(metrics, step): called on rank 0 at every log point and eval (e.g. MLflow).
     init_from: a model folder whose weights start this run (a warm start: the optimizers
-    start fresh; a checkpoint resumed from wins over it).
+    start fresh, the tables keep its sizes; a checkpoint resumed from wins over it).
     loss_fn(model, batch) -> (loss, serving log loss); the held-out eval always scores
     `model(batch)`. teacher_column: read into `batch.teacher_logits` (augmented data).
     info: more entries for the saved model card's training summary.
@@ -120,43 +131,68 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
                                            loader_cfg.num_workers if loader_cfg.prefetch else 0))
     data = Path(data)
     with process_group(cfg.device) as env, contextlib.ExitStack() as cleanup:
+        # -- the data decides: rows and CTR, hashed table sizes, the schedule ----------
+        schema, _ = read_schema(data)
+        train_days, eval_day = split_days(data, split, eval_from)
+        stats = scan_days(data, train_days, hashed_features(schema) if cfg.fit_tables else (),
+                          model_cfg.tables.hash_size)
+        if init_from is not None:  # a warm start keeps the tables it starts from
+            schema = read_card(Path(init_from)).schema
+        else:
+            schema = fit_tables(schema, stats)
+        sched = schedules.plan(cfg, stats.rows, env.world_size)
+        if env.is_main and sched.adapted:
+            log.info("train %s: the schedule fits %d rows: %s", kind, stats.rows,
+                     "; ".join(sched.adapted))
+
         # -- build: model, sharding, optimizers, data -----------------------------------
         torch.manual_seed(cfg.seed)
-        schema, _ = read_schema(data)
         model = build_model(kind, schema, model_cfg, device="meta",  # type: ignore[arg-type]
                             dense_device=env.device)
+        model.init_output_bias(stats.ctr)  # type: ignore[operator]
         sizes = model_hash_sizes(model)
         if transform is not None:
             model = transform(model)
+        if cfg.compile:
+            log.info("train %s: compiled %s", kind, compile_dense(model, env.device))
         dmp = parallel.shard(model, env, embedding_lr=cfg.embedding_lr, seed=cfg.seed,
                              plan=plan)
         if init_from is not None:
             _warm_start(dmp, Path(init_from), kind, model_cfg, sizes)
-        dense_opt = parallel.dense_optimizer(dmp, cfg.lr, cfg.weight_decay)
+        guard = NonFiniteGuard(env, lambda step, value: _non_finite(kind, step, value, state,
+                                                                     ckpt))
+        dense_opt, adamw = dense_optimizer(dmp, cfg.lr, cfg.weight_decay)
+        guard.gate(dmp, adamw)
         opt = parallel.optimizer(dmp, dense_opt)
-        train_data, eval_data, train_days, eval_day = loaders(
-            data, cfg, split, loader_cfg, env, sizes, teacher_column, eval_from)
-        total = cfg.steps or cfg.epochs * len(train_data)
-        state, stream = TrainState(), EpochStream(train_data)
+        lrs = LrSchedule(opt)
+        ld = loaders(data, sched.batch_size, train_days, eval_day, sched.val_batches,
+                     loader_cfg, env, sizes, teacher_column, eval_from)
+        assert ld.train_batches == sched.epoch_batches, (ld.train_batches, sched)
+        state, stream = TrainState(guard=guard), EpochStream(ld.train, sched.epoch_batches)
+        stopper = EarlyStopping(dmp, state, cfg.patience)
 
         # -- checkpoints: everything a resume needs is a stateful part -----------------
         parts = {"model": dmp, "optim": opt, "train": state, "data": stream}
         ckpt = None
+        resumed_from = None
         if checkpoints is not None:
             ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
                 checkpoints, env, checkpoint or CheckpointConfig(),
-                run_identity(kind, model_cfg, sizes, cfg, env, data, train_days, loader_cfg)))
+                run_identity(kind, model_cfg, sizes, cfg, sched.batch_size,
+                             sched.epoch_batches, env, data, train_days, loader_cfg)))
             # AdamW's state is lazy: made (a dummy step) only when there is one to load
             resumed_from = ckpt.start(parts, resume, new_data=new_data,
                                       prepare=dense_opt.init_state)
             opt.zero_grad(set_to_none=True)
-        else:
-            resumed_from = None
+            guard.reset(state.step)
+            stopper.resumed(state.step)
 
         # -- the loop ---------------------------------------------------------------
+        total = sched.steps
         meter, history = Meter(env, cfg.ne_window), []
-        reporter = Reporter(f"train {kind}", total=max(total - state.step, 0) * cfg.batch_size,
+        reporter = Reporter(f"train {kind}", total=max(total - state.step, 0) * sched.batch_size,
                             unit="samples") if env.is_main else None
+        sizes_seen: list[int] = [0]  # impressions of the step's batch (this rank)
 
         def log_point(point: dict[str, float]) -> None:
             if env.is_main:
@@ -164,50 +200,88 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
                 if log_fn is not None:
                     log_fn(point, state.step)
 
-        def evaluate(max_batches: int | None) -> dict[str, Any]:
-            ev = _evaluate(dmp, eval_data, env, amp=cfg.amp, max_batches=max_batches)
-            log_point({f"eval_{k}": float(v) for k, v in ev.items()})
+        def evaluate(max_batches: int | None, ci: bool = False) -> dict[str, Any]:
+            ev = _evaluate(dmp, ld.held_out, env, amp=cfg.amp, max_batches=max_batches, ci=ci)
+            log_point({f"eval_{k}": float(v) for k, v in ev.items() if _scalar(v)})
             return ev
 
-        with contextlib.closing(iter(stream)) as batches, \
+        def validate() -> bool:
+            """Score the validation slice; True when training should stop."""
+            ev = _evaluate(dmp, ld.validation_batches(), env, amp=cfg.amp, max_batches=None)
+            stop = stopper.update(ev["ne"], state.step)
+            log_point({"val_ne": ev["ne"], "val_best_ne": state.best_ne})
+            return stop
+
+        def step_fn(b: Batch) -> tuple[torch.Tensor, None]:
+            """The step the pipeline runs: forward and loss; it then runs the backward and
+            the optimizer step (both gated by `ok`)."""
+            with autocast(env.device, cfg.amp):
+                loss, serving = loss_fn(dmp, b)
+            ok = guard.watch(loss)
+            meter.record(serving, b.labels, ok)
+            sizes_seen[0] = b.size
+            return loss, None
+
+        steps = Steps(dmp, opt, env.device, step_fn)
+        stopped_early = False
+        with contextlib.closing(iter(stream)) as it, \
                 (reporter or contextlib.nullcontext(_Quiet())) as rep:
             meter.resume_clock()
-            for b in islice(batches, max(total - state.step, 0)):
-                seed_step(cfg.seed, state.step, env.rank)
-                b = b.to(env.device, non_blocking=True)
-                with autocast(env.device, cfg.amp):
-                    loss, serving = loss_fn(dmp, b)
-                value = loss.item()
-                if env.any(not math.isfinite(value)):  # every rank stops, before the update
-                    raise _non_finite(kind, value, state, ckpt)
-                serving_value = value if serving is loss else serving.item()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()  # the tables' fused row-wise Adagrad runs inside the backward
-                opt.step()  # AdamW on the dense part
-                state.step += 1
-                state.samples += b.size * env.world_size
-                meter.step(serving_value, b.labels)
-                rep.update(b.size * env.world_size, loss=serving_value)
-
-                if state.step % cfg.log_every == 0 or state.step == total:
-                    log_point(point := meter.point())
-                    rep.update(0, ne=point["ne_window"])
-                if cfg.eval_every and state.step % cfg.eval_every == 0 and state.step < total:
+            while state.step < total and not stopped_early:
+                # a segment of steps up to the next evaluation: the pipeline drains at its end
+                end = _next_pause(state.step, total, sched, cfg.eval_every)
+                segment = islice(it, end - state.step)
+                while state.step < end:
+                    seed_step(cfg.seed, state.step, env.rank)
+                    lrs.set(sched.lr_factor(state.step))
+                    if not steps.step(segment):
+                        raise DataError(data, None, None, "the train days hold fewer batches "
+                                        "than the schedule counted (changed while training?)")
+                    state.step += 1
+                    state.samples += sizes_seen[0] * env.world_size
+                    stream.advance()
+                    meter.tick(sizes_seen[0])
+                    rep.update(sizes_seen[0] * env.world_size)
+                    if state.step % cfg.log_every == 0 or state.step == total:
+                        guard.check()  # the host looks at the device's flags here only
+                        log_point(point := meter.point())
+                        rep.update(0, loss=point["loss"], ne=point["ne_window"])
+                    if ckpt is not None and ckpt.step(state.step, parts):  # checks the guard
+                        meter.resume_clock()
+                steps.pause()
+                if state.step == total:
+                    break
+                guard.check()
+                if sched.validates_at(state.step):
+                    stopped_early = validate()
+                if cfg.eval_every and state.step % cfg.eval_every == 0:
                     evaluate(cfg.eval_batches or None)
-                    meter.resume_clock()
-                if ckpt is not None and ckpt.step(state.step, parts):
-                    meter.resume_clock()
+                meter.resume_clock()
+            if stopped_early:
+                log.info("train %s: validation NE has not improved for %d validations; "
+                         "stopped at step %d of %d", kind, cfg.patience, state.step, total)
+        guard.check()
 
-        # -- finish: final eval, checkpoint, model --------------------------------------
-        final = evaluate(None)
-        if ckpt is not None:
-            ckpt.finish(state.step, parts)
+        # -- finish: checkpoint, the best state, final eval, model ----------------------
+        if ckpt is not None:  # the run's own last state: a resume with more steps goes on
+            ckpt.finish(state.step, parts)  # from it exactly as an uninterrupted run would
+        if sched.val_batches and not stopped_early:
+            validate()  # the final state competes too
+        restored = stopper.restore(state.step) if sched.val_batches else None
+        if restored is not None:
+            log.info("train %s: restored the state of step %d (validation NE %.5f)", kind,
+                     restored, state.best_ne)
+        final = evaluate(None, ci=True)
         weights = parallel.full_state_dict(dmp, env)
+        validation = {"best_ne": state.best_ne if math.isfinite(state.best_ne) else None,
+                      "best_step": state.best_step, "stopped_early": stopped_early,
+                      "restored": restored}
         if env.is_main and out is not None:
             assert weights is not None
             info = {"steps": state.step, "samples": state.samples, "train_days": train_days,
                     "eval_day": eval_day, "eval": final, "world_size": env.world_size,
-                    "batch_size": cfg.batch_size, "recd": loader_cfg.recd,
+                    "batch_size": sched.batch_size, "recd": loader_cfg.recd,
+                    "schedule": sched.summary(), "validation": validation,
                     "init_from": str(init_from) if init_from else None, **(info or {})}
             save_model(Path(out), ModelCard(kind=kind, schema=schema, model=model_cfg,
                                             hash_sizes=sizes, info=info), weights)
@@ -217,7 +291,21 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
             eval=final, history=history, resumed_from=resumed_from,
             checkpoint=ckpt.last if ckpt else None,
             out=Path(out) if out is not None else None, world_size=env.world_size,
-            train_days=train_days, eval_day=eval_day)
+            train_days=train_days, eval_day=eval_day, schedule=sched.summary(),
+            validation=validation)
+
+
+def _next_pause(step: int, total: int, sched: schedules.Schedule, eval_every: int) -> int:
+    """The first step after `step` at which the loop evaluates (or the last step)."""
+    ends = [total]
+    for every in (sched.val_every if sched.val_batches else 0, eval_every):
+        if every:
+            ends.append((step // every + 1) * every)
+    return min(ends)
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
@@ -232,23 +320,23 @@ def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
     log.info("started from the weights of %s", path)
 
 
-def _evaluate(model: nn.Module, loader: BatchLoader, env: Dist, *, amp: bool,
-              max_batches: int | None) -> dict[str, Any]:
-    """Score every rank's share of the held-out day; the metrics on every rank."""
-    logits, labels = predict(model, loader, env.device, amp=amp, max_batches=max_batches)
+def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *, amp: bool,
+              max_batches: int | None, ci: bool = False) -> dict[str, Any]:
+    """Score every rank's share of `batches`; the metrics on every rank."""
+    logits, labels = predict(model, batches, env.device, amp=amp, max_batches=max_batches)
     all_logits, all_labels = env.gather_cat(logits), env.gather_cat(labels)
-    result = score(all_logits, all_labels) if env.is_main else None
+    result = score(all_logits, all_labels, ci=ci) if env.is_main else None
     return env.broadcast(result)  # type: ignore[return-value]
 
 
-def _non_finite(kind: str, value: float, state: TrainState,
-                ckpt: CheckpointManager | None) -> NonFiniteLossError:
+def _non_finite(kind: str, step: int, value: float, state: TrainState,
+                ckpt: CheckpointManager | None) -> str:
     here = value if not math.isfinite(value) else "finite here, not on every rank"
     last = (ckpt.last if ckpt else None) or "none"
-    return NonFiniteLossError(
-        f"train {kind}: the loss is not finite ({here}) at step {state.step} (stopped "
-        f"before applying it). Last good checkpoint: {last}. Check the data (NaN/inf dense "
-        f"values) or lower train.lr / train.embedding_lr, then --resume")
+    return (f"train {kind}: the loss is not finite ({here}) at step {step} (its update was "
+            f"skipped; stopped at step {state.step}). Last good checkpoint: {last}. Check "
+            f"the data (NaN/inf dense values) or lower train.lr / train.embedding_lr, then "
+            f"--resume")
 
 
 class _Quiet:

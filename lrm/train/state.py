@@ -4,24 +4,42 @@ the per-step seeding that makes a resumed run draw what the uninterrupted one dr
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
 
 import torch
+
+
+class Check(Protocol):
+    def check(self) -> None: ...
 
 
 @dataclass
 class TrainState:
     step: int = 0  # optimizer steps taken
     samples: int = 0  # impressions trained on, over all ranks
+    best_ne: float = math.inf  # the lowest validation NE so far (lrm.train.early_stop)
+    best_step: int = -1  # the step it was measured at (-1: none yet)
+    stale: int = 0  # validations since the best
+    # checked before the state is saved (not state itself): lrm.train.guard, so that no
+    # checkpoint holds a state past a step whose loss was not finite
+    guard: Check | None = field(default=None, repr=False, compare=False)
+
+    def _names(self) -> list[str]:
+        return [f.name for f in fields(self) if f.name != "guard"]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every field as an int64 tensor (checkpoints hold tensors; nothing is unpickled)."""
-        return {k: torch.tensor(v, dtype=torch.int64) for k, v in asdict(self).items()}
+        """Every field as a tensor (checkpoints hold tensors; nothing is unpickled)."""
+        if self.guard is not None:
+            self.guard.check()
+        return {k: torch.tensor(getattr(self, k), dtype=torch.float64 if k == "best_ne"
+                                else torch.int64) for k in self._names()}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        for f in fields(self):
-            setattr(self, f.name, int(sd[f.name]))
+        for k in self._names():
+            if k in sd:  # a checkpoint from before a field existed keeps its default
+                setattr(self, k, float(sd[k]) if k == "best_ne" else int(sd[k]))
 
 
 def seed_step(seed: int, step: int, rank: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 from lrm.config import IngestConfig
 from lrm.data import criteo
 from lrm.data.schema import CRITEO_CAT, CRITEO_INT, criteo_schema, day_files
-from lrm.errors import DataError
+from lrm.errors import ConfigError, DataError
 
 INTS = [str(i) for i in range(13)]
 CATS = [f"{i:08x}" for i in range(26)]
@@ -88,18 +88,22 @@ def test_parses_values_nulls_and_dlrm_transform(tmp_path):
     assert df.schema["I1"] == pl.Float32 and df.schema["C1"] == pl.Int64
 
 
-def test_day_per_file_or_rows_per_day(tmp_path):
+def test_a_day_per_file_or_one_day(tmp_path):
     a = write(tmp_path / "a.tsv", random_lines(5, seed=1))
     b = write(tmp_path / "b.tsv", random_lines(7, seed=2))
-    m = criteo.ingest([a, b], tmp_path / "by_file", IngestConfig())
+    m = criteo.ingest([a, b], tmp_path / "by_file", IngestConfig(chunk_rows=3))
     df = read(tmp_path / "by_file")
     assert m["days"] == 2 and df["day"].to_list() == [0] * 5 + [1] * 7
     assert df["session_id"].to_list() == list(range(12))
 
-    m = criteo.ingest([a, b], tmp_path / "by_rows", IngestConfig(rows_per_day=4))
-    df = read(tmp_path / "by_rows")
-    assert m["days"] == 3 and df["day"].to_list() == [0] * 4 + [1] * 4 + [2] * 4
-    assert sorted(day_files(tmp_path / "by_rows")) == [0, 1, 2]
+    m = criteo.ingest([a, b], tmp_path / "one", IngestConfig(days="one", chunk_rows=3))
+    df = read(tmp_path / "one")
+    assert m["days"] == 1 and df["day"].to_list() == [0] * 12
+    assert df["session_id"].to_list() == list(range(12))
+    assert list(day_files(tmp_path / "one")) == [0]  # every part of both files in day 0
+    assert len(day_files(tmp_path / "one")[0]) == 2 + 3  # chunks of 3: 2 parts + 3 parts
+    with pytest.raises(ConfigError, match="days"):
+        IngestConfig(days="rows")
 
 
 def test_crlf_line_endings_and_missing_final_newline(tmp_path):
@@ -207,16 +211,16 @@ def test_chunked_stream_equals_one_chunk(tmp_path):
     rows = random_lines(1000, seed=4)
     a = write(tmp_path / "a.tsv", rows[:700])
     b = write(tmp_path / "b.tsv", rows[700:])
-    for rows_per_day in (0, 300):
-        one = criteo.ingest([a, b], tmp_path / f"one{rows_per_day}",
-                            IngestConfig(chunk_rows=10**6, rows_per_day=rows_per_day))
-        many = criteo.ingest([a, b], tmp_path / f"many{rows_per_day}",
-                             IngestConfig(chunk_rows=64, rows_per_day=rows_per_day))
+    for days in ("file", "one"):
+        one = criteo.ingest([a, b], tmp_path / f"one{days}",
+                            IngestConfig(chunk_rows=10**6, days=days))
+        many = criteo.ingest([a, b], tmp_path / f"many{days}",
+                             IngestConfig(chunk_rows=64, days=days))
         assert {k: v for k, v in one.items() if k != "bytes"} == {
             k: v for k, v in many.items() if k != "bytes"}
-        assert read(tmp_path / f"many{rows_per_day}").equals(read(tmp_path / f"one{rows_per_day}"))
+        assert read(tmp_path / f"many{days}").equals(read(tmp_path / f"one{days}"))
         # chunks went to separate parts, each within the bound
-        parts = [f for fs in day_files(tmp_path / f"many{rows_per_day}").values() for f in fs]
+        parts = [f for fs in day_files(tmp_path / f"many{days}").values() for f in fs]
         assert len(parts) >= 1000 // 64
         assert max(pq.read_metadata(p).num_rows for p in parts) <= 64
 

@@ -18,8 +18,10 @@ def test_one_table_per_feature(synthetic):
     assert [t.feature_names for t in tables] == [[f] for f in synthetic.sparse_features]
     sizes = hash_sizes(tables)
     assert sizes["user_id"] == 30 and sizes["user_age"] == 8  # min(vocab, max_rows)
-    pooling = {t.feature_names[0]: t.pooling for t in tables}
-    assert pooling["user_history"] == PoolingType.MEAN and pooling["ad_id"] == PoolingType.SUM
+    # every table pools like the sequences (one pooling mode: one fused kernel a side)
+    assert {t.pooling for t in tables} == {PoolingType.MEAN}
+    assert {t.pooling for t in embedding_tables(synthetic, TableConfig(seq_pooling="sum"),
+                                                8)} == {PoolingType.SUM}
     user_t, item_t = split_tables(synthetic, tables)
     assert {f for t in user_t for f in t.feature_names} == set(synthetic.user_features)
     assert {f for t in item_t for f in t.feature_names} == set(synthetic.item_sparse)

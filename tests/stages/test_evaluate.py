@@ -1,4 +1,5 @@
-"""Stage `evaluate`: metrics JSON of one model, named entries merged, bad input -> exit 2."""
+"""Stage `evaluate`: metrics JSON of one model (every row, with confidence intervals, and a
+line saying how many rows), named entries merged, bad input -> exit 2."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import sys
 import pytest
 
 from lrm.config import EvalConfig
+from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError
 from lrm.train import train
 from stages import evaluate as stage
 from tests.conftest import REPO
 from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
 
-KEYS = {"ne", "auc", "calibration", "rows"}
+KEYS = {"ne", "auc", "calibration", "rows", "day_rows", "ne_ci", "auc_ci", "calibration_ci"}
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +40,16 @@ def _cli(tmp_path, *args):
 def test_cli_writes_the_metrics_json(datasets, model_dir, tmp_path):  # noqa: F811
     p = _cli(tmp_path, "--model", model_dir, "--data", datasets["raw"], "--out", "m/eval.json",
              "--day", "-1")
-    _, err = p.communicate(timeout=300)
+    out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
     m = json.loads((tmp_path / "m/eval.json").read_text())
     assert KEYS <= m.keys() and m["day"] == 2 and m["kind"] == "student"
     assert 0 < m["ne"] < 2 and 0 <= m["auc"] <= 1 and m["rows"] > 0
+    rows = BatchLoader(datasets["raw"], 4096, days=[2]).num_rows()
+    assert m["rows"] == m["day_rows"] == rows  # every row of the held-out day
+    for k in ("ne", "auc", "calibration"):
+        assert m[f"{k}_ci"][0] < m[k] < m[f"{k}_ci"][1]
+    assert f"scored {rows} rows of day 2 (every row): NE {m['ne']:.4f} [" in out
 
 
 def test_named_models_merge_into_one_file(datasets, model_dir, tmp_path):  # noqa: F811
@@ -58,6 +65,11 @@ def test_named_models_merge_into_one_file(datasets, model_dir, tmp_path):  # noq
     merged = json.loads(out.read_text())
     assert set(merged) == {"student", "teacher", "challenger"}
     assert merged["student"] == first["student"] and merged["challenger"] == first["student"]
+    # told otherwise: the first 100 rows, no intervals
+    some = stage.run(models=[str(model_dir)], data=datasets["sessions"], out=tmp_path / "s.json",
+                     cfg=EvalConfig(day=1, batch_size=64, rows=100, bootstrap=0))
+    assert some["rows"] == 100 < some["day_rows"] == first["student"]["rows"]
+    assert "ne_ci" not in some
 
 
 def test_bad_input_exits_2(datasets, model_dir, tmp_path):  # noqa: F811

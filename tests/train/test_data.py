@@ -1,10 +1,21 @@
-"""The held-out batch cut and the windowed NE of the training meter."""
+"""The held-out batch cut, what the train days hold (rows, clicks, distinct ids) and the
+tables fitted to them, the epoch stream's position, and the windowed NE of the meter."""
 
 from __future__ import annotations
 
+from itertools import islice
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import torch
 
-from lrm.train.data import eval_batch
+from lrm.config import TableConfig
+from lrm.data.loader import BatchLoader
+from lrm.data.schema import criteo_schema, day_files
+from lrm.models import embedding_tables, hash_sizes
+from lrm.train import data as train_data
+from lrm.train.data import EpochStream, eval_batch
 from lrm.train.meter import WindowNE
 
 
@@ -27,3 +38,44 @@ def test_window_ne_spans_the_latest_periods():
     c = 0.03
     h = -(c * torch.log(torch.tensor(c)) + (1 - c) * torch.log(torch.tensor(1 - c)))
     assert abs(w.ne() - 0.1 / float(h)) < 1e-6
+
+
+def test_scan_counts_rows_clicks_and_the_distinct_ids_of_hashed_features(datasets,
+                                                                         monkeypatch):
+    raw = datasets["raw"]  # the impressions layout: one row per impression
+    t = pa.concat_tables([pq.read_table(f) for d in (0, 1) for f in day_files(raw)[d]])
+    want = {f: len(pc.unique(t.column(f).drop_null())) for f in ("ad_id", "user_geo")}
+    s = train_data.scan_days(datasets["sessions"], [0, 1], ["ad_id", "user_geo"], cap=10**6)
+    assert s.rows == t.num_rows and s.positives == pc.sum(t.column("label")).as_py()
+    assert s.distinct == want  # the sessions layout's lists count like the rows they hold
+    capped = train_data.scan_days(raw, [0, 1], ["ad_id", "user_geo"], cap=want["ad_id"] - 1)
+    assert capped.distinct == {"user_geo": want["user_geo"]}  # more ids than the cap: absent
+    monkeypatch.setattr(train_data, "SCAN_ROWS", 10)  # a dataset too big to scan whole
+    assert train_data.scan_days(raw, [0, 1], ["user_geo"], cap=10**6).distinct == {}
+
+
+def test_hashed_tables_get_the_rows_their_ids_warrant():
+    schema = criteo_schema()  # every feature hashed
+    assert train_data.hashed_features(schema) == list(schema.sparse_features)
+    fitted = train_data.fit_tables(schema, train_data.DataStats(9, 1, {"C1": 17, "C2": 0}))
+    rows = hash_sizes(embedding_tables(fitted, TableConfig(hash_size=1000), 4))
+    assert rows["C1"] == 17 and rows["C2"] == 1 and rows["C3"] == 1000  # C3: not counted
+    assert fitted.sparse_features == schema.sparse_features
+
+
+def test_epoch_stream_position_counts_steps_and_each_epoch_stops_before_validation(datasets):
+    ld = BatchLoader(datasets["sessions"], 1000, days=[0], drop_last=True, prefetch=0)
+    first = [b.labels.clone() for b in ld][:4]  # this epoch's 4 train batches, in order
+    s = EpochStream(ld, batches=4)
+    it = iter(s)
+    got = [next(it).labels for _ in range(6)]  # read ahead, as the pipeline does
+    assert all(torch.equal(a, b) for a, b in zip(got, first + first[:2], strict=True))
+    for _ in range(5):
+        s.advance()  # five steps consumed five of the six batches read
+    assert {k: int(v) for k, v in s.state_dict().items()} == {"epoch": 1, "batch": 1}
+    it.close()
+
+    resumed = EpochStream(ld, batches=4)
+    resumed.load_state_dict(s.state_dict())
+    again = [b.labels for b in islice(iter(resumed), 5)]  # on from epoch 1, batch 1
+    assert all(torch.equal(a, b) for a, b in zip(again, first[1:] + first[:2], strict=True))

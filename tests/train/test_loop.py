@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, LrmError
+from lrm.metrics import normalized_entropy
 from lrm.train import NonFiniteLossError, evaluate, load_model, train
 from lrm.checkpoint import Store
 from lrm.config import CheckpointConfig, SplitConfig
@@ -142,6 +143,8 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(da
     msg = str(err.value)
     bad_step = int(msg.split("at step ")[1].split()[0])
     assert day0_steps <= bad_step <= day0_steps + 1  # the first batch that reaches day 1
+    stopped = int(msg.split("stopped at step ")[1].split(")")[0])
+    assert bad_step < stopped <= bad_step + 4  # seen on the host within log_every (4) steps
     good = list(range(5, bad_step + 1, 5))  # the chains of a baseline and deltas, all kept
     assert "nan" in msg and f"step-{good[-1]}" in msg
     assert [s for s, _ in _steps(ck)] == good
@@ -197,3 +200,35 @@ def test_warm_start_custom_loss_and_teacher_column(datasets, tmp_path):
     with pytest.raises(ConfigError, match="init_from"):
         train("student", tiny_train(steps=2), other, aug, loader_cfg=LOADER,
               init_from=tmp_path / "a")
+
+
+def test_an_overfitting_run_stops_early_and_keeps_its_best_validated_state(datasets,
+                                                                           tmp_path):
+    data, out = datasets["sessions"], tmp_path / "model"
+    # six passes at a high table learning rate overfit the tiny data within two
+    r = train("student", tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2,
+                                    log_every=8), SMALL_MODEL, data, loader_cfg=LOADER, out=out)
+    s, v = r.schedule, r.validation
+    assert s["val_batches"] > 0 and v["stopped_early"] and r.steps < s["steps"]
+    vals = [(h["step"], h["val_ne"]) for h in r.history if "val_ne" in h]
+    best = min(vals, key=lambda x: x[1])
+    assert (v["best_step"], v["best_ne"]) == best and v["restored"] == best[0] < r.steps
+    assert all(ne >= best[1] for _, ne in vals[-2:])  # patience 2: two without a new best
+    # the saved model is the best state: it scores the validation slice at the best NE
+    model, card = load_model(out)
+    val = BatchLoader(data, 512, days=[0, 1], drop_last=True, hash_sizes=card.hash_sizes)
+    val.load_state_dict({"batch": s["epoch_batches"], "batch_size": 512, "world_size": 1})
+    with torch.no_grad():
+        logits, labels = zip(*[(model(b), b.labels) for b in val])
+    assert normalized_entropy(torch.cat(logits), torch.cat(labels)) == pytest.approx(
+        v["best_ne"], abs=1e-5)
+
+
+def test_the_output_starts_at_the_training_ctr(datasets, tmp_path):
+    tiny = dict(lr=1e-12, embedding_lr=1e-12)  # one step that moves nothing measurable
+    train("student", tiny_train(steps=1, **tiny), SMALL_MODEL, datasets["sessions"],
+          loader_cfg=LOADER, out=tmp_path / "m")
+    model, _ = load_model(tmp_path / "m")
+    labels = torch.cat([b.labels for b in BatchLoader(datasets["raw"], 4096, days=[0, 1])])
+    ctr = float(labels.mean())
+    assert float(model.head.bias) == pytest.approx(math.log(ctr / (1 - ctr)), abs=1e-5)

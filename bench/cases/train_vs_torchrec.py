@@ -1,0 +1,234 @@
+"""train.vs_torchrec: lrm's student against torchrec's own DLRM, trained on the same batches.
+
+The shape: the peers' standard benchmark, ~200k training impressions (synthetic sessions,
+day 0; day 1 held out), batch 1024, embedding dim 16, bottom MLP 512-256-64 (then 16, the
+embedding dim), top MLP 512-256 (then the logit). --quick: ~40k impressions.
+
+The baseline is what a torchrec user writes: `torchrec.models.dlrm.DLRM` (one
+EmbeddingBagCollection over every sparse feature, the same tables: rows, dim, pooling) in
+`DLRMTrain`, sharded by DMP with fbgemm's fused row-wise Adagrad, AdamW on the dense part,
+driven by `TrainPipelineSparseDist`, fed per-impression batches (DLRM has no per-session
+form). The candidate is lrm's training step as `lrm.train.train` runs it: the DLRM student
+(RecD batches: user features once per session), the same pipeline, the non-finite guard and
+the device-side meter, fused AdamW. Same learning rates, seed, threads, process.
+
+Both train one pass over the same impressions, in alternating segments of 4 steps (32 on a
+GPU) so that load that comes and goes on a shared machine hits both alike, after 4 warm-up
+steps each; samples/s is impressions / the summed time of their segments. Then each scores
+the held-out day: NE (lower is better) is reported beside the speed; the aim is a faster
+lrm at equal or better NE.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchrec import EmbeddingBagCollection
+from torchrec.datasets.utils import Batch as TorchrecBatch
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.models.dlrm import DLRM, DLRMTrain
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from bench.cases.train_common import EMBEDDING_LR, LR, sync
+from bench.common import emit
+from lrm import metrics
+from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig, \
+    TrainConfig
+from lrm.data import dedup, synthetic
+from lrm.data.batch import Batch
+from lrm.data.loader import BatchLoader
+from lrm.data.schema import read_schema
+from lrm.dist import Dist, process_group, quiet_libraries
+from lrm.models import build_model, embedding_tables
+from lrm.sharding import parallel
+from lrm.train.data import model_hash_sizes
+from lrm.train.evaluate import autocast
+from lrm.train.guard import NonFiniteGuard
+from lrm.train.loop import bce_loss
+from lrm.train.meter import Meter
+from lrm.train.steps import Steps, dense_optimizer
+
+BATCH, DIM = 1024, 16
+MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=DIM, bottom_mlp=[512, 256, 64],
+                                               top_mlp=[512, 256]))
+WARMUP = 4
+SEGMENT = {"cpu": 4, "cuda": 32}  # steps a side runs in turn (on a GPU: room to overlap)
+
+
+@contextmanager
+def dataset(quick: bool) -> Iterator[dict[str, Any]]:
+    """~200k (quick: ~40k) impressions on day 0, as many held out on day 1."""
+    cfg = GenerateConfig(days=2, sessions_per_day=5_000 if quick else 25_000)
+    with tempfile.TemporaryDirectory(prefix="lrm-bench-vs-torchrec-") as tmp:
+        root = Path(tmp)
+        synthetic.generate(cfg, root / "raw")
+        dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+        yield {"sessions": root / "sessions"}
+
+
+def _load(data: Path, day: int, recd: bool, sizes: dict[str, int], batch: int,
+          drop_last: bool) -> list[Batch]:
+    return list(BatchLoader(data, batch, days=[day], dedup=recd, hash_sizes=sizes,
+                            drop_last=drop_last, prefetch=0))
+
+
+def _torchrec_batch(b: Batch, keys: list[str]) -> TorchrecBatch:
+    """The same impressions as torchrec's Batch: one KJT of every sparse feature."""
+    assert not b.deduped
+    feats = {**b.user.to_dict(), **b.item.to_dict()}
+    kjt = KeyedJaggedTensor.from_jt_dict({k: feats[k] for k in keys})
+    return TorchrecBatch(dense_features=b.dense, sparse_features=kjt, labels=b.labels)
+
+
+class _Side:
+    """One contender: its sharded model, its pipeline, its batches, its clock."""
+
+    def __init__(self, name: str, pipeline: TrainPipelineSparseDist, batches: list[Any],
+                 score: Callable[[], float], detach: Callable[[], None]) -> None:
+        self.name, self.pipeline, self.batches = name, pipeline, batches
+        self.score, self.detach = score, detach
+        self.at = 0
+        self.segments: list[tuple[int, float, float]] = []  # (steps, wall s, process CPU s)
+
+    def run(self, n: int, timed: bool = True) -> None:
+        k = min(n, len(self.batches) - self.at)
+        seg = iter(self.batches[self.at:self.at + k])
+        sync()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(k):
+            self.pipeline.progress(seg)
+        sync()
+        if timed:
+            self.segments.append((k, time.perf_counter() - t0, time.process_time() - c0))
+        self.at += k
+
+    @property
+    def seconds(self) -> float:
+        return sum(w for _, w, _ in self.segments)
+
+    def per_step(self, what: int, median: bool) -> float:
+        """Seconds a step: over every segment, or the median segment's (what 1: wall, 2: CPU)."""
+        if not median:
+            return sum(s[what] for s in self.segments) / sum(s[0] for s in self.segments)
+        return statistics.median(s[what] / s[0] for s in self.segments)
+
+    @property
+    def done(self) -> bool:
+        return self.at >= len(self.batches)
+
+
+def _eval_ne(forward: Callable[[Any], torch.Tensor], batches: list[Any],
+             labels: Callable[[Any], torch.Tensor]) -> float:
+    with torch.no_grad():
+        logits = torch.cat([forward(b).float().reshape(-1).cpu() for b in batches])
+        y = torch.cat([labels(b).float().cpu() for b in batches])
+    return metrics.normalized_entropy(logits, y)
+
+
+def _lrm_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch]) -> _Side:
+    schema, _ = read_schema(data)
+    torch.manual_seed(0)
+    model = build_model("student", schema, MODEL, device="meta", dense_device=env.device)
+    clicks = sum(float(b.labels.sum()) for b in train)
+    model.init_output_bias(clicks / sum(b.size for b in train))  # type: ignore[operator]
+    dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
+    guard = NonFiniteGuard(env, lambda step, v: f"non-finite loss at step {step}: {v}")
+    dense, adamw = dense_optimizer(dmp, LR, 0.0)
+    guard.gate(dmp, adamw)
+    opt = parallel.optimizer(dmp, dense)
+    meter = Meter(env, 100_000)
+
+    def step_fn(b: Batch) -> tuple[torch.Tensor, None]:  # lrm.train.loop's step
+        with autocast(env.device, TrainConfig().amp):
+            loss, serving = bce_loss(dmp, b)
+        meter.record(serving, b.labels, guard.watch(loss))
+        return loss, None
+
+    steps = Steps(dmp, opt, env.device, step_fn)
+    return _Side("lrm", steps.pipeline, [b.to(env.device) for b in train],
+                 lambda: _eval_ne(dmp, [b.to(env.device) for b in held_out],
+                                  lambda b: b.labels),
+                 steps.pause)
+
+
+def _torchrec_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch]
+                   ) -> _Side:
+    schema, _ = read_schema(data)
+    tables = embedding_tables(schema, MODEL.tables, DIM)  # lrm's tables, one collection
+    keys = [f for t in tables for f in t.feature_names]
+    torch.manual_seed(0)
+    dlrm = DLRM(embedding_bag_collection=EmbeddingBagCollection(tables, device=torch.device(
+        "meta")), dense_in_features=len(schema.dense),
+        dense_arch_layer_sizes=[*MODEL.student.bottom_mlp, DIM],
+        over_arch_layer_sizes=[*MODEL.student.top_mlp, 1], dense_device=env.device)
+    dmp = parallel.shard(DLRMTrain(dlrm), env, embedding_lr=EMBEDDING_LR, seed=0)
+    dense = KeyedOptimizerWrapper(
+        {k: p for k, p in dmp.named_parameters() if not hasattr(p, "_in_backward_optimizers")},
+        lambda ps: torch.optim.AdamW(ps, lr=LR))
+    opt = CombinedOptimizer([dmp.fused_optimizer, dense])
+    pipeline = TrainPipelineSparseDist(dmp, opt, env.device)
+
+    def forward(b: TorchrecBatch) -> torch.Tensor:
+        return dmp(b)[1][1]  # DLRMTrain: (loss, (loss, logits, labels))
+
+    def score() -> float:
+        dmp.eval()
+        try:
+            return _eval_ne(forward, [_torchrec_batch(b, keys).to(env.device)
+                                      for b in held_out], lambda b: b.labels)
+        finally:
+            dmp.train()
+
+    return _Side("torchrec", pipeline, [_torchrec_batch(b, keys).to(env.device)
+                                         for b in train], score, pipeline.detach)
+
+
+def run(quick: bool = False, data: dict[str, Any] | None = None,
+        device: str = "cpu") -> None:
+    quiet_libraries()
+    with dataset(quick) as d, process_group(device) as env:
+        path = d["sessions"]
+        schema, _ = read_schema(path)
+        sizes = model_hash_sizes(build_model("student", schema, MODEL, device="meta"))
+        recd = _load(path, 0, True, sizes, BATCH, True)
+        plain = _load(path, 0, False, sizes, BATCH, True)
+        held_out = _load(path, 1, True, sizes, 8192, False)
+        held_plain = _load(path, 1, False, sizes, 8192, False)
+        sides = [_lrm_side(path, env, recd, held_out),
+                 _torchrec_side(path, env, plain, held_plain)]
+        for s in sides:
+            s.run(WARMUP, timed=False)
+        while not all(s.done for s in sides):
+            for s in sides:
+                s.run(SEGMENT[env.device.type])
+        for s in sides:
+            s.detach()
+        ne = {s.name: s.score() for s in sides}
+        n = (len(recd) - WARMUP) * BATCH
+        lrm, tr = sides
+        # beside the headline (all segments' wall time), two views that a shared machine's
+        # load disturbs less: the median segment, and this process's CPU time
+        robust = {f"ratio_{name}": round(tr.per_step(what, median) / lrm.per_step(what, median),
+                                         4)
+                  for name, what, median in (("median_segment", 1, True),
+                                             ("cpu_time", 2, False))}
+        emit("train.vs_torchrec", "student_vs_dlrm", "samples/s", n / lrm.seconds,
+             n / tr.seconds, "higher", **robust, device=str(env.device), batch_size=BATCH,
+             embedding_dim=DIM, bottom_mlp=MODEL.student.bottom_mlp,
+             top_mlp=MODEL.student.top_mlp, train_rows=len(recd) * BATCH,
+             steps=len(recd), threads=torch.get_num_threads(),
+             held_out_rows=sum(b.size for b in held_out),
+             ne_candidate=round(ne["lrm"], 5), ne_baseline=round(ne["torchrec"], 5),
+             candidate_is="lrm student (RecD batches, TrainPipelineSparseDist, fused "
+                          "Adagrad + fused AdamW, device-side guard)",
+             baseline_is="torchrec.models.dlrm.DLRM in DLRMTrain, DMP, fused Adagrad + "
+                         "AdamW, TrainPipelineSparseDist, per-impression batches")
