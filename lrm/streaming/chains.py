@@ -5,8 +5,8 @@
         _done.json                     written once day D's model is saved: the day is over
 
 Day D trains in its own folder, seeded with hard links to the newest checkpoint (its chain)
-of the newest finished day before it (a committed checkpoint's files are written once and never changed,
-so a link is a copy that costs no bytes; a copy is made where links cannot be). It resumes
+of the newest finished day before it (a committed checkpoint's files are written once and
+never changed, so a link is a copy that costs no bytes; a copy where links cannot be). It resumes
 them with `new_data=True` (lrm.checkpoint.CheckpointManager.start: the model and optimizer
 state come back, the day counts its own steps over its own data). A run of day D that
 stopped leaves day D's own checkpoints in its folder: the next run finds one newer than the

@@ -31,7 +31,8 @@ def _day(data, chain, day, **kw):
     return r, new_data
 
 
-def test_each_day_starts_from_the_last_and_a_stopped_day_from_its_own(datasets, tmp_path):  # noqa: F811
+def test_each_day_starts_from_the_last_and_a_stopped_day_from_its_own(
+        datasets, tmp_path):  # noqa: F811
     data, chain = datasets["sessions"], tmp_path / "chain"
     d0, new0 = _day(data, chain, 0)
     assert (new0, d0.resumed_from, d0.steps) == (False, None, 4)  # the first day: fresh
