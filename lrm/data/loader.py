@@ -2,7 +2,10 @@
 
 The stream is every impression of the chosen days, in order (days ascending, files in
 order, rows in order), cut into batches of exactly `batch_size` impressions; a session may
-straddle two batches (its user row then appears in both).
+straddle two batches (its user row then appears in both). From the sessions layout, whose
+sequence features are stored once per run of a user's sessions, the RecD form shares them
+too (`Batch.windows`: a user's history looked up once per batch); chunks of that layout
+are cut at run starts, so a run never spans two chunks.
 
 The loader plans: it reads each file in chunks (lrm.data.parquet: one row group at a time),
 decides which impressions of which chunks make each of this rank's batches, and hands the
@@ -26,13 +29,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.chunks import Chunk, ChunkSpec, assemble, normalize
-from lrm.data.schema import LABEL, META_KEY, SESSION, FeatureSchema, day_files, read_schema
+from lrm.data.schema import (
+    LABEL,
+    META_KEY,
+    SESSION,
+    FeatureSchema,
+    day_files,
+    read_schema,
+    sessions_version,
+    window_columns,
+)
 from lrm.errors import DataError
 
 CHUNK_IMPRESSIONS = 64 * 1024  # impressions per chunk read from the impressions layout
@@ -83,12 +96,16 @@ class BatchLoader:
     prefetch: batches prepared ahead by `num_workers` background threads (0 for either:
         everything in the calling thread). The output never depends on them.
     teacher_column: per-impression float column returned as `teacher_logits`.
+    windows: in the RecD form from a sessions layout that stores histories in runs, give
+        sequence features as segments shared by a user's sessions (`Batch.windows`);
+        False: one list per session (`Batch.session_form()` of the same batch).
     """
 
     def __init__(self, root: Path, batch_size: int, *, days: Sequence[int] | None = None,
                  dedup: bool = True, hash_sizes: Mapping[str, int] | None = None,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, num_workers: int = 1,
-                 drop_last: bool = False, teacher_column: str | None = None) -> None:
+                 drop_last: bool = False, teacher_column: str | None = None,
+                 windows: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -116,7 +133,9 @@ class BatchLoader:
         if bad:
             raise ValueError(f"hash sizes must be >= 1: {bad}")
         self.teacher_column = teacher_column
+        self.runs = False  # sequence features stored in runs (sessions layout version 2)
         self.columns = self._check_files()  # the Parquet columns read
+        self.windows = bool(windows and dedup and self.runs)
         self._num_rows: int | None = None
         self._start = self._next_start = self._done = 0  # resume state (state_dict)
 
@@ -124,6 +143,11 @@ class BatchLoader:
         """Every file has this dataset's layout and schema (footers only); the columns to read."""
         s = self.schema
         cols = [SESSION, LABEL, *s.user_features, *s.item_sparse, *s.dense]
+        if self.layout == "sessions" and s.user_seq and self.files:
+            first = parquet.open_file(self.files[0][1]).schema_arrow.metadata
+            self.runs = sessions_version(first) >= 2
+        if self.runs:
+            cols += [c for f in s.user_seq for c in window_columns(f)]
         if self.teacher_column is not None:
             cols.append(self.teacher_column)
         for _, f in self.files:
@@ -134,6 +158,10 @@ class BatchLoader:
                     META_KEY in meta and FeatureSchema.from_json(meta[META_KEY].decode()) != s):
                 raise DataError(f, None, None, f"layout or schema differs from {self.root}'s "
                                 f"first file (expected the {self.layout} layout)")
+            if self.layout == "sessions" and s.user_seq and (
+                    sessions_version(meta) >= 2) != self.runs:
+                raise DataError(f, None, None, f"sessions layout version differs from "
+                                f"{self.root}'s first file (re-run dedup on the whole dataset)")
             missing = [c for c in cols if c not in arrow.names]
             if missing:
                 raise DataError(f, None, missing[0], "column not found"
@@ -170,7 +198,8 @@ class BatchLoader:
         """(day, file, record batch, impressions in it), in stream order."""
         rows = CHUNK_SESSIONS if self.layout == "sessions" else CHUNK_IMPRESSIONS
         for day, f in self.files:
-            for rb in parquet.iter_batches(f, rows, self.columns):
+            batches = parquet.iter_batches(f, rows, self.columns)
+            for rb in (self._whole_runs(batches, f) if self.runs else batches):
                 if self.layout == "sessions":
                     lab = rb.column(rb.schema.get_field_index(LABEL))
                     n = int(pc.sum(pc.list_value_length(lab)).as_py() or 0)
@@ -178,6 +207,30 @@ class BatchLoader:
                     n = rb.num_rows
                 if n:
                     yield day, f, rb, n
+
+    def _whole_runs(self, batches: Iterator[pa.RecordBatch], path: Path
+                    ) -> Iterator[pa.RecordBatch]:
+        """The record batches re-cut where every sequence feature starts a run (a run
+        that reaches past a batch is carried into the next)."""
+        carry: pa.RecordBatch | None = None
+        for rb in batches:
+            if carry is not None:
+                rb = pa.concat_batches([carry, rb])
+            starts = np.ones(rb.num_rows, bool)
+            for c in self.schema.user_seq:  # a run starts where its items are stored ...
+                items = rb.column(rb.schema.get_field_index(c))
+                off = rb.column(rb.schema.get_field_index(window_columns(c)[0]))
+                starts &= (items.is_valid().to_numpy(zero_copy_only=False)  # ... or at a null
+                           | pc.fill_null(pc.equal(off, -1), False).to_numpy(zero_copy_only=False))
+            if carry is None and rb.num_rows and not starts[0]:
+                raise DataError(path, None, self.schema.user_seq[0], "the file starts inside "
+                                "a run of shared histories (re-run dedup)")
+            cut = int(np.flatnonzero(starts)[-1]) if starts.any() else 0
+            if cut:
+                yield rb.slice(0, cut)
+            carry = rb.slice(cut)
+        if carry is not None and carry.num_rows:
+            yield carry
 
     def _jobs(self, submit: Callable[..., Future]) -> Iterator[Callable[[], Batch]]:
         """This rank's batches, from batch `self._start` on, as assembly jobs.
@@ -192,7 +245,7 @@ class BatchLoader:
         if first >= limit:
             return
         spec = ChunkSpec(self.schema, self.layout, self.dedup, self.hash_sizes,
-                     self.teacher_column)
+                         self.teacher_column, runs=self.runs, windows=self.windows)
         window: deque[_Pending] = deque()
         k = 0  # next global batch
         end = 0  # impressions seen so far
