@@ -199,7 +199,7 @@ class BatchLoader:
         rows = CHUNK_SESSIONS if self.layout == "sessions" else CHUNK_IMPRESSIONS
         for day, f in self.files:
             batches = parquet.iter_batches(f, rows, self.columns)
-            for rb in (self._whole_runs(batches, f) if self.runs else batches):
+            for rb in (self._whole_runs(batches) if self.runs else batches):
                 if self.layout == "sessions":
                     lab = rb.column(rb.schema.get_field_index(LABEL))
                     n = int(pc.sum(pc.list_value_length(lab)).as_py() or 0)
@@ -208,8 +208,7 @@ class BatchLoader:
                 if n:
                     yield day, f, rb, n
 
-    def _whole_runs(self, batches: Iterator[pa.RecordBatch], path: Path
-                    ) -> Iterator[pa.RecordBatch]:
+    def _whole_runs(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The record batches re-cut where every sequence feature starts a run (a run
         that reaches past a batch is carried into the next)."""
         carry: pa.RecordBatch | None = None
@@ -222,10 +221,8 @@ class BatchLoader:
                 off = rb.column(rb.schema.get_field_index(window_columns(c)[0]))
                 starts &= (items.is_valid().to_numpy(zero_copy_only=False)  # ... or at a null
                            | pc.fill_null(pc.equal(off, -1), False).to_numpy(zero_copy_only=False))
-            if carry is None and rb.num_rows and not starts[0]:
-                raise DataError(path, None, self.schema.user_seq[0], "the file starts inside "
-                                "a run of shared histories (re-run dedup)")
-            cut = int(np.flatnonzero(starts)[-1]) if starts.any() else 0
+            cut = int(np.flatnonzero(starts)[-1]) if starts.any() else 0  # (a file that
+            # starts inside a run fails in normalize, naming the file)
             if cut:
                 yield rb.slice(0, cut)
             carry = rb.slice(cut)
