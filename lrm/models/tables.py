@@ -156,29 +156,27 @@ def pool_windows(x: torch.Tensor, keys: list[str], windows: Windows | None,
     A key given as segments gets each session's window: the sum of its segments (the
     pooled means times their lengths where the table pools by mean) as a difference of
     prefix sums (float64, so the difference loses nothing), then over the window's length
-    where `mean`. Other keys keep rows [0, U). No windows: `x` itself. A handful of
-    whole-tensor ops (a per-column loop costs a full-size gradient per column).
+    where `mean`. Other keys keep rows [0, U). No windows: `x` itself. Whole columns are
+    written into one copy (a slice per column would cost a full-size gradient each) and
+    no index is built on the host (no copy to the device inside a step).
     """
     if windows is None:
         return x
     U = windows.sessions
-    cols = [j for j, key in enumerate(keys) if key in windows.keys]
-    if not cols:
-        return x[:U]
-    at = [windows.keys.index(keys[j]) for j in cols]
-    col = torch.tensor(cols, device=x.device)
-    seg = x[U:].index_select(1, col).double()  # [G, c, d]
-    is_mean = torch.tensor([mean[j] for j in cols], device=x.device)
-    seg_len = windows.segment_lengths[at].T.double()  # [G, c]
-    seg = seg * torch.where(is_mean, seg_len, torch.ones_like(seg_len)).unsqueeze(-1)
-    cum = torch.cat([seg.new_zeros(1, *seg.shape[1:]), seg.cumsum(0)])  # [G + 1, c, d]
-    shape = (U, len(cols), seg.shape[-1])
-    end = windows.end[at].T.unsqueeze(-1).expand(shape)
-    first = windows.first[at].T.unsqueeze(-1).expand(shape)
-    win = cum.gather(0, end) - cum.gather(0, first)  # [U, c, d]
-    win_len = windows.lengths[at].T.double().clamp(min=1)  # [U, c]
-    win = win / torch.where(is_mean, win_len, torch.ones_like(win_len)).unsqueeze(-1)
-    return x[:U].index_copy(1, col, win.to(x.dtype))
+    out = x[:U].clone()
+    for j, key in enumerate(keys):
+        if key not in windows.keys:
+            continue
+        k = windows.keys.index(key)
+        seg = x[U:, j].double()  # [G, d]
+        if mean[j]:
+            seg = seg * windows.segment_lengths[k].double().unsqueeze(1)
+        cum = torch.cat([seg.new_zeros(1, seg.shape[1]), seg.cumsum(0)])
+        win = cum.index_select(0, windows.end[k]) - cum.index_select(0, windows.first[k])
+        if mean[j]:
+            win = win / windows.lengths[k].double().clamp(min=1).unsqueeze(1)
+        out[:, j] = win.to(x.dtype)
+    return out
 
 
 @torch.fx.wrap
