@@ -235,7 +235,7 @@ def test_dedup_dataset_streams_and_never_splits_a_session(tmp_path):
 def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
     """Sorted by user, a user's sliding histories are stored once per run; a run never
     crosses a row group (each row group reads on its own); the metrics count both."""
-    monkeypatch.setattr(dedup, "ROW_GROUP_IMPRESSIONS", 8 * 10)  # 10 sessions a row group
+    monkeypatch.setattr(dedup, "ROW_GROUP_IMPRESSIONS", 8 * 7)  # 7 sessions a row group
     t = make_impressions(80, seed=12, users=4)
     write_dataset(tmp_path / "raw", {0: t}, rows_per_file=1000)
     m = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "s", DedupConfig(rows_per_file=40))
@@ -246,11 +246,11 @@ def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
     assert hist == by_hand.slice(0, len(hist)).column("user_history").to_pylist()
     carried = sum(len(h or []) for h in whole.column("user_history").to_pylist())
     pf = pq.ParquetFile(f0)
-    assert pf.num_row_groups == 4
+    assert pf.num_row_groups == 6
     for k in range(pf.num_row_groups):  # every row group on its own
         g = pf.read_row_group(k)
         assert dedup.expand_histories(g, SCHEMA).column("user_history").equals(
-            whole.column("user_history").slice(10 * k, g.num_rows))
+            whole.column("user_history").slice(7 * k, g.num_rows))
     stored = pq.read_table(f0).column("user_history").to_pylist()
     own = whole.column("user_history").to_pylist()
 
@@ -259,14 +259,15 @@ def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
         return clean and any(cur[s:] == prev[:len(cur) - s] for s in range(len(cur))
                              if len(cur) - s <= len(prev))
 
-    shared = 0
+    shared = cut = 0
     for i in range(len(own)):  # stored exactly where the history does not slide on
-        if i % 10 and slides(own[i - 1], own[i]):
+        if i % 7 and slides(own[i - 1], own[i]):
             assert stored[i] is None, i
             shared += 1
         else:  # a run's first row: its items (None only for a null history)
             assert (stored[i] is None) == (own[i] is None), i
-    assert shared >= 5
+            cut += i % 7 == 0 and i > 0 and bool(slides(own[i - 1], own[i]))
+    assert shared >= 5 and cut >= 1  # (a row group cut a run at least once)
     assert sum(len(h) for h in stored if h) < carried
     both = [pq.read_table(f) for f in (f0, f1)]
     assert m["history_values"] == sum(
