@@ -1,11 +1,12 @@
 """train.dedup: student training samples/s on RecD batches vs plain batches (session data).
 
 Same impressions, same model and optimizers (the project's step: DMP, fused row-wise
-Adagrad, AdamW); the RecD batch carries user-side features once per session and a user's
-history once per batch (the sessions layout stores it once per run of her sessions; the
-loader's windows form looks it up as shared segments), and the model pools them (and their
-pairwise dots) once per session; the plain batch carries everything once per impression.
-RecD (Zhao et al.) reports up to 2.49x training throughput.
+Adagrad, AdamW); the RecD batch carries user-side features once per session, and where
+histories are long (lrm.data.loader.WINDOWS_MIN_HISTORY) a user's history once per batch
+(the sessions layout stores it once per run of her sessions; the loader's windows form
+looks it up as shared segments); the model pools them (and their pairwise dots) once per
+session. The plain batch carries everything once per impression. RecD (Zhao et al.)
+reports up to 2.49x training throughput.
 
 Cases: `student_step` on the default data (histories of ~80 ads), `student_step_history_
 heavy` on bench.cases.data_profiles.history_heavy (histories of ~840 ads, RecD's setting;
@@ -40,6 +41,7 @@ def _info(forms: dict[str, list[Batch]], steps: int) -> dict[str, Any]:
     recd = forms["recd"]
     return {"batch_size": BATCH, "steps": steps,
             "sessions_per_batch": sum(b.num_sessions for b in recd) / len(recd),
+            "shared_histories": recd[0].windows is not None,
             "history_values_per_batch": {
                 k: sum(b.user["user_history"].values().numel() for b in bs) / len(bs)
                 for k, bs in forms.items()},
@@ -87,8 +89,8 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
         info = {**_info({"recd": recd, "plain": plain}, steps),
                 "mean_session_length": d["mean_session_length"]}
         emit("train.dedup", "student_step", "samples/s", n / t_recd, n / t_plain, "higher",
-             candidate_is="RecD batches (user features once per session, a user's history "
-             "once per batch)",
+             candidate_is="RecD batches, the loader's default form (user features once per "
+             "session; histories this short are not shared across sessions)",
              baseline_is="plain batches (user features once per impression)", **info)
         _heavy(quick, 8 if quick else 24)
         if quick:

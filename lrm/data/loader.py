@@ -3,9 +3,10 @@
 The stream is every impression of the chosen days, in order (days ascending, files in
 order, rows in order), cut into batches of exactly `batch_size` impressions; a session may
 straddle two batches (its user row then appears in both). From the sessions layout, whose
-sequence features are stored once per run of a user's sessions, the RecD form shares them
-too (`Batch.windows`: a user's history looked up once per batch); chunks of that layout
-are cut at run starts, so a run never spans two chunks.
+sequence features are stored once per run of a user's sessions, the RecD form can share
+them too (`Batch.windows`: a user's history looked up once per batch) where histories are
+long enough for that to pay; chunks of that layout are cut at run starts, so a run never
+spans two chunks.
 
 The loader plans: it reads each file in chunks (lrm.data.parquet: one row group at a time),
 decides which impressions of which chunks make each of this rank's batches, and hands the
@@ -50,6 +51,11 @@ from lrm.errors import DataError
 
 CHUNK_IMPRESSIONS = 64 * 1024  # impressions per chunk read from the impressions layout
 CHUNK_SESSIONS = 8 * 1024  # sessions per chunk read from the sessions layout
+# Shared histories pay from about this many sequence values per session. Measured on CPU
+# (student, batch 2048): at ~80 the segments' extra rows and ops cost more than the lookups
+# they save (+8% step time against one history per session); at ~420 and ~840 they save
+# 15-20%.
+WINDOWS_MIN_HISTORY = 128
 
 
 class _Now(Future):  # type: ignore[type-arg]
@@ -98,14 +104,16 @@ class BatchLoader:
     teacher_column: per-impression float column returned as `teacher_logits`.
     windows: in the RecD form from a sessions layout that stores histories in runs, give
         sequence features as segments shared by a user's sessions (`Batch.windows`);
-        False: one list per session (`Batch.session_form()` of the same batch).
+        False: one list per session (`Batch.session_form()` of the same batch); None: where
+        the first row group's sessions hold WINDOWS_MIN_HISTORY sequence values or more on
+        average.
     """
 
     def __init__(self, root: Path, batch_size: int, *, days: Sequence[int] | None = None,
                  dedup: bool = True, hash_sizes: Mapping[str, int] | None = None,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, num_workers: int = 1,
                  drop_last: bool = False, teacher_column: str | None = None,
-                 windows: bool = True) -> None:
+                 windows: bool | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -135,6 +143,8 @@ class BatchLoader:
         self.teacher_column = teacher_column
         self.runs = False  # sequence features stored in runs (sessions layout version 2)
         self.columns = self._check_files()  # the Parquet columns read
+        if windows is None:
+            windows = self.runs and self._mean_history() >= WINDOWS_MIN_HISTORY
         self.windows = bool(windows and dedup and self.runs)
         self._num_rows: int | None = None
         self._start = self._next_start = self._done = 0  # resume state (state_dict)
@@ -168,6 +178,17 @@ class BatchLoader:
                                 + (" (teacher_column: is this augmented data?)"
                                    if missing[0] == self.teacher_column else ""))
         return cols
+
+    def _mean_history(self) -> float:
+        """Sequence values per session in the first row group (its window lengths)."""
+        cols = [window_columns(c)[1] for c in self.schema.user_seq]
+        pf = parquet.open_file(self.files[0][1])
+        if pf.num_row_groups == 0:
+            return 0.0
+        with parquet.reading(self.files[0][1], 0):
+            t = pf.read_row_group(0, columns=cols)
+        total = sum(int(pc.sum(t.column(c)).as_py() or 0) for c in cols)
+        return total / max(t.num_rows, 1)
 
     # -- sizes ------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ def test_session_form_gives_every_session_its_own_history(tmp_path):
     per session is the loader's session form, batch by batch; so is torchrec's view."""
     root = _write(tmp_path / "d", synthetic_schema(), layout="sessions")
     hs = dict.fromkeys(synthetic_schema().sparse_features, SIZE)
-    shared = list(BatchLoader(root, 32, hash_sizes=hs))
+    shared = list(BatchLoader(root, 32, hash_sizes=hs, windows=True))
     own = list(BatchLoader(root, 32, hash_sizes=hs, windows=False))
     ebc = _ebc(synthetic_schema().sparse_features)
     for bw, bs in zip(shared, own, strict=True):
@@ -102,7 +102,7 @@ def test_session_form_gives_every_session_its_own_history(tmp_path):
 def _full_batch(tmp_path) -> Batch:
     """A RecD batch from the loader with every optional field set (teacher_logits too)."""
     root = _write(tmp_path / "d", synthetic_schema(), layout="sessions")
-    b = next(iter(BatchLoader(root, 16)))
+    b = next(iter(BatchLoader(root, 16, windows=True)))
     b = dataclasses.replace(b, teacher_logits=torch.linspace(-2, 2, b.size))
     assert all(getattr(b, f.name) is not None for f in dataclasses.fields(Batch))
     return b

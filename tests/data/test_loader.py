@@ -50,9 +50,11 @@ def data(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    """Chunks much smaller than files, so batches and sessions cross chunk boundaries."""
+    """Chunks much smaller than files, so batches and sessions cross chunk boundaries; the
+    RecD form shares histories however short (the windows form, unless a test says not)."""
     monkeypatch.setattr(loader, "CHUNK_IMPRESSIONS", 13)
     monkeypatch.setattr(loader, "CHUNK_SESSIONS", 4)
+    monkeypatch.setattr(loader, "WINDOWS_MIN_HISTORY", 0)
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -417,6 +419,21 @@ def test_windows_share_a_users_history_and_equal_the_session_form(data):
                 assert torch.equal(sf.user[k].values(), bs.user[k].values()), k
         looked_up = sum(b.user["user_history"].values().numel() for b in shared)
         assert looked_up < sum(b.user["user_history"].values().numel() for b in own)
+
+
+def test_histories_are_shared_where_they_are_long(data, monkeypatch):
+    root, _ = data
+    values = sessions = 0
+    for f in sorted((root / "sessions" / "day=0").glob("*.parquet"))[:1]:
+        g = pq.ParquetFile(f).read_row_group(0)
+        values, sessions = sum(g.column("user_history_length").to_pylist()), g.num_rows
+    mean = values / sessions
+    for threshold, shared in ((mean, True), (mean + 0.01, False)):
+        monkeypatch.setattr(loader, "WINDOWS_MIN_HISTORY", threshold)
+        assert BatchLoader(root / "sessions", 8).windows is shared
+        assert not BatchLoader(root / "raw", 8).windows  # no runs to share
+        assert not BatchLoader(root / "sessions", 8, dedup=False).windows
+        assert BatchLoader(root / "sessions", 8, windows=not shared).windows is not shared
 
 
 def test_the_first_sessions_layout_still_reads(data, tmp_path):

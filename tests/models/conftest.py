@@ -81,7 +81,7 @@ def shared_batches(tmp_path: Path) -> Callable[..., list[tuple[Batch, Batch]]]:
 
     def make(hash_sizes: dict[str, int], batch_size: int = 40) -> list[tuple[Batch, Batch]]:
         kw = dict(hash_sizes=hash_sizes, num_workers=0)
-        shared = list(BatchLoader(tmp_path / "sessions", batch_size, **kw))
+        shared = list(BatchLoader(tmp_path / "sessions", batch_size, windows=True, **kw))
         own = list(BatchLoader(tmp_path / "sessions", batch_size, windows=False, **kw))
         assert all(b.windows is not None for b in shared)
         return list(zip(shared, own, strict=True))
