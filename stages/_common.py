@@ -85,6 +85,12 @@ class Stage:
     # built from the other args, e.g. {"out": "models/{kind}"}
     aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # params key -> older option names kept working, e.g. {"loader.recd": ("--dedup",)}
+    cli_name: str | None = None  # the command's name where it differs (`lrm shard-plan`)
+
+    @property
+    def command_name(self) -> str:
+        """The CLI command (`lrm NAME`): `cli_name`, else the stage's name."""
+        return self.cli_name or self.name
 
     # -- arguments -----------------------------------------------------------------
     def signature(self) -> inspect.Signature:
@@ -479,7 +485,7 @@ def app(stage: Stage) -> typer.Typer:
     a = typer.Typer(add_completion=False, no_args_is_help=stage.group is not None,
                     pretty_exceptions_enable=False)
     if stage.group is None:
-        a.command(stage.name)(command(stage))
+        a.command(stage.command_name)(command(stage))
     else:
         a.callback()(lambda: None)
         a.command(stage.group)(command(stage))

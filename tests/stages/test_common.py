@@ -16,7 +16,8 @@ from lrm.errors import ConfigError, LrmError
 from stages._common import Arg, Stage, _options, app, execute, load_params
 
 # values that pass validation and differ from the built-in default, for str keys
-STR_VALUES = {"device": "cpu", "seq_pooling": "sum", "adapter_context": "dense+features"}
+STR_VALUES = {"device": "cpu", "seq_pooling": "sum", "adapter_context": "dense+features",
+              "compute_device": "cuda", "planner": "greedy"}
 MAPPING_VALUES = {"students.models": "{x: {embedding_dim: 4}}",
                   "students.variants": "{v: {distill: false}}",
                   "model.tables.shared": "{user_history: ad_id}"}
