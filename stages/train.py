@@ -38,7 +38,8 @@ NAME = "train"
 def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: CheckpointConfig,
         loader: LoaderConfig, tables: TableConfig,
         model: StudentModelConfig | TeacherModelConfig, data: Path = Path("data/sessions"),
-        plan: Path | None = None, out: Path | None = None, checkpoints: Path | None = None, resume: bool = False,
+        plan: Path | None = None, out: Path | None = None, checkpoints: Path | None = None,
+        resume: bool = False,
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> dict[str, Any]:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""

@@ -6,11 +6,12 @@
 Times the kernel training uses (fbgemm's SplitTableBatchedEmbeddingBagsCodegen with the
 exact row-wise Adagrad fused into the backward; on CPU the tables in host memory, as
 torchrec's `fused` kernel on a CPU rank) forward + backward over a grid of tables, rows,
-widths, batch and pooling, with uniform and Zipf-skewed ids, in one thread (a training
-rank under torchrun runs one), and fits the coefficients of `Calibration` (`fit`). Each point is the best of `repeat` runs:
-the least disturbed by other work on a shared machine; every run looks up fresh ids
-(a training step never repeats the last one's), so only rows that are hot stay cached. The fit's error on the points is
-kept in the file.
+widths, batch and pooling, with uniform and Zipf-skewed ids, plus random mixes of 1-16
+tables of every size (as a rank holds them), in one thread (a training rank under torchrun
+runs one), and fits the coefficients of `Calibration` (`fit`). Each point is the best of
+`repeat` runs, the least disturbed by other work on a shared machine; every run looks up
+fresh ids (a training step never repeats the last one's), so only rows that are hot stay
+cached. The fit's error on the points is kept in the file, with the points.
 """
 
 from __future__ import annotations
@@ -150,9 +151,11 @@ def _work(cal: Calibration, p: dict[str, Any]) -> np.ndarray:
 
 def fit(points: list[dict[str, Any]], device: str, source: str,
         cache: float) -> Calibration:
-    """Non-negative coefficients minimizing the relative error over the timed points, with
-    a soft-L1 loss (scipy's least_squares): on a shared machine a few points are slowed by
-    other work, and they should not drag the fit."""
+    """Non-negative coefficients fitted to log(time) with a soft-L1 loss (scipy's
+    least_squares, started from nnls on relative error): on a shared machine other work
+    stretches timings by factors, long kernels more often than short ones, so errors are
+    multiplicative and a few points are far off; this fit is unbiased on both the grid and
+    the mixed workloads (a relative-error fit underestimated the mixed ones ~2x)."""
     from scipy.optimize import least_squares, nnls
 
     base = Calibration(device=device, source=source, cache_bytes=cache)
@@ -160,10 +163,11 @@ def fit(points: list[dict[str, Any]], device: str, source: str,
     y = np.array([p["seconds"] for p in points])
     scale = X.max(0)
     scale[scale == 0] = 1.0
-    A = X / scale / y[:, None]  # relative error: small and large kernels count alike
-    k0, _ = nnls(A, np.ones_like(y))
-    k = least_squares(lambda k: A @ k - 1.0, k0, bounds=(0.0, np.inf), loss="soft_l1",
-                      f_scale=0.1).x
+    A = X / scale
+    k0, _ = nnls(A / y[:, None], np.ones_like(y))
+    k = least_squares(lambda k: np.log(np.maximum(A @ k, 1e-12)) - np.log(y),
+                      np.maximum(k0, 1e-9), bounds=(0.0, np.inf), loss="soft_l1",
+                      f_scale=0.3).x
     coef = k / scale
     rel = np.abs(X @ coef - y) / y
     cal = replace(base, **dict(zip(COEFFICIENTS, (float(c) for c in coef), strict=True)))
@@ -217,9 +221,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="a smaller grid")
+    ap.add_argument("--note", default="", help="said after the source, e.g. 'under load'")
     args = ap.parse_args(argv)
     cal, points = calibrate(args.device, grid=QUICK if args.quick else GRID,
                             mixes=QUICK_MIXES if args.quick else MIXES, repeat=args.repeat)
+    if args.note:
+        cal = replace(cal, source=f"{cal.source}; {args.note}")
     doc = {**cal.to_json(), "points": points}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")

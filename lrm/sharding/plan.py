@@ -370,8 +370,9 @@ def training_plan(path: Path, key: str, *, kind: str, model_cfg: Any, data: Path
     return to_torchrec(plan, model, device=device, local_world_size=local)
 
 
-def summary_table(plan: Plan, title: str) -> Any:
-    """A rich Table of a plan: one line per rank (its tables, cost parts, memory)."""
+def summary_table(plan: Plan, title: str, most: int = 32) -> Any:
+    """A rich Table of a plan: one line per rank (its tables, cost parts, memory); past
+    `most` ranks, the `most` most loaded ones."""
     from rich.table import Table
 
     topo = plan.topology
@@ -384,7 +385,12 @@ def summary_table(plan: Plan, title: str) -> Any:
                         f"{plan.imbalance:.3f} ({plan.planner}, {plan.seconds:.2f} s)")
     for col in ("rank", "host", "ms/step", "compute", "memory", "comm", "MiB", "tables"):
         table.add_column(col, justify="left" if col == "tables" else "right")
-    for r in plan.rank_costs():
+    ranks = plan.rank_costs()
+    shown = ranks if len(ranks) <= most else sorted(
+        sorted(ranks, key=lambda r: -r.total)[:most], key=lambda r: r.rank)
+    if len(shown) < len(ranks):
+        table.caption = f"the {most} most loaded of {len(ranks)} ranks"
+    for r in shown:
         table.add_row(str(r.rank), str(topo.host_of(r.rank)), f"{r.total * 1e3:.3f}",
                       f"{r.compute * 1e3:.3f}", f"{r.memory * 1e3:.3f}",
                       f"{r.comm * 1e3:.3f}", f"{r.bytes / (1 << 20):.1f}",

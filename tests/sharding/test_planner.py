@@ -19,7 +19,6 @@ from lrm.sharding.topology import (
     ROW_WISE,
     TABLE_ROW_WISE,
     TABLE_WISE,
-    Topology,
 )
 from tests.sharding.conftest import cost_model, random_tables, topology
 
@@ -100,7 +99,7 @@ def test_a_topology_that_cannot_hold_the_tables_says_what_is_missing_on_which_ra
     assert msg.startswith("student: the topology cannot hold the tables: t_user_id")
     assert "rank 0 has the most room" in msg and "\n" not in msg
     missing = (need - topo.memory_bytes) / GIB
-    assert f"{missing:.3g} GiB missing" in msg, msg
+    assert f"{topo.memory_bytes / GIB:.3g} GiB for tables, {missing:.3g} GiB missing;" in msg, msg
     # two ranks: column-wise halves would fit one rank each, but the total does not
     topo2 = topology(2, gib=0.3 * need / GIB)
     with pytest.raises(ConfigError, match=r"rank \d has the most room.*GiB missing") as e2:
@@ -153,6 +152,8 @@ def test_row_wise_types_only_where_the_device_runs_them():
     cpu = topology(4)
     p = planner.plan(loads, cpu, cost_model(cpu), time_limit=2)
     assert {pl.kind for pl in p.placements.values()} <= {TABLE_WISE, COLUMN_WISE}
+    kinds = {o.kind for t in loads for o in planner.options(t, cpu, cost_model(cpu))}
+    assert kinds == {TABLE_WISE, COLUMN_WISE}
     cuda = topology(8, device="cuda", rph=4)
     kinds = {o.kind for t in loads for o in planner.options(t, cuda, cost_model(cuda))}
     assert {ROW_WISE, TABLE_ROW_WISE} <= kinds

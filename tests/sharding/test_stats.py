@@ -88,7 +88,7 @@ def test_skew_figures_of_a_known_count():
 def test_loads_per_step_count_sessions_and_shared_tables(tiny_data, all_batches):
     model, st = all_batches
     loads = {t.name: t for t in S.loads(model, st)}
-    u, i = st.features["user_id"], st.features["ad_id"]
+    u = st.features["user_id"]
     assert loads["t_user_id"].pooled_rows == pytest.approx(B * u.rows_per_sample)
     assert loads["t_user_id"].module == "embeddings.user_ebc"
     assert not loads["t_user_id"].uniform_batch
