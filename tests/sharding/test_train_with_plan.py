@@ -1,5 +1,6 @@
 """A 2-process training run (gloo, mp.spawn) with a plan from lrm's planner: every rank
-holds exactly the shards the plan gives it, in the sharded module training used."""
+holds exactly the shards the plan gives it, in the sharded module training used; its
+checkpoint restores under another plan (torchrec's)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 from pathlib import Path
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 
 from lrm.config import ModelConfig, StudentModelConfig
@@ -27,7 +29,7 @@ MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=8, bottom_mlp=[16],
                                                top_mlp=[16, 8]))
 
 
-def _worker(rank: int, port: int, data: str, plan: str, out: str) -> None:
+def _worker(rank: int, port: int, data: str, plan: str | None, out: str, run: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -55,12 +57,18 @@ def _worker(rank: int, port: int, data: str, plan: str, out: str) -> None:
     parallel.shard = spy
     try:
         torch.set_num_threads(1)
-        sp = training_plan(Path(plan), "student", kind="student", model_cfg=MODEL,
-                           data=Path(data), device="cpu")
+        from lrm.config import CheckpointConfig
+
+        sp = None if plan is None else training_plan(
+            Path(plan), "student", kind="student", model_cfg=MODEL, data=Path(data),
+            device="cpu")
         r = train("student", TrainConfig(batch_size=256, steps=3, log_every=1, threads=1,
                                          device="cpu"), MODEL, Path(data), plan=sp,
-                  loader_cfg=LoaderConfig(prefetch=0, num_workers=0))
-        Path(out, f"rank{rank}.json").write_text(json.dumps({"held": held, "steps": r.steps}))
+                  loader_cfg=LoaderConfig(prefetch=0, num_workers=0),
+                  checkpoint=CheckpointConfig(every=0), checkpoints=Path(out, "ck"),
+                  resume=run == "resume", out=Path(out, run))
+        Path(out, f"{run}-rank{rank}.json").write_text(json.dumps(
+            {"held": held, "steps": r.steps, "resumed_from": r.resumed_from}))
     finally:
         dist.destroy_process_group()
 
@@ -83,11 +91,22 @@ def test_two_processes_train_with_the_plan_and_hold_its_shards(tiny_data, tmp_pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_worker, args=(port, str(tiny_data), str(path), str(tmp_path)), nprocs=2)
+    mp.spawn(_worker, args=(port, str(tiny_data), str(path), str(tmp_path), "plan"),
+             nprocs=2)
     for rank in (0, 1):
-        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        got = json.loads((tmp_path / f"plan-rank{rank}.json").read_text())
         assert got["steps"] == 3
         want = {name: sorted([s.row0, s.col0, s.rows, s.cols] for s in p.shards
                              if s.rank == rank) for name, p in plan.placements.items()}
         want = {k: v for k, v in want.items() if v}
         assert got["held"] == want, (rank, got["held"], want)
+
+    # its last checkpoint restores under torchrec's plan (another placement) exactly
+    mp.spawn(_worker, args=(port, str(tiny_data), None, str(tmp_path), "resume"), nprocs=2)
+    got = [json.loads((tmp_path / f"resume-rank{r}.json").read_text()) for r in (0, 1)]
+    assert got[0]["resumed_from"] == 3 and got[0]["steps"] == 3
+    before = json.loads((tmp_path / "plan-rank0.json").read_text())["held"]
+    assert got[0]["held"] != before  # the shards moved
+    a, b = (torch.load(tmp_path / run / "state_dict.pt", weights_only=True)
+            for run in ("plan", "resume"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
