@@ -27,9 +27,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 for _stage in STAGES.values():
     if _stage.group is None:
-        app.command(_stage.cli_name or _stage.name)(command(_stage))
+        app.command(_stage.command_name)(command(_stage))
     else:  # a command group, e.g. `lrm ingest criteo`
-        app.add_typer(stage_app(_stage), name=_stage.cli_name or _stage.name,
+        app.add_typer(stage_app(_stage), name=_stage.command_name,
                       help=f"{_stage.name}: {_stage.group} and future sources")
 
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,

@@ -26,14 +26,26 @@ from typing import Any
 
 import yaml
 
-from stages import (augment, dedup, evaluate, fp8_probe, generate, ingest, register, student,
-                    summary, teacher, train)
+from stages import (
+    augment,
+    dedup,
+    evaluate,
+    fp8_probe,
+    generate,
+    ingest,
+    register,
+    shard_plan,
+    student,
+    summary,
+    teacher,
+    train,
+)
 from stages._common import Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES: dict[str, Stage] = {s.name: s for s in (
-    generate.STAGE, ingest.STAGE, dedup.STAGE, train.STAGE, evaluate.STAGE, teacher.STAGE,
-    augment.STAGE, student.STAGE, register.STAGE, summary.STAGE, fp8_probe.STAGE)}
+    generate.STAGE, ingest.STAGE, dedup.STAGE, shard_plan.STAGE, train.STAGE, evaluate.STAGE,
+    teacher.STAGE, augment.STAGE, student.STAGE, register.STAGE, summary.STAGE, fp8_probe.STAGE)}
 
 
 @dataclass(frozen=True)
@@ -72,10 +84,13 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
     "day) -> headline metrics. Real Criteo logs: pipelines/criteo/dvc.yaml."), nodes=(
     Node("generate", STAGES["generate"], {"out": "data/raw"}),
     Node("dedup", STAGES["dedup"], {"src": "data/raw", "out": "data/sessions"}),
+    Node("shard_plan", STAGES["shard_plan"], {"data": "data/sessions",
+                                              "out": "plans/sharding.json"},
+         desc="Table statistics -> cost model -> where every model's tables go."),
     *(Node(f"train_{kind}", STAGES["train"], {
-        "kind": kind, "data": "data/sessions", "out": f"models/baseline/{kind}",
-        "checkpoints": f"checkpoints/baseline/{kind}", "metrics": f"metrics/train_{kind}.json",
-        "plot": f"plots/train_{kind}.csv"},
+        "kind": kind, "data": "data/sessions", "plan": "plans/sharding.json",
+        "out": f"models/baseline/{kind}", "checkpoints": f"checkpoints/baseline/{kind}",
+        "metrics": f"metrics/train_{kind}.json", "plot": f"plots/train_{kind}.csv"},
         desc=f"Baseline {kind}: every synthetic day but the last, scored on the last.")
       for kind in ("student", "teacher")),
     Node("evaluate", STAGES["evaluate"], {
@@ -87,11 +102,13 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
         "metrics": "metrics/fp8_probe.json"},
          desc="LoKA: per layer of the baselines, FP8 error and speed; the layers train.fp8 may "
               "run in FP8."),
-    Node("teacher", STAGES["teacher"], {"data": "data/sessions", "out": "models/teacher"},
+    Node("teacher", STAGES["teacher"], {"data": "data/sessions", "plan": "plans/sharding.json",
+                                        "out": "models/teacher"},
          desc="ExFM: one teacher (Wukong, days [0, T)) for every student."),
     Node("augment", STAGES["augment"], {"data": "data/sessions", "teacher": "models/teacher",
                                         "out": "data/augmented"}),
-    Node("student", STAGES["student"], {"data": "data/augmented", "out": "models/students"}),
+    Node("student", STAGES["student"], {"data": "data/augmented", "plan": "plans/sharding.json",
+                                        "out": "models/students"}),
     Node("register", STAGES["register"], {"models": "models/students", "data": "data/augmented"},
          desc="Each student's serving model -> lrm-student-NAME; @champion moves on NE."),
     Node("summary", STAGES["summary"], {}),

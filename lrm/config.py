@@ -398,6 +398,52 @@ class CheckpointConfig:
 
 
 @dataclass(kw_only=True)
+class TopologyConfig:
+    """The machines a sharding plan is for (lrm.sharding.topology); planning needs none of them."""
+
+    world_size: int = 1  # ranks the plan places tables on (train under torchrun with as many)
+    ranks_per_host: int = 0  # ranks sharing a host and its fast links; 0: every rank on one host
+    compute_device: str = "cpu"  # cpu | cuda: what a rank computes on (decides the sharding types)
+    hbm_gb: float = 80.0  # GPU memory per rank, GiB (cuda ranks keep their tables there)
+    host_gb: float = 4.0  # host memory per rank, GiB (cpu ranks keep their tables there)
+    reserve: float = 0.15  # share of a rank's memory kept for the dense part and activations
+    intra_host_gbps: float = 2.0  # GB/s between two ranks of a host (gloo on loopback; NVLink: 300)
+    inter_host_gbps: float = 12.5  # GB/s between hosts (100 Gb/s Ethernet; InfiniBand: 50)
+    hbm_gbps: float = 3350.0  # GPU memory bandwidth, GB/s (cost model of a GPU without calibration)
+
+    def __post_init__(self) -> None:
+        _check(self.world_size >= 1, "world_size", "must be >= 1")
+        _check(self.ranks_per_host >= 0, "ranks_per_host", "must be >= 0 (0: one host)")
+        _check(self.ranks_per_host == 0 or self.world_size % self.ranks_per_host == 0,
+               "ranks_per_host", f"{self.ranks_per_host} does not divide world_size "
+               f"{self.world_size}")
+        _check(self.compute_device in ("cpu", "cuda"), "compute_device", "must be cpu or cuda")
+        for k in ("hbm_gb", "host_gb", "intra_host_gbps", "inter_host_gbps", "hbm_gbps"):
+            _check(getattr(self, k) > 0, k, "must be > 0")
+        _check(0 <= self.reserve < 1, "reserve", "must be in [0, 1)")
+
+
+SHARDING_PLANNERS = ("lrm", "greedy", "torchrec")
+
+
+@dataclass(kw_only=True)
+class ShardingConfig:
+    """Stage shard_plan (lrm.sharding): table statistics -> cost model -> plan per model."""
+
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    planner: str = "lrm"  # lrm (greedy, then splits and moves) | greedy (baseline) | torchrec
+    towers: bool = False  # DMT: one tower of tables per host, so its lookups stay in the host
+    stats_batches: int = 32  # batches of train.batch_size impressions read for the statistics
+    time_limit: float = 5.0  # seconds the lrm planner may search per model
+
+    def __post_init__(self) -> None:
+        _check(self.planner in SHARDING_PLANNERS, "planner",
+               f"must be one of {list(SHARDING_PLANNERS)}, got {self.planner!r}")
+        _check(self.stats_batches >= 1, "stats_batches", "must be >= 1")
+        _check(self.time_limit > 0, "time_limit", "must be > 0")
+
+
+@dataclass(kw_only=True)
 class EvalConfig:
     """Offline evaluation of a saved model on a held-out day (lrm.train.evaluate)."""
 
@@ -553,6 +599,7 @@ class ParamsConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
     split: SplitConfig = field(default_factory=SplitConfig)
     evaluate: EvalConfig = field(default_factory=EvalConfig)
     exfm: ExFMConfig = field(default_factory=ExFMConfig)

@@ -87,6 +87,11 @@ class Stage:
     aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # params key -> older option names kept working, e.g. {"loader.recd": ("--dedup",)}
 
+    @property
+    def command_name(self) -> str:
+        """The CLI command (`lrm NAME`): `cli_name`, else the stage's name."""
+        return self.cli_name or self.name
+
     # -- arguments -----------------------------------------------------------------
     def signature(self) -> inspect.Signature:
         return inspect.signature(self.run)
@@ -491,7 +496,7 @@ def app(stage: Stage) -> typer.Typer:
     a = typer.Typer(add_completion=False, no_args_is_help=stage.group is not None,
                     pretty_exceptions_enable=False)
     if stage.group is None:
-        a.command(stage.cli_name or stage.name)(command(stage))
+        a.command(stage.command_name)(command(stage))
     else:
         a.callback()(lambda: None)
         a.command(stage.group)(command(stage))

@@ -36,13 +36,15 @@ NAME = "student"
 
 
 def run(*, cfg: StudentStageConfig, base: TrainConfig, exfm: ExFMConfig, loader: LoaderConfig,
-        tables: TableConfig, data: Path = Path("data/augmented"),
+        tables: TableConfig, data: Path = Path("data/augmented"), plan: Path | None = None,
         out: Path = Path("models/students"), metrics: Path | None = Path("metrics/exfm.json"),
         table: Path = Path("metrics/exfm.md"), plot: Path = Path("plots/exfm_ne.csv"),
         force: bool = False) -> dict[str, Any]:
     """Train every ExFM student variant day by day and write the NE table."""
+    from lrm.config import ModelConfig
     from lrm.exfm import students as S  # torch import: only when the stage runs
     from lrm.fp8.dispatch import transform
+    from lrm.sharding.plan import training_plan
 
     days = S.student_days(data, exfm.teacher_days, cfg.days)
     teacher = S.teacher_per_day(data, [d + 1 for d in days])
@@ -51,11 +53,14 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, exfm: ExFMConfig, loader:
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
         for name, size in cfg.models.items():
             results[name] = {}
+            sharding = None if plan is None else training_plan(
+                plan, f"students.{name}", kind="student", data=data,
+                model_cfg=ModelConfig(tables=tables, student=size), device=train_cfg.device)
             for variant, dcfg in cfg.variants.items():
                 with progress.context(student=name, variant=variant):
                     results[name][variant] = S.stream_student(
                         size, dcfg, train_cfg, data, days, tmp / name / variant,
-                        tables=tables, loader_cfg=loader,
+                        tables=tables, loader_cfg=loader, plan=sharding,
                         transform=transform(train_cfg.fp8, "student"))
     rep = S.report(results, teacher, exfm.teacher_days)
     rep["days"] = {"train": days, "eval": [d + 1 for d in days]}
@@ -75,6 +80,8 @@ STAGE = Stage(
     reads={"cfg": "students", "base": "train", "exfm": "exfm", "loader": "loader",
            "tables": "model.tables"},
     args={"data": Arg("--data", "augmented dataset", "in"),
+          "plan": Arg("--plan", "sharding plan (lrm shard-plan, its entries students.NAME) "
+                      "[default: torchrec's planner]", "in"),
           "out": Arg("--out", "folder of the students' models", "out"),
           "metrics": Arg("--metrics", "the ExFM report (JSON)", "metrics"),
           "table": Arg("--table", "the ExFM table (markdown)", "out", file=True, cache=False),

@@ -36,6 +36,7 @@ NAME = "teacher"
 def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
         model: TeacherModelConfig, margin: float, data: Path = Path("data/sessions"),
+        plan: Path | None = None,
         out: Path = Path("models/teacher"), checkpoints: Path = Path("checkpoints/teacher"),
         metrics: Path | None = Path("metrics/teacher.json"),
         plot: Path | None = Path("plots/teacher.csv"), force: bool = False
@@ -45,13 +46,18 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
     from lrm.exfm.augment import teacher_hash
     from lrm.fp8.dispatch import transform
     from lrm.serving import pyfunc
+    from lrm.sharding.plan import training_plan
     from lrm.train import train
 
     T = exfm.teacher_days
-    train_cfg = with_overrides(base, cfg.train)
-    result = train("teacher", train_cfg, ModelConfig(tables=tables, teacher=model), data,
+    train_cfg, model_cfg = with_overrides(base, cfg.train), ModelConfig(tables=tables,
+                                                                        teacher=model)
+    sharding = None if plan is None else training_plan(
+        plan, "teacher", kind="teacher", model_cfg=model_cfg, data=data,
+        device=train_cfg.device)
+    result = train("teacher", train_cfg, model_cfg, data,
                    split=SplitConfig(days=list(range(T)), eval_day=T), loader_cfg=loader,
-                   checkpoint=checkpoint, checkpoints=checkpoints, out=out,
+                   checkpoint=checkpoint, checkpoints=checkpoints, out=out, plan=sharding,
                    transform=transform(train_cfg.fp8, "teacher"),
                    log_fn=tracking.log_metrics if tracking.active() else None)
     m = result.summary("teacher")
@@ -75,6 +81,8 @@ STAGE = Stage(
            "loader": "loader", "tables": "model.tables", "model": "model.teacher",
            "margin": "registry.margin"},
     args={"data": Arg("--data", "dataset folder", "in"),
+          "plan": Arg("--plan", "sharding plan (lrm shard-plan, its entry teacher) "
+                      "[default: torchrec's planner]", "in"),
           "out": Arg("--out", "the teacher's model folder", "out"),
           "checkpoints": Arg("--checkpoints", "checkpoint folder", "state"),
           "metrics": Arg("--metrics", "stage metrics file", "metrics"),

@@ -5,7 +5,8 @@
     torchrun --nproc_per_node=2 -m stages.train --model student --data data/sessions ...
 
 One process initializes a 1-rank gloo group itself; under torchrun every process trains
-its share of each batch (gloo on CPU, nccl with one GPU per process). Values come from
+its share of each batch (gloo on CPU, nccl with one GPU per process); `--plan` places the
+tables as plans/sharding.json says (stage shard_plan, its entry KIND). Values come from
 params.yaml (`train`, `split`, `checkpoint`, `loader`, `model.tables`, `model.KIND`); every
 `--section.key` option overrides one. Periodic checkpoints go to `--checkpoints` (kept out
 of DVC's outputs); `--resume` goes on from the newest one. Only rank 0 logs to MLflow
@@ -37,17 +38,22 @@ NAME = "train"
 def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: CheckpointConfig,
         loader: LoaderConfig, tables: TableConfig,
         model: StudentModelConfig | TeacherModelConfig, data: Path = Path("data/sessions"),
-        out: Path | None = None, checkpoints: Path | None = None, resume: bool = False,
+        plan: Path | None = None, out: Path | None = None, checkpoints: Path | None = None,
+        resume: bool = False,
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> dict[str, Any]:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
     from lrm.fp8.dispatch import transform  # torch/torchrec: only when the stage runs
+    from lrm.sharding.plan import training_plan
     from lrm.train import train as train_model
 
+    model_cfg = ModelConfig(tables=tables, **{kind: model})
+    sharding = None if plan is None else training_plan(
+        plan, kind, kind=kind, model_cfg=model_cfg, data=data, device=train.device)
     result = train_model(
-        kind, train, ModelConfig(tables=tables, **{kind: model}), data, split=split,
-        loader_cfg=loader, checkpoint=checkpoint, checkpoints=checkpoints, resume=resume,
-        out=out, transform=transform(train.fp8, kind),
+        kind, train, model_cfg, data, split=split, loader_cfg=loader, checkpoint=checkpoint,
+        checkpoints=checkpoints, resume=resume, out=out, plan=sharding,
+        transform=transform(train.fp8, kind),
         log_fn=tracking.log_metrics if tracking.active() else None)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc
@@ -66,8 +72,10 @@ STAGE = Stage(
     args={
         "kind": Arg("--model", "which model to train", choices=MODEL_KINDS),
         "data": Arg("--data", "dataset folder", "in"),
-        "out": Arg("--out", "final model folder (default: models/KIND)", "out"),
-        "checkpoints": Arg("--checkpoints", "checkpoint folder (default: checkpoints/KIND)",
+        "plan": Arg("--plan", "sharding plan (lrm shard-plan) [default: torchrec's planner]",
+                    "in"),
+        "out": Arg("--out", "final model folder [default: models/KIND]", "out"),
+        "checkpoints": Arg("--checkpoints", "checkpoint folder [default: checkpoints/KIND]",
                            "state"),
         "resume": Arg("--resume", "go on from the newest checkpoint"),
         "metrics": Arg("--metrics", "stage metrics file (default: metrics/train_KIND.json)",

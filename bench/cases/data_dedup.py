@@ -2,8 +2,16 @@
 
 Data: the synthetic log at mean session length 8 with max_history 128, so the mean user
 history is ~100 items (at the default 100 it is ~79). "default" is one day of the default
-size (20,000 sessions, ~160k impressions), "10x" ten such days (skipped with --quick).
-Both layouts are written with the same writer rules (lrm.data.dedup.parquet_options).
+size (20,000 sessions, ~160k impressions), "10x" ten such days (skipped with --quick);
+"history_heavy" one day of bench.cases.data_profiles.history_heavy (histories of ~840 ads). The impression file is the generator's log: sessions
+in the order they happen. The sessions file is dedup's: a file's sessions sorted by user,
+a user's sliding history stored once per run.
+
+Storage baselines, each written from the same rows: the impression file with the same
+writer rules (lrm.data.dedup.parquet_options); with its own best rules ("tuned": no
+dictionary on the history, so zstd finds its repeats); and tuned with its sessions sorted
+by user like the sessions file ("tuned_clustered": zstd then also finds a user's shifted
+histories, the strongest impression file we know).
 """
 
 from __future__ import annotations
@@ -15,15 +23,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
+from bench.cases.data_profiles import history_heavy
 from bench.common import best_time, emit
 from lrm import io
 from lrm.config import DedupConfig, GenerateConfig
-from lrm.data import dedup, synthetic
-from lrm.data import loader
+from lrm.data import dedup, loader, parquet, synthetic
 from lrm.data.loader import BatchLoader
-from lrm.data.schema import part_path
+from lrm.data.schema import day_files, part_path
 
 SIZES = (("default", 1), ("10x", 10))  # case, days of the default size
 BATCH = {"batch_size": 2048, "prefetch": 4, "num_workers": 1}  # LoaderConfig's defaults
@@ -31,6 +40,8 @@ BATCH = {"batch_size": 2048, "prefetch": 4, "num_workers": 1}  # LoaderConfig's 
 
 def _config(days: int) -> GenerateConfig:
     return GenerateConfig(days=days, max_history=128)
+
+
 
 
 def _plain_tuned_options(cfg: GenerateConfig) -> dict[str, Any]:
@@ -43,14 +54,14 @@ def _plain_tuned_options(cfg: GenerateConfig) -> dict[str, Any]:
 
 
 @contextmanager
-def _dataset(days: int, tuned: bool = False) -> Iterator[tuple[Path, dict[str, Any]]]:
+def _dataset(cfg: GenerateConfig, tuned: bool = False) -> Iterator[tuple[Path, dict[str, Any]]]:
     """A temp folder with raw/ (impressions, one file per day), sessions/ (its dedup) and,
-    if `tuned`, tuned/ (raw written with the plain layout's own best rules)."""
-    cfg = _config(days)
+    if `tuned`, tuned/ (raw written with the plain layout's own best rules) and
+    tuned_clustered/ (the same, in the sessions file's order)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         rows = hist = 0
-        for day in range(days):
+        for day in range(cfg.days):
             t = synthetic.generate_day(cfg, day)
             io.write_parquet(t, part_path(root / "raw", day),
                              **dedup.parquet_options(t.schema, "impressions"))
@@ -59,19 +70,30 @@ def _dataset(days: int, tuned: bool = False) -> Iterator[tuple[Path, dict[str, A
             first = dedup.run_starts(t.column("session_id").to_numpy())
             lens = t.column("user_history").take(first).combine_chunks().value_lengths()
             rows, hist = rows + t.num_rows, hist + int(lens.to_numpy(zero_copy_only=False).sum())
+            del t
         t0 = time.perf_counter()
         m = dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+        seconds = time.perf_counter() - t0
+        if tuned:
+            for day, files in day_files(root / "sessions").items():
+                t = pa.concat_tables(dedup.flatten_sessions(parquet.read_table(f)) for f in files)
+                io.write_parquet(t, part_path(root / "tuned_clustered", day),
+                                 **_plain_tuned_options(cfg))
+                del t
         sessions = m["sessions"]
         yield root, {"rows": rows, "sessions": sessions,
                      "mean_session_length": round(rows / sessions, 3),
                      "mean_history_length": round(hist / sessions, 1),
-                     "dedup_s": round(time.perf_counter() - t0, 2)}
+                     "history_stored_once_per": round(m["history_ratio"], 2),
+                     "dedup_s": round(seconds, 2)}
 
 
 def run_storage(quick: bool = False) -> None:
-    for case, days in SIZES[:1] if quick else SIZES:
-        with _dataset(days, tuned=True) as (root, info):
+    cases = [(case, _config(days)) for case, days in (SIZES[:1] if quick else SIZES)]
+    for case, cfg in [*cases, ("history_heavy", history_heavy(quick))]:
+        with _dataset(cfg, tuned=True) as (root, info):
             recd = float(io.dir_bytes(root / "sessions"))
+            info = {**info, "max_history": cfg.max_history}
             emit("data.storage", case, "bytes", recd, float(io.dir_bytes(root / "raw")),
                  "lower", baseline_is="impression Parquet, the same writer rules "
                  "(zstd 3, dictionary on integer columns)", **info)
@@ -79,6 +101,11 @@ def run_storage(quick: bool = False) -> None:
                  float(io.dir_bytes(root / "tuned")), "lower",
                  baseline_is="impression Parquet with its own best rules (no dictionary on "
                  "user_history: zstd then dedups the repeats itself)", **info)
+            emit("data.storage", f"{case}_vs_plain_tuned_clustered", "bytes", recd,
+                 float(io.dir_bytes(root / "tuned_clustered")), "lower",
+                 baseline_is="impression Parquet with its own best rules, its sessions sorted "
+                 "by user like the sessions file (zstd also finds a user's shifted histories)",
+                 **info)
 
 
 def _pyarrow_read(ld: BatchLoader) -> int:
@@ -97,7 +124,7 @@ def _drain(ld: BatchLoader) -> int:
 
 def run_loader(quick: bool = False) -> None:
     for case, days in SIZES[:1] if quick else SIZES:
-        with _dataset(days) as (root, info):
+        with _dataset(_config(days)) as (root, info):
             raw, ses = root / "raw", root / "sessions"
             n, repeat = info["rows"], (3 if days == 1 else 2)
             recd = BatchLoader(ses, dedup=True, **BATCH)

@@ -9,6 +9,13 @@ feature is kept jagged (lengths, offsets, values; a null is length 0), so cuttin
 out of chunks is slicing, and a batch is built with a handful of concatenations
 (`assemble`). Which chunks and slices make a batch is the loader's business
 (lrm.data.loader).
+
+Shared histories (the sessions layout's runs, lrm.data.histories): in the RecD form with
+`windows` on, a sequence feature stays as its runs' items plus every session's window
+(`Windows`); a batch then looks each run's items up once, cut into *segments* at every
+window boundary of its sessions in the batch, and each session's window is a contiguous
+range of segments (`Batch.windows`). A user's sessions in a batch thus share one lookup of
+their history. Elsewhere (plain form, or windows off) every session gets its own list.
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ import pyarrow.compute as pc
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lrm.data.batch import Batch
-from lrm.data.schema import LABEL, SESSION, FeatureSchema
+from lrm.data import histories
+from lrm.data.batch import Batch, Windows
+from lrm.data.schema import LABEL, SESSION, FeatureSchema, window_columns
 from lrm.errors import DataError
 
 
@@ -59,6 +67,48 @@ class Jagged:
         idx = np.repeat(starts - out_offs[:-1], lens)
         idx += np.arange(idx.size, dtype=np.int64)
         return Jagged(lens.astype(np.int32), out_offs, self.values[idx])
+
+
+@dataclass
+class Runs:
+    """A sequence feature over user rows as windows into runs' items (ids hashed).
+
+    Row r's list is values[start[r]:start[r] + length[r]]; rows of one run share `head`
+    (the row holding the run's items, values[items_at[head]:items_at[head + 1]]).
+    """
+
+    values: np.ndarray  # int64: every run's items, one run after another
+    items_at: np.ndarray  # int64 [rows + 1]: a run's items start at items_at[head]
+    head: np.ndarray  # int64 [rows]
+    start: np.ndarray  # int64 [rows]
+    length: np.ndarray  # int64 [rows]
+
+    def expand(self) -> Jagged:
+        """Every row's own list."""
+        return Jagged.from_lengths(self.length, self.values[histories.gather(self.start,
+                                                                             self.length)])
+
+    def take(self, rows: np.ndarray) -> Runs:
+        """Rows by index (the runs' items stay where they are)."""
+        return Runs(self.values, self.items_at, self.head[rows], self.start[rows],
+                    self.length[rows])
+
+
+def _runs(col: pa.Array, offset: pa.Array | None, length: pa.Array | None, size: int | None,
+          path: Path, field: str) -> Runs:
+    """A sequence column (with its window columns, if stored in runs) as Runs; null
+    elements inside the lists are dropped like every other null."""
+    r = histories.decode(col, offset, length, source=path, field=field)
+    flat = r.values
+    start, end, at = r.start, r.start + r.length, r.item_offsets
+    if flat.null_count:  # positions move down past the dropped nulls
+        valid = flat.is_valid().to_numpy(zero_copy_only=False)
+        before = np.zeros(len(valid) + 1, np.int64)
+        np.cumsum(valid, out=before[1:])
+        start, end, at = before[start], before[end], before[at]
+        flat = flat.filter(pa.array(valid))
+    vals = flat.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+    return Runs(_hash(vals, size), at, r.head, start, end - start)
 
 
 def _hash(values: np.ndarray, size: int | None) -> np.ndarray:
@@ -101,20 +151,26 @@ class Chunk:
     dense: np.ndarray  # float32 [n, n_dense]
     teacher: np.ndarray | None  # float32 [n]
     item: list[Jagged]  # rows = impressions
-    user: list[Jagged]  # rows = user rows
+    user: list[Jagged | Runs]  # rows = user rows; Runs only in the windows form
     row_of: np.ndarray  # int64 [n], nondecreasing: the user row of each impression
     session: np.ndarray  # int64 [user rows]: session id per user row
 
 
 @dataclass(frozen=True)
 class ChunkSpec:
-    """What a chunk is normalized with."""
+    """What a chunk is normalized with.
+
+    runs: the sessions layout stores sequence features in runs (window columns).
+    windows: keep them as runs (the windows form of RecD batches; needs dedup and runs).
+    """
 
     schema: FeatureSchema
     layout: str
     dedup: bool
     hash_sizes: Mapping[str, int]
     teacher: str | None
+    runs: bool = False
+    windows: bool = False
 
 
 def _col(t: pa.Table, name: str) -> pa.Array:
@@ -130,9 +186,14 @@ def normalize(rb: pa.RecordBatch, day: int, path: Path, spec: ChunkSpec) -> Chun
         if _col(t, LABEL).null_count:
             raise DataError(path, None, LABEL, "null impression list in a session row")
         lens = pc.list_value_length(_col(t, LABEL)).to_numpy().astype(np.int64)
+        # decoded before empty sessions go: one may hold its run's items
+        seq = {c: _runs(_col(t, c), *((_col(t, w) for w in window_columns(c)) if spec.runs
+                                      else (None, None)), hs.get(c), path, c)
+               for c in s.user_seq}
         if (lens == 0).any():  # a session without impressions has no row in any batch
             keep = np.flatnonzero(lens)
             t, lens = t.take(pa.array(keep)), lens[keep]
+            seq = {c: r.take(keep) for c, r in seq.items()}
 
         def imp(name: str) -> pa.Array:
             return pc.list_flatten(_col(t, name))
@@ -158,10 +219,11 @@ def normalize(rb: pa.RecordBatch, day: int, path: Path, spec: ChunkSpec) -> Chun
 
     sid = _col(t, SESSION).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     if spec.layout == "sessions":  # user rows = session rows: the list offsets
-        user = [_jagged(_col(t, c), hs.get(c)) for c in s.user_features]
+        user: list[Jagged | Runs] = [_jagged(_col(t, c), hs.get(c)) for c in s.user_sparse]
+        user += [r if spec.windows and spec.dedup else r.expand() for r in seq.values()]
         row_of = np.repeat(np.arange(t.num_rows, dtype=np.int64), lens)
         if not spec.dedup:  # plain form: every impression gets its session's row
-            user = [f.take(row_of) for f in user]
+            user = [f.take(row_of) for f in user]  # type: ignore[union-attr]
             row_of, sid = np.arange(n, dtype=np.int64), sid[row_of]
     elif spec.dedup:  # RecD from the impressions layout: run-length of session_id
         change = np.empty(n, dtype=bool)
@@ -193,15 +255,62 @@ def _kjt(keys: Sequence[str], parts: list[list[tuple[np.ndarray, np.ndarray]]],
                              lengths=torch.from_numpy(lengths), stride=stride)
 
 
+def _segments(parts: Sequence[tuple[Runs, int, int]]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """User rows [r0, r1) of each part as segments of their runs' items.
+
+    Within a run, the boundaries of every window in the batch cut the run's items into
+    segments; each item a window covers is in exactly one segment, and a window is a
+    contiguous range of segments. Returns (segment lengths, segment values, per row: first
+    segment, end segment, window length).
+    """
+    seg_len, seg_val, first, end, length = [], [], [], [], []
+    G = 0
+    for runs, r0, r1 in parts:
+        head, ln = runs.head[r0:r1], runs.length[r0:r1]
+        rel = runs.start[r0:r1] - runs.items_at[head]  # the window's start within its run
+        new_run = np.empty(len(head), bool)
+        new_run[:1] = True
+        np.not_equal(head[1:], head[:-1], out=new_run[1:])
+        run = np.cumsum(new_run) - 1
+        span = int(runs.items_at[-1]) + 1  # positions in a run lie below it
+        lo = run * span + rel
+        hi = lo + ln
+        has = ln > 0
+        pts = np.unique(np.concatenate([lo[has], hi[has]]))
+        i_lo, i_hi = np.searchsorted(pts, lo), np.searchsorted(pts, hi)
+        # the gap after point i is a segment when some window covers it
+        cover = (np.bincount(i_lo[has], minlength=len(pts) + 1)
+                 - np.bincount(i_hi[has], minlength=len(pts) + 1))
+        covered = np.cumsum(cover)[:max(len(pts) - 1, 0)] > 0
+        before = np.zeros(len(pts) + 1, np.int64)  # covered gaps before point i
+        np.cumsum(covered, out=before[1:len(pts)])
+        gaps = np.flatnonzero(covered)
+        run_head = head[new_run]
+        starts = runs.items_at[run_head[pts[gaps] // span]] + pts[gaps] % span
+        lens = pts[gaps + 1] - pts[gaps]
+        seg_len.append(lens)
+        seg_val.append(runs.values[histories.gather(starts, lens)])
+        first.append(np.where(has, before[np.minimum(i_lo, len(pts))], 0) + G)
+        end.append(np.where(has, before[np.minimum(i_hi, len(pts))], 0) + G)
+        length.append(ln)
+        G += len(gaps)
+    return tuple(np.concatenate(x) if x else np.zeros(0, np.int64)  # type: ignore[return-value]
+                 for x in (seg_len, seg_val, first, end, length))
+
+
 def assemble(pieces: Sequence[tuple[Chunk, int, int]], schema: FeatureSchema,
              dedup: bool) -> Batch:
     """The batch made of impressions [a, b) of each chunk, in order.
 
     In the RecD form a session that straddles two consecutive chunks (same day and
-    session id) gets one user row.
+    session id) gets one user row. Sequence features kept as runs (the windows form) come
+    out as segments: `user` then has U + G rows (sessions, then segments) and `windows`
+    says which segments make each session's window.
     """
     n_user, n_item = len(schema.user_features), len(schema.item_sparse)
     user_parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(n_user)]
+    run_parts: list[list[tuple[Runs, int, int]]] = [[] for _ in range(n_user)]
     item_parts: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(n_item)]
     dense, labels, teacher, inverse = [], [], [], []
     U = 0
@@ -215,7 +324,10 @@ def assemble(pieces: Sequence[tuple[Chunk, int, int]], schema: FeatureSchema,
         if dedup:
             inverse.append(c.row_of[a:b] + base)
         for j, f in enumerate(c.user):
-            user_parts[j].append(f.rows(r0, r1))
+            if isinstance(f, Runs):
+                run_parts[j].append((f, r0, r1))
+            else:
+                user_parts[j].append(f.rows(r0, r1))
         for j, f in enumerate(c.item):
             item_parts[j].append(f.rows(a, b))
         dense.append(c.dense[a:b])
@@ -225,11 +337,36 @@ def assemble(pieces: Sequence[tuple[Chunk, int, int]], schema: FeatureSchema,
         U += r1 - r0
         last = (c.day, int(c.session[r1 - 1])) if r1 > r0 else last
     B = sum(b - a for _, a, b in pieces)
+    windows = None
+    rows = U if dedup else B
+    seq = [j for j in range(n_user) if run_parts[j]]
+    if seq:  # the windows form: sessions on rows [0, U), segments on rows [U, U + G)
+        segs = {j: _segments(run_parts[j]) for j in seq}
+        G = max(len(segs[j][0]) for j in seq)
+        for j in range(n_user):
+            if j in segs:
+                lens, vals = segs[j][0].astype(np.int32), segs[j][1]
+                user_parts[j] = [(np.zeros(U, np.int32), vals[:0]), (lens, vals),
+                                 (np.zeros(G - len(lens), np.int32), vals[:0])]
+            else:
+                user_parts[j].append((np.zeros(G, np.int32), np.zeros(0, np.int64)))
+
+        def stack(k: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.from_numpy(np.stack([segs[j][k] for j in seq])).to(dtype)
+
+        windows = Windows(
+            sessions=U, keys=[schema.user_features[j] for j in seq],
+            first=stack(2, torch.int64), end=stack(3, torch.int64),
+            lengths=stack(4, torch.float32),
+            segment_lengths=torch.from_numpy(np.stack([
+                np.pad(segs[j][0], (0, G - len(segs[j][0]))) for j in seq])).float())
+        rows = U + G
     return Batch(
         dense=torch.from_numpy(np.concatenate(dense)),
         item=_kjt(schema.item_sparse, item_parts, B),
-        user=_kjt(schema.user_features, user_parts, U if dedup else B),
+        user=_kjt(schema.user_features, user_parts, rows),
         labels=torch.from_numpy(np.concatenate(labels)),
         inverse=torch.from_numpy(np.concatenate(inverse)) if dedup else None,
         teacher_logits=torch.from_numpy(np.concatenate(teacher)) if teacher else None,
+        windows=windows,
     )

@@ -4,7 +4,14 @@ In the ``impressions`` layout every impression repeats its session's user-side c
 (``day``, ``session_id``, ``schema.user_sparse``, ``schema.user_seq``); in the ``sessions``
 layout those columns appear once per session and every other column becomes a list with
 one entry per impression. Sessions must be contiguous in the input (the generator and
-ingest write them so); they are kept in the order they come.
+ingest write them so).
+
+RecD clusters: within each output file the sessions are sorted by the schema's user key
+(stably, so a user's sessions keep their time order), and a sequence feature is stored
+once per run of sessions whose histories slide over one stream (lrm.data.histories): a
+user's sessions of a day share one stored history, each with its window (offset, length).
+A run never crosses a row group, so every row group reads on its own. Without a user key
+(Criteo) the sessions keep their input order.
 
 Everything is vectorized over Arrow buffers: session boundaries are the run starts of
 ``session_id``, user-side constancy is checked by comparing each row with its session's
@@ -24,7 +31,7 @@ import pyarrow.compute as pc
 
 from lrm import io
 from lrm.config import DedupConfig
-from lrm.data import parquet
+from lrm.data import histories, parquet
 from lrm.data.schema import (
     DAY,
     LABEL,
@@ -34,6 +41,8 @@ from lrm.data.schema import (
     day_files,
     part_path,
     read_schema,
+    sessions_version,
+    window_columns,
 )
 from lrm.errors import DataError
 from lrm.progress import Reporter
@@ -70,6 +79,10 @@ READ_CHUNK_ROWS = 64 * 1024  # impressions per streamed input chunk (bounds memo
 def session_columns(schema: FeatureSchema) -> tuple[str, ...]:
     """Columns stored once per session: day, session_id and the user-side features."""
     return (DAY, SESSION) + schema.user_sparse + schema.user_seq
+
+
+def _windows(schema: FeatureSchema) -> tuple[str, ...]:
+    return tuple(c for f in schema.user_seq for c in window_columns(f))
 
 
 def _layout_of(table: pa.Table) -> str | None:
@@ -167,11 +180,16 @@ def _check_layout(table: pa.Table, schema: FeatureSchema, layout: str,
     if found is not None and found != layout:
         raise DataError(source, None, None, f"expected the {layout} layout, found {found}")
     expected = schema.arrow(layout)
-    missing = [f.name for f in expected if f.name not in table.column_names]
+    legacy = layout == "sessions" and sessions_version(table.schema.metadata) < 2
+    optional = set(_windows(schema)) if legacy else set()
+    missing = [f.name for f in expected
+               if f.name not in table.column_names and f.name not in optional]
     if missing:
         raise DataError(source, None, missing[0],
                         f"column missing for the {layout} layout (missing: {missing})")
     for f in expected:
+        if f.name not in table.column_names:
+            continue
         t = table.schema.field(f.name).type
         if pa.types.is_list(t) != pa.types.is_list(f.type):
             raise DataError(source, None, f.name,
@@ -179,11 +197,14 @@ def _check_layout(table: pa.Table, schema: FeatureSchema, layout: str,
 
 
 def _cast(table: pa.Table, target: pa.Schema, source: Path | str) -> pa.Table:
-    """`table` with the known columns cast to `target` (extras kept, appended, as they are)."""
+    """`table` with the known columns cast to `target` (extras kept, appended, as they are;
+    target columns the table lacks are left out)."""
     known = [f.name for f in target]
     extra = [c for c in table.column_names if c not in known]
     cols, fields = [], []
     for f in target:
+        if f.name not in table.column_names:
+            continue
         col = table.column(f.name)
         if not col.type.equals(f.type):
             try:
@@ -200,13 +221,20 @@ def _cast(table: pa.Table, target: pa.Schema, source: Path | str) -> pa.Table:
 
 def dedup_table(table: pa.Table, schema: FeatureSchema, *, source: Path | str = "<table>",
                 first_row: int = 0) -> pa.Table:
-    """Impressions layout -> sessions layout (one row per contiguous session).
+    """Impressions layout -> sessions layout (one row per contiguous session, in order).
 
-    Columns not in the schema are treated as per-impression and become lists. Raises
+    Columns not in the schema are treated as per-impression and become lists; consecutive
+    sessions share their stored history where it slides (see `share_histories`). Raises
     DataError (naming `source`, the session and the field) when a session's rows are not
     contiguous or a user-side column is not constant within a session; rows in messages
     are 0-based and counted from `first_row` (the table's first row in `source`).
     """
+    return share_histories(_session_rows(table, schema, source, first_row), schema)
+
+
+def _session_rows(table: pa.Table, schema: FeatureSchema, source: Path | str,
+                  first_row: int) -> pa.Table:
+    """dedup_table before the histories are shared: every row holds its own lists."""
     _check_layout(table, schema, "impressions", source)
     table = _cast(table, schema.arrow("impressions"), source)
     n = table.num_rows
@@ -243,7 +271,60 @@ def dedup_table(table: pa.Table, schema: FeatureSchema, *, source: Path | str = 
         lst = pa.ListArray.from_arrays(offsets, _to_array(table.column(c)))
         cols.append(lst)
         fields.append(target.field(c) if c in target.names else pa.field(c, lst.type))
-    return pa.Table.from_arrays(cols, schema=pa.schema(fields, metadata=target.metadata))
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields, metadata=_meta(target, 1)))
+
+
+def _meta(target: pa.Schema, version: int) -> dict[bytes, bytes]:
+    meta = dict(target.metadata or {})
+    if version < 2:
+        meta.pop(b"lrm.layout_version", None)
+    return meta
+
+
+def share_histories(table: pa.Table, schema: FeatureSchema, group: int | None = None
+                    ) -> pa.Table:
+    """Sessions whose every row holds its own lists -> the stored form: each sequence
+    feature once per run (lrm.data.histories) plus its window columns. A run starts at
+    every multiple of `group` rows (the row groups the table will be written in)."""
+    if sessions_version(table.schema.metadata) >= 2:
+        raise ValueError("share_histories: the histories are already shared")
+    target = schema.arrow("sessions")
+    cols = {c: table.column(c) for c in table.column_names}
+    for f in schema.user_seq:
+        enc = histories.encode(cols[f], group)
+        off, ln = window_columns(f)
+        cols[f] = enc.items
+        cols[off], cols[ln] = pa.array(enc.offset), pa.array(enc.length)
+    names = [f.name for f in target if f.name in cols]
+    names += [c for c in table.column_names if c not in names]
+    fields = [target.field(c) if c in target.names else table.schema.field(c) for c in names]
+    return pa.Table.from_arrays([cols[c] for c in names],
+                                schema=pa.schema(fields, metadata=target.metadata))
+
+
+def expand_histories(table: pa.Table, schema: FeatureSchema, *,
+                     source: Path | str = "<table>", first_row: int = 0) -> pa.Table:
+    """The stored sessions form -> every row holding its own lists (no window columns).
+
+    A table of the first sessions layout (no window columns) comes back as it is. The
+    table must start at a run's first row (a whole file or row group does).
+    """
+    if sessions_version(table.schema.metadata) < 2:
+        return table
+    drop = set(_windows(schema))
+    cols, fields = [], []
+    for name in table.column_names:
+        if name in drop:
+            continue
+        col = table.column(name)
+        if name in schema.user_seq:
+            off, ln = window_columns(name)
+            col = histories.decode(col, table.column(off), table.column(ln), source=source,
+                                   field=name, first_row=first_row).expand()
+        cols.append(col)
+        fields.append(table.schema.field(name))
+    return pa.Table.from_arrays(cols, schema=pa.schema(
+        fields, metadata=_meta(table.schema, 1)))
 
 
 def flatten_sessions(table: pa.Table, schema: FeatureSchema | None = None, *,
@@ -255,6 +336,7 @@ def flatten_sessions(table: pa.Table, schema: FeatureSchema | None = None, *,
             raise DataError(source, None, None, "table carries no lrm.schema metadata")
         schema = FeatureSchema.from_json(meta[META_KEY].decode())
     _check_layout(table, schema, "sessions", source)
+    table = expand_histories(table, schema, source=source)
     sess_cols = session_columns(schema)
     per_imp = [c for c in table.column_names if c not in sess_cols]
     lengths = session_lengths(table, per_imp, source)
@@ -291,15 +373,27 @@ def session_lengths(table: pa.Table, per_imp: list[str] | None = None,
 # Whole datasets, streamed day by day and chunk by chunk.
 
 
+def cluster(table: pa.Table, schema: FeatureSchema) -> pa.Table:
+    """The session rows sorted by the schema's user key, stably (as they are without one)."""
+    if schema.user_key is None or table.num_rows < 2:
+        return table
+    return table.take(pc.sort_indices(table.select([schema.user_key]),
+                                      sort_keys=[(schema.user_key, "ascending")]))
+
+
 @dataclass
 class _PartWriter:
-    """Buffers session rows of one day and writes exactly `rows_per_file` per part file."""
+    """Buffers session rows of one day and writes exactly `rows_per_file` per part file,
+    each clustered by user with its histories shared."""
 
     dst: Path
     day: int
     rows_per_file: int
+    schema: FeatureSchema
     parts: int = 0
     bytes_out: int = 0
+    history_values: int = 0  # sequence values of all sessions' windows
+    history_stored: int = 0  # ... of the runs' items actually stored
     _buf: list[pa.Table] = field(default_factory=list)
     _buffered: int = 0
 
@@ -318,6 +412,11 @@ class _PartWriter:
     def _flush(self, rows: int) -> None:
         table = pa.concat_tables(self._buf)
         out, rest = table.slice(0, rows), table.slice(rows)
+        opts = parquet_options(self.schema.arrow("sessions"), "sessions")
+        out = share_histories(cluster(out, self.schema), self.schema, opts["row_group_size"])
+        for f in self.schema.user_seq:
+            self.history_values += int(pc.sum(out.column(window_columns(f)[1])).as_py() or 0)
+            self.history_stored += int(pc.sum(pc.list_value_length(out.column(f))).as_py() or 0)
         self.bytes_out += io.write_parquet(out, part_path(self.dst, self.day, self.parts),
                                            **parquet_options(out.schema, "sessions"))
         self.parts += 1
@@ -403,17 +502,17 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
     """
     schema, files = check_source(src)
     total = sum(parquet.read_metadata(f).num_rows for fs in files.values() for f in fs)
-    rows = sessions = bytes_in = bytes_out = parts = 0
+    rows = sessions = bytes_in = bytes_out = parts = hist_values = hist_stored = 0
     with Reporter("dedup", total=total, unit="rows") as rep:
         for day, paths in files.items():
             bytes_in += sum(p.stat().st_size for p in paths)
-            writer = _PartWriter(Path(dst), day, cfg.rows_per_file)
+            writer = _PartWriter(Path(dst), day, cfg.rows_per_file, schema)
             ids: list[np.ndarray] = []  # session ids of the day, in order
             where: list[tuple[int, Path]] = []  # (index of the first session, file)
             day_start = sessions
             chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
             for table, source, row0 in _whole_sessions(chunks):
-                s = dedup_table(table, schema, source=source, first_row=row0)
+                s = _session_rows(table, schema, source, row0)
                 where.append((sessions - day_start, source))
                 ids.append(s.column(SESSION).to_numpy())
                 writer.add(s)
@@ -424,6 +523,8 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
             parts += writer.parts
             bytes_out += writer.bytes_out
             _check_day_contiguous(ids, where)
+            hist_values += writer.history_values
+            hist_stored += writer.history_stored
     return {
         "rows": rows,
         "sessions": sessions,
@@ -433,6 +534,9 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
         "storage_ratio": bytes_in / bytes_out if bytes_out else 0.0,
         "days": len(files),
         "files": parts,
+        "history_values": hist_values,  # sequence values the sessions' windows hold
+        "history_values_stored": hist_stored,  # ... stored once per run
+        "history_ratio": hist_values / hist_stored if hist_stored else 0.0,
     }
 
 

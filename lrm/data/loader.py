@@ -2,7 +2,11 @@
 
 The stream is every impression of the chosen days, in order (days ascending, files in
 order, rows in order), cut into batches of exactly `batch_size` impressions; a session may
-straddle two batches (its user row then appears in both).
+straddle two batches (its user row then appears in both). From the sessions layout, whose
+sequence features are stored once per run of a user's sessions, the RecD form can share
+them too (`Batch.windows`: a user's history looked up once per batch) where histories are
+long enough for that to pay; chunks of that layout are cut at run starts, so a run never
+spans two chunks.
 
 The loader plans: it reads each file in chunks (lrm.data.parquet: one row group at a time),
 decides which impressions of which chunks make each of this rank's batches, and hands the
@@ -26,17 +30,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.chunks import Chunk, ChunkSpec, assemble, normalize
-from lrm.data.schema import LABEL, META_KEY, SESSION, FeatureSchema, day_files, read_schema
+from lrm.data.schema import (
+    LABEL,
+    META_KEY,
+    SESSION,
+    FeatureSchema,
+    day_files,
+    read_schema,
+    sessions_version,
+    window_columns,
+)
 from lrm.errors import DataError
 
 CHUNK_IMPRESSIONS = 64 * 1024  # impressions per chunk read from the impressions layout
 CHUNK_SESSIONS = 8 * 1024  # sessions per chunk read from the sessions layout
+# Shared histories pay from about this many sequence values per session. Measured on CPU
+# (student, batch 2048): at ~80 the segments' extra rows and ops cost more than the lookups
+# they save (+8% step time against one history per session); at ~420 and ~840 they save
+# 15-20%.
+WINDOWS_MIN_HISTORY = 128
 
 
 class _Now(Future):  # type: ignore[type-arg]
@@ -89,13 +108,18 @@ class BatchLoader:
     teacher_column: per-impression float column returned as `teacher_logits`.
     pin_memory: batches come in page-locked memory (by the worker threads), so that a copy
         to the GPU can overlap compute (torchrec's train pipeline copies on its own stream).
+    windows: in the RecD form from a sessions layout that stores histories in runs, give
+        sequence features as segments shared by a user's sessions (`Batch.windows`);
+        False: one list per session (`Batch.session_form()` of the same batch); None: where
+        the first row group's sessions hold WINDOWS_MIN_HISTORY sequence values or more on
+        average.
     """
 
     def __init__(self, root: Path, batch_size: int, *, days: Sequence[int] | None = None,
                  dedup: bool = True, hash_sizes: Mapping[str, int] | None = None,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, num_workers: int = 1,
                  drop_last: bool = False, teacher_column: str | None = None,
-                 pin_memory: bool = False) -> None:
+                 pin_memory: bool = False, windows: bool | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -124,7 +148,11 @@ class BatchLoader:
             raise ValueError(f"hash sizes must be >= 1: {bad}")
         self.teacher_column = teacher_column
         self.pin_memory = pin_memory
+        self.runs = False  # sequence features stored in runs (sessions layout version 2)
         self.columns = self._check_files()  # the Parquet columns read
+        if windows is None:
+            windows = self.runs and self._mean_history() >= WINDOWS_MIN_HISTORY
+        self.windows = bool(windows and dedup and self.runs)
         self._num_rows: int | None = None
         self._start = self._next_start = self._done = 0  # resume state (state_dict)
 
@@ -132,6 +160,11 @@ class BatchLoader:
         """Every file has this dataset's layout and schema (footers only); the columns to read."""
         s = self.schema
         cols = [SESSION, LABEL, *s.user_features, *s.item_sparse, *s.dense]
+        if self.layout == "sessions" and s.user_seq and self.files:
+            first = parquet.open_file(self.files[0][1]).schema_arrow.metadata
+            self.runs = sessions_version(first) >= 2
+        if self.runs:
+            cols += [c for f in s.user_seq for c in window_columns(f)]
         if self.teacher_column is not None:
             cols.append(self.teacher_column)
         for _, f in self.files:
@@ -142,12 +175,27 @@ class BatchLoader:
                     META_KEY in meta and FeatureSchema.from_json(meta[META_KEY].decode()) != s):
                 raise DataError(f, None, None, f"layout or schema differs from {self.root}'s "
                                 f"first file (expected the {self.layout} layout)")
+            if self.layout == "sessions" and s.user_seq and (
+                    sessions_version(meta) >= 2) != self.runs:
+                raise DataError(f, None, None, f"sessions layout version differs from "
+                                f"{self.root}'s first file (re-run dedup on the whole dataset)")
             missing = [c for c in cols if c not in arrow.names]
             if missing:
                 raise DataError(f, None, missing[0], "column not found"
                                 + (" (teacher_column: is this augmented data?)"
                                    if missing[0] == self.teacher_column else ""))
         return cols
+
+    def _mean_history(self) -> float:
+        """Sequence values per session in the first row group (its window lengths)."""
+        cols = [window_columns(c)[1] for c in self.schema.user_seq]
+        pf = parquet.open_file(self.files[0][1])
+        if pf.num_row_groups == 0:
+            return 0.0
+        with parquet.reading(self.files[0][1], 0):
+            t = pf.read_row_group(0, columns=cols)
+        total = sum(int(pc.sum(t.column(c)).as_py() or 0) for c in cols)
+        return total / max(t.num_rows, 1)
 
     # -- sizes ------------------------------------------------------------------------
 
@@ -178,7 +226,8 @@ class BatchLoader:
         """(day, file, record batch, impressions in it), in stream order."""
         rows = CHUNK_SESSIONS if self.layout == "sessions" else CHUNK_IMPRESSIONS
         for day, f in self.files:
-            for rb in parquet.iter_batches(f, rows, self.columns):
+            batches = parquet.iter_batches(f, rows, self.columns)
+            for rb in (self._whole_runs(batches) if self.runs else batches):
                 if self.layout == "sessions":
                     lab = rb.column(rb.schema.get_field_index(LABEL))
                     n = int(pc.sum(pc.list_value_length(lab)).as_py() or 0)
@@ -186,6 +235,27 @@ class BatchLoader:
                     n = rb.num_rows
                 if n:
                     yield day, f, rb, n
+
+    def _whole_runs(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """The record batches re-cut where every sequence feature starts a run (a run
+        that reaches past a batch is carried into the next)."""
+        carry: pa.RecordBatch | None = None
+        for rb in batches:
+            if carry is not None:
+                rb = pa.concat_batches([carry, rb])
+            starts = np.ones(rb.num_rows, bool)
+            for c in self.schema.user_seq:  # a run starts where its items are stored ...
+                items = rb.column(rb.schema.get_field_index(c))
+                off = rb.column(rb.schema.get_field_index(window_columns(c)[0]))
+                starts &= (items.is_valid().to_numpy(zero_copy_only=False)  # ... or at a null
+                           | pc.fill_null(pc.equal(off, -1), False).to_numpy(zero_copy_only=False))
+            cut = int(np.flatnonzero(starts)[-1]) if starts.any() else 0  # (a file that
+            # starts inside a run fails in normalize, naming the file)
+            if cut:
+                yield rb.slice(0, cut)
+            carry = rb.slice(cut)
+        if carry is not None and carry.num_rows:
+            yield carry
 
     def _jobs(self, submit: Callable[..., Future]) -> Iterator[Callable[[], Batch]]:
         """This rank's batches, from batch `self._start` on, as assembly jobs.
@@ -200,7 +270,7 @@ class BatchLoader:
         if first >= limit:
             return
         spec = ChunkSpec(self.schema, self.layout, self.dedup, self.hash_sizes,
-                     self.teacher_column)
+                         self.teacher_column, runs=self.runs, windows=self.windows)
         window: deque[_Pending] = deque()
         k = 0  # next global batch
         end = 0  # impressions seen so far

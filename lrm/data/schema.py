@@ -6,6 +6,13 @@ Two physical layouts share one logical schema:
   columns repeat on every impression of the session.
 * ``sessions`` (``data/sessions``, RecD): one row per session; user-side columns are
   stored once and every per-impression column is a list, one entry per impression.
+  Sequence features (``user_seq``) are stored once per *run* of consecutive sessions whose
+  histories are windows of one stream (a user's sessions, sorted together, each seeing
+  the history shifted by what she browsed in between): the run's first row holds the
+  run's items (most recent first) in the ``c`` column, every other row null; every row's
+  window is ``c_offset`` / ``c_length`` (int32) into its run's items (a null history:
+  offset -1). lrm.data.histories encodes and decodes it; files written before this
+  (``lrm.layout_version`` absent: no window columns, a full list per row) still read.
 
 Datasets are folders of ``day=D/part-NNNNN.parquet``; every file carries the schema as
 JSON in its Arrow metadata (key ``lrm.schema``) so a consumer never has to be told
@@ -26,6 +33,8 @@ from lrm.errors import DataError
 
 DAY, SESSION, POSITION, LABEL = "day", "session_id", "position", "label"
 META_KEY = b"lrm.schema"
+VERSION_KEY = b"lrm.layout_version"
+SESSIONS_VERSION = 2  # 2: sequence features stored once per run (window columns)
 LAYOUTS = ("impressions", "sessions")
 _DAY_DIR = re.compile(r"^day=(\d+)$")
 
@@ -41,6 +50,9 @@ class FeatureSchema:
     dense: float32 per-impression features.
     vocab: known id-space size per sparse feature (ids lie in [0, vocab)); features not
         listed are hashed (e.g. Criteo's 32-bit hashes) and must be hashed into a table.
+    user_key: the user_sparse column naming the user: dedup sorts a file's sessions by it
+        (stable), so a user's sessions lie together and share their history (None: kept
+        in input order).
     """
 
     name: str
@@ -49,6 +61,16 @@ class FeatureSchema:
     item_sparse: tuple[str, ...]
     dense: tuple[str, ...]
     vocab: dict[str, int] = field(default_factory=dict)
+    user_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.user_key is not None and self.user_key not in self.user_sparse:
+            raise ValueError(f"user_key {self.user_key!r} is not a user_sparse feature")
+        taken = set(self.sparse_features) | set(self.dense)
+        clash = [c for f in self.user_seq for c in window_columns(f) if c in taken]
+        if clash:
+            raise ValueError(f"features {clash} clash with the sessions layout's window "
+                             "columns")
 
     @property
     def user_features(self) -> tuple[str, ...]:
@@ -70,13 +92,18 @@ class FeatureSchema:
         )
         if layout == "sessions":
             per_imp = [(c, pa.list_(t)) for c, t in per_imp]
+        windows: list[tuple[str, pa.DataType]] = []
+        meta = {META_KEY: self.to_json().encode(), b"lrm.layout": layout.encode()}
+        if layout == "sessions":
+            windows = [(c, pa.int32()) for f in self.user_seq for c in window_columns(f)]
+            meta[VERSION_KEY] = str(SESSIONS_VERSION).encode()
         fields = (
             [(DAY, pa.int32()), (SESSION, pa.int64())]
             + [(c, pa.int64()) for c in self.user_sparse]
             + [(c, pa.list_(pa.int64())) for c in self.user_seq]
+            + windows
             + per_imp
         )
-        meta = {META_KEY: self.to_json().encode(), b"lrm.layout": layout.encode()}
         return pa.schema([pa.field(n, t) for n, t in fields], metadata=meta)
 
     def to_json(self) -> str:
@@ -92,7 +119,18 @@ class FeatureSchema:
             item_sparse=tuple(d["item_sparse"]),
             dense=tuple(d["dense"]),
             vocab={k: int(v) for k, v in d.get("vocab", {}).items()},
+            user_key=d.get("user_key"),
         )
+
+
+def window_columns(feature: str) -> tuple[str, str]:
+    """(offset, length) columns of a sequence feature's window in the sessions layout."""
+    return f"{feature}_offset", f"{feature}_length"
+
+
+def sessions_version(meta: dict[bytes, bytes] | None) -> int:
+    """The sessions layout version of a file's Arrow metadata (1: before window columns)."""
+    return int((meta or {}).get(VERSION_KEY, b"1").decode())
 
 
 def synthetic_schema(vocab: dict[str, int] | None = None) -> FeatureSchema:
@@ -105,6 +143,7 @@ def synthetic_schema(vocab: dict[str, int] | None = None) -> FeatureSchema:
         item_sparse=("ad_id", "advertiser_id", "ad_category", "ad_format"),
         dense=("d_position", "d_user_activity", "d_ad_age", "d_bid"),
         vocab=dict(vocab or {}),
+        user_key="user_id",
     )
 
 

@@ -1,9 +1,19 @@
 """Synthetic session-level ads-click logs with a hidden, learnable click model.
 
-A day is `cfg.sessions_per_day` sessions. A session is one user (Zipf-popular) seeing
-1 + Poisson(mean_session_length - 1) ads (Zipf-popular) in positions 0..n-1, ordered by a
-noisy auction score; its rows are contiguous and share the user-side columns, including
-`user_history` (recent ad ids, most recent first, ~0.8 * max_history long on average).
+A day is `cfg.sessions_per_day` sessions, written in the order they happen (time of day)
+as an impression log would be. A session is one user (Zipf-popular) at a time of day near
+the user's preferred hour, seeing 1 + Poisson(mean_session_length - 1) ads (Zipf-popular)
+in positions 0..n-1, ordered by a noisy auction score; its rows are contiguous and share the
+user-side columns, including `user_history` (recent ad ids, most recent first, ~0.8 *
+max_history long on average).
+
+Histories evolve slowly. Every user has an endless stream of ads she browsed; item k of it
+is a pure function of (user, k). A session at time T (in days) sees the user's L most
+recent items, stream items [p(T) - L, p(T)), with p(T) = base + floor(rate * T): a sliding
+window. L is the user's (constant); rate is HISTORY_STEP x her expected sessions a day (so
+a session finds ~2 new items since the last one), at least (max_history + 4) / HISTORY_DAYS
+(so a history spans at most about a week). A user's sessions of a day (and of consecutive
+days) therefore share most of their history, each shifted by what she browsed in between.
 
 Everything about an id is a pure function of the id and the seed, derived by hashing: user
 attributes, an ad's advertiser, category and format, and the latent interest vectors (sums
@@ -29,7 +39,8 @@ The click model, the hidden truth a model should learn, is a logit that sums
 plus an intercept calibrated by bisection so that the day's mean click probability is
 `base_ctr`. At the defaults the logit's std is ~1.3 and its own NE ~0.82, the floor for
 any model. Histories come in bursts of a category drawn from softmax(u . category
-vectors), so they reveal interests. Drift: each day the user-side tables step
+vectors) on the day the burst was browsed, so they reveal (slightly stale) interests; the
+items are ads of that day's pool. Drift: each day the user-side tables step
 T <- normalize(T + drift * noise) and the category biases take an AR(1) step, so a
 user's interests (and a user x ad pair's probability) move while ids and attributes stay.
 
@@ -71,6 +82,10 @@ POOL = 1 << 16  # ads drawn per day to sample histories from
 CALIBRATION_ROWS = 1 << 16  # impressions the intercept is calibrated on
 HISTORY_TEMPERATURE = 6.0  # how sharply histories follow the user's category interests
 HISTORY_BURST = 4  # consecutive history items of one category
+HISTORY_STEP = 2.0  # new history items between two sessions of a user, on average
+HISTORY_DAYS = 7  # the longest time a history spans (days)
+HISTORY_BASE = 1 << 24  # stream positions start here (so p - L is never negative)
+_CACHED_DAYS = 16  # drifted tables and pools kept (a history reaches back HISTORY_DAYS + 1)
 _WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT = range(7)
 _MAX_LIST_VALUES = 2**31 - 1  # list<int64> offsets are int32
 
@@ -228,7 +243,7 @@ class _World:
             "user_pop", "ad_pop", "age", "gender", "geo", "device", "hour", "hist_len",
             "light", "user_bias", "advertiser", "category", "own_category", "format",
             "ad_bias", "adv_bias", "bid", "geo_adv", "user_row0", "user_row1", "ad_row0",
-            "ad_row1", "adv_row", "user_sign", "ad_sign")}
+            "ad_row1", "adv_row", "user_sign", "ad_sign", "stream", "burst", "item")}
         self.user_law = _PowerLaw(cfg.users, cfg.zipf_users)
         self.ad_law = _PowerLaw(cfg.ads, cfg.zipf_ads)
         self.users = _Population.make(cfg.users, cfg.churn, rng, self.salt["user_pop"])
@@ -266,6 +281,8 @@ class _World:
     # ---- drift
     def drifted(self, day: int) -> tuple[np.ndarray, np.ndarray]:
         """(user-side latent tables, category biases) on `day`, stepping from the last cached."""
+        if day in self._drifted:
+            return self._drifted[day]
         last = max(d for d in self._drifted if d <= day)
         tab, cat = self._drifted[last]
         rho = min(self.cfg.drift, 1.0)
@@ -275,8 +292,11 @@ class _World:
                 noise = rng.standard_normal(tab.shape).astype(np.float32)
                 tab = _unit_rows(tab + self.cfg.drift / math.sqrt(tab.shape[1]) * noise)
                 cat = cat * math.sqrt(1 - rho**2) + rho * 0.3 * rng.standard_normal(cat.shape)
-        # Keep day 0 and the latest day only: days are mostly asked for in order.
-        self._drifted = {0: self._drifted[0], day: (tab, cat)}
+            self._drifted[d] = (tab, cat)
+        # Keep day 0 and the latest few days: days are mostly asked for in order, and a
+        # day's histories reach back a week.
+        keep = sorted(self._drifted)[-_CACHED_DAYS:]
+        self._drifted = {d: self._drifted[d] for d in {0, *keep}}
         return tab, cat
 
     # ---- users
@@ -341,42 +361,75 @@ class _World:
             order = np.argsort(attrs["ad_category"], kind="stable")
             count = np.bincount(attrs["ad_category"], minlength=self.cfg.categories)
             start = np.concatenate([[0], np.cumsum(count)[:-1]])
-            self._pools = {day: (aid[order], attrs["advertiser_id"][order], start, count)}
+            if len(self._pools) >= _CACHED_DAYS:
+                self._pools.pop(min(self._pools))
+            self._pools[day] = (aid[order], attrs["advertiser_id"][order], start, count)
         return self._pools[day]
 
-    def history(self, day: int, rng: np.random.Generator, u: np.ndarray,
-                lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Flat history (ad ids, categories, advertisers) for sessions with latents `u`.
+    def stream(self, uid: np.ndarray, rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(base, rate) of each user's history stream: p(T) = base + floor(rate * T)."""
+        cfg = self.cfg
+        base = HISTORY_BASE + _bucket(_hash(uid, self.salt["stream"]), HISTORY_BASE)
+        sessions_a_day = cfg.sessions_per_day * self.user_law.mass(rank)
+        floor = (cfg.max_history + HISTORY_BURST) / HISTORY_DAYS
+        return base, np.maximum(HISTORY_STEP * sessions_a_day, floor)
 
-        Histories come in bursts of HISTORY_BURST items of one category (browsing): each
-        burst's category is drawn from softmax(T * u . category vectors) over the
-        categories with ads in the day's pool, each item is a pool ad of that category
-        (so popular ads recur).
+    def history(self, day: int, uid: np.ndarray, age: np.ndarray, geo: np.ndarray,
+                base: np.ndarray, rate: np.ndarray, pos: np.ndarray, lengths: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Flat history (ad ids, categories, advertisers) of sessions at stream positions `pos`.
+
+        Session i sees stream items pos-1, pos-2, ..., pos-lengths (most recent first). Item
+        k of a user is a pure function of (user, k): bursts of HISTORY_BURST items (k //
+        HISTORY_BURST) share a category drawn from softmax(T * u . category vectors) over the
+        categories in the pool of the day the burst was browsed, with u the user's latent
+        on that day; each item is a pool ad of that category (so popular ads recur).
         """
-        ids, advertisers, start, count = self.pool(day)
         C, S = self.cfg.categories, len(lengths)
-        bursts = -(-lengths // HISTORY_BURST)
-        b_off = np.concatenate([[0], np.cumsum(bursts)])
-        b_seg = np.repeat(np.arange(S), bursts)
-        draw = rng.random(len(b_seg))
-        b_cat = np.empty(len(b_seg), np.int64)
-        chunk = max(1, (1 << 22) // C)
-        for s0 in range(0, S, chunk):
-            s1 = min(s0 + chunk, S)
-            a = HISTORY_TEMPERATURE * (u[s0:s1] @ self.cat_tab.T).astype(np.float64)
-            a[:, count == 0] = -np.inf
-            cdf = np.cumsum(np.exp(a - a.max(axis=1, keepdims=True)), axis=1)
-            cdf /= cdf[:, -1:]
-            cdf += np.arange(s1 - s0)[:, None]  # rows side by side on one increasing axis
-            i0, i1 = b_off[s0], b_off[s1]
-            local = b_seg[i0:i1] - s0
-            flat = np.searchsorted(cdf.ravel(), local + draw[i0:i1], side="right")
-            b_cat[i0:i1] = np.minimum(flat - local * C, C - 1)
-        burst_len = np.full(len(b_seg), HISTORY_BURST)
-        burst_len[b_off[1:] - 1] = lengths - HISTORY_BURST * (bursts - 1)  # last: the rest
-        cats = np.repeat(b_cat, burst_len)
-        pick = start[cats] + np.floor(rng.random(len(cats)) * count[cats]).astype(np.int64)
-        return ids[pick], cats, advertisers[pick]
+        seg = np.repeat(np.arange(S), lengths)
+        starts = np.cumsum(lengths) - lengths
+        item = np.repeat(pos - 1 + starts, lengths) - np.arange(len(seg))
+        burst = item // HISTORY_BURST
+        # one row per (session, burst) it touches: items of a burst are consecutive
+        first = np.empty(len(seg), bool)
+        first[:1] = True
+        np.not_equal(burst[1:], burst[:-1], out=first[1:])
+        first[starts[lengths > 0]] = True
+        b_row = np.cumsum(first) - 1
+        b_seg, b_id = seg[first], burst[first]
+        b_day = np.floor((b_id * HISTORY_BURST - base[b_seg]) / rate[b_seg]).astype(np.int64)
+        b_day = np.clip(b_day, 0, day)
+        user_key = _hash(uid[b_seg], self.salt["burst"])  # a pure function of (user, burst)
+        draw = _unit(_hash(user_key + b_id.astype(np.uint64) * _GOLDEN, self.salt["burst"]))
+        # the pools of the days the bursts were browsed on, side by side
+        days = np.unique(b_day)
+        pools = [self.pool(int(d)) for d in days]
+        pool_ids = np.concatenate([p[0] for p in pools])
+        pool_adv = np.concatenate([p[1] for p in pools])
+        pool_at = np.cumsum([0] + [len(p[0]) for p in pools])[:-1]
+        start = np.stack([p[2] + at for p, at in zip(pools, pool_at)])  # [days, C]
+        count = np.stack([p[3] for p in pools])
+        b_dix = np.searchsorted(days, b_day)
+        # the category distribution depends on (user, day) only: one cdf row per such pair
+        pair = uid[b_seg] * len(days) + b_dix
+        _, at, p_row = np.unique(pair, return_index=True, return_inverse=True)
+        p_seg, p_dix = b_seg[at], b_dix[at]
+        cdf = np.empty((len(at), C))
+        for j, d in enumerate(days):
+            r = np.flatnonzero(p_dix == j)
+            u = self.user_latent(int(d), uid[p_seg[r]], age[p_seg[r]], geo[p_seg[r]])
+            a = HISTORY_TEMPERATURE * (u @ self.cat_tab.T).astype(np.float64)
+            a[:, count[j] == 0] = -np.inf
+            cdf[r] = np.cumsum(np.exp(a - a.max(axis=1, keepdims=True)), axis=1)
+        cdf /= cdf[:, -1:]
+        cdf += np.arange(len(at))[:, None]  # rows side by side on one increasing axis
+        flat = np.searchsorted(cdf.ravel(), p_row + draw, side="right")
+        b_cat = np.minimum(flat - p_row * C, C - 1)
+        cats, dix = b_cat[b_row], b_dix[b_row]
+        pick_u = _unit(_hash(_hash(uid[seg], self.salt["item"]) + item.astype(np.uint64),
+                             self.salt["item"]))
+        pick = start[dix, cats] + np.floor(pick_u * count[dix, cats]).astype(np.int64)
+        return pool_ids[pick], cats, pool_adv[pick]
 
     # ---- the click model
     def logit_terms(self, day: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -493,16 +546,22 @@ def _simulate(w: _World, day: int) -> _Day:
     rank = w.user_law.sample(rs, S)
     uid = w.users.ids(rank, day)
     attrs = w.user_attributes(uid)
-    hour = (attrs["hour_pref"] + np.rint(rs.normal(0, 2.5, S)).astype(np.int64)) % HOURS
+    hours = (attrs["hour_pref"] + 0.5 + rs.normal(0, 2.5, S)) % HOURS  # time of day (hours)
     activity = np.log(cfg.users * w.user_law.mass(rank)) + rs.normal(0, 0.3, S)
     n_imp = 1 + rs.poisson(cfg.mean_session_length - 1, S)
-    hist_len = np.clip(attrs["hist_len"] - rs.integers(0, 5, S), 1, cfg.max_history)
+    # The log is written in the order sessions happen.
+    t = np.argsort(hours, kind="stable")
+    rank, uid, hours, activity, n_imp = rank[t], uid[t], hours[t], activity[t], n_imp[t]
+    attrs = {k: v[t] for k, v in attrs.items()}
+    hist_len = attrs["hist_len"]
     sessions = {"user_id": uid, **{c: attrs[c] for c in
                                    ("user_age", "user_gender", "user_geo", "user_device")},
-                "session_hour": hour}
+                "session_hour": np.minimum(hours.astype(np.int64), HOURS - 1)}  # (-0.0 % 24: 24.0)
 
-    u = w.user_latent(day, uid, attrs["user_age"], attrs["user_geo"])
-    hist, hist_cat, hist_adv = w.history(day, _rng(cfg.seed, day, _HISTORY), u, hist_len)
+    base, rate = w.stream(uid, rank)
+    pos = base + np.floor(rate * (day + hours / HOURS)).astype(np.int64)
+    hist, hist_cat, hist_adv = w.history(day, uid, attrs["user_age"], attrs["user_geo"], base,
+                                         rate, pos, hist_len)
     hist_off = np.concatenate([[0], np.cumsum(hist_len)])
 
     ri = _rng(cfg.seed, day, _IMPRESSIONS)
@@ -533,7 +592,9 @@ def _simulate(w: _World, day: int) -> _Day:
              **w.history_features(hist_off, hist_cat, hist_adv, seg, ad["ad_category"],
                                   ad["advertiser_id"])}
     raw = w.raw_logit(day, feats)
-    intercept = _calibrate(raw[:CALIBRATION_ROWS], cfg.base_ctr)
+    # evenly over the day: rows are in time order, and the hour moves the click rate
+    intercept = _calibrate(raw[np.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).astype(np.int64)],
+                           cfg.base_ctr)
     logit = raw + intercept
     imps[LABEL] = (_rng(cfg.seed, day, _LABELS).random(n) < _sigmoid(logit)).astype(np.int8)
     return _Day(day=day, sessions=sessions, imp_off=imp_off, hist_off=hist_off, hist=hist,

@@ -74,8 +74,8 @@ def student_days(data: Path, teacher_days: int, days: Sequence[int] = ()) -> lis
 def stream_student(size: StudentModelConfig, variant: DistillConfig, train_cfg: TrainConfig,
                    data: Path, days: Sequence[int], out: Path, *,
                    tables: TableConfig | None = None, loader_cfg: LoaderConfig | None = None,
-                   log_fn: LogFn | None = None, transform: Transform | None = None
-                   ) -> list[dict[str, Any]]:
+                   log_fn: LogFn | None = None, transform: Transform | None = None,
+                   plan: Any = None) -> list[dict[str, Any]]:
     """Train one student configuration day by day; `out` ends as the last day's model.
 
     Day d trains on d (from the model of day d - 1, from scratch on the first) and is
@@ -92,7 +92,7 @@ def stream_student(size: StudentModelConfig, variant: DistillConfig, train_cfg: 
         with progress.context(day=d):
             res = train("student", train_cfg, model_cfg, data,
                         split=SplitConfig(days=[d], eval_day=d + 1), loader_cfg=loader_cfg,
-                        out=out, init_from=init, loss_fn=ExFMLoss(variant),
+                        out=out, init_from=init, loss_fn=ExFMLoss(variant), plan=plan,
                         teacher_column=column, log_fn=log_fn, transform=transform,
                         info={"init_from": f"this stream's day-{prev} model" if init else None})
         init, prev = out, d

@@ -14,6 +14,11 @@ user features of those shared tables (empty bags elsewhere), so the shared rows 
 pooled once per session. A schema with no user-side features (Criteo) has no user EBC.
 Embeddings are read out of an EBC's KeyedTensor by feature name (`by_key`): a sharded EBC
 returns its features in shard order, not in table order.
+
+Shared histories (`batch.windows`, lrm.data.batch): the EBCs pool each history segment
+once (a user's sessions in the batch share them) and `pool_windows` sums each session's
+segments (a difference of prefix sums) into its window, the mean where the table pools by
+mean: the session's pooled history, as if looked up on its own.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTens
 from torchrec.modules.embedding_configs import PoolingType
 
 from lrm.config import TableConfig
-from lrm.data.batch import Batch
+from lrm.data.batch import Batch, Windows
 from lrm.data.schema import FeatureSchema
 from lrm.errors import ConfigError
 
@@ -145,6 +150,37 @@ def by_key(pooled: KeyedTensor, keys: list[str], dim: int) -> torch.Tensor:
 
 
 @torch.fx.wrap
+def pool_windows(x: torch.Tensor, keys: list[str], windows: Windows | None,
+                 mean: list[bool]) -> torch.Tensor:
+    """User rows [U + G, len(keys), d] of a lookup -> the sessions' rows [U, len(keys), d].
+
+    A key given as segments gets each session's window: the sum of its segments (the
+    pooled means times their lengths where the table pools by mean) as a difference of
+    prefix sums (float64, so the difference loses nothing), then over the window's length
+    where `mean`. Other keys keep rows [0, U). No windows: `x` itself. Whole columns are
+    written into one copy (a slice per column would cost a full-size gradient each) and
+    no index is built on the host (no copy to the device inside a step).
+    """
+    if windows is None:
+        return x
+    U = windows.sessions
+    out = x[:U].clone()
+    for j, key in enumerate(keys):
+        if key not in windows.keys:
+            continue
+        k = windows.keys.index(key)
+        seg = x[U:, j].double()  # [G, d]
+        if mean[j]:
+            seg = seg * windows.segment_lengths[k].double().unsqueeze(1)
+        cum = torch.cat([seg.new_zeros(1, seg.shape[1]), seg.cumsum(0)])
+        win = cum.index_select(0, windows.end[k]) - cum.index_select(0, windows.first[k])
+        if mean[j]:
+            win = win / windows.lengths[k].double().clamp(min=1).unsqueeze(1)
+        out[:, j] = win.to(x.dtype)
+    return out
+
+
+@torch.fx.wrap
 def _rows(x: torch.Tensor, item: KeyedJaggedTensor, first: bool) -> torch.Tensor:
     """The first B (item) rows or the rest (user rows) of a `stack_rows` lookup."""
     B = item.stride()
@@ -180,6 +216,9 @@ class SparseEmbeddings(nn.Module):
         self.item_ebc = EmbeddingBagCollection(item_t, device=device)
         self._layout = lay = _layout(schema, user_t, item_t)
         self.user_features, self.item_features = lay.user_keys + lay.cross_keys, lay.item_keys
+        by_mean = {f for t in tables if t.pooling == PoolingType.MEAN for f in t.feature_names}
+        self._mean = {k: [f in by_mean for f in keys] for k, keys in
+                      (("user", lay.user_keys), ("cross", lay.cross_keys))}
 
     @property
     def num_user(self) -> int:
@@ -193,7 +232,8 @@ class SparseEmbeddings(nn.Module):
         lay, d = self._layout, self.dim
         user_parts = []
         if self.user_ebc is not None:  # extra (cross-side) keys of batch.user are ignored
-            user_parts.append(by_key(self.user_ebc(batch.user), lay.user_keys, d))
+            user_parts.append(pool_windows(by_key(self.user_ebc(batch.user), lay.user_keys, d),
+                                           lay.user_keys, batch.windows, self._mean["user"]))
         if not lay.cross_keys:
             item = by_key(self.item_ebc(batch.item), lay.item_keys, d)
         else:
@@ -201,7 +241,9 @@ class SparseEmbeddings(nn.Module):
                              select_keys(batch.user, lay.cross_keys))
             pooled = self.item_ebc(kjt)
             item = _rows(by_key(pooled, lay.item_keys, d), batch.item, first=True)
-            user_parts.append(_rows(by_key(pooled, lay.cross_keys, d), batch.item, first=False))
+            user_parts.append(pool_windows(
+                _rows(by_key(pooled, lay.cross_keys, d), batch.item, first=False),
+                lay.cross_keys, batch.windows, self._mean["cross"]))
         if not user_parts:
             return item[:, :0], item
         return (torch.cat(user_parts, 1) if len(user_parts) > 1 else user_parts[0]), item

@@ -4,7 +4,10 @@ Embedding tables are sharded by torchrec and trained by fbgemm's fused row-wise 
 (the update runs inside the TBE backward, so it never materializes a table-sized
 gradient); the dense part is replicated (DDP, which DMP applies) and trained by AdamW.
 
-The default plan is torchrec's planner restricted to the `fused` kernel and to
+A plan normally comes from the cost-model planner (stage shard_plan, lrm.sharding.plan);
+without one, a single process keeps every table whole on its one rank (torchrec's planner
+split the user tables column-wise on one H100, which cost 2 ms of host time per step),
+and several processes get torchrec's planner restricted to the `fused` kernel and to
 table-wise / column-wise sharding: a data-parallel table would use the dense kernel (and
 miss the fused optimizer), torchrec 1.8 has no CPU kernel for row-wise sharding, and the
 user-side tables see a different batch size on every rank (one row per unique session),
@@ -34,10 +37,12 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
 from torchrec.distributed.types import ShardingEnv, ShardingPlan, ShardingType
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
 from lrm.dist import Dist
+from lrm.errors import ConfigError
 
 SHARDING_TYPES = (ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value)
 INIT_BLOCK_ROWS = 1 << 16
@@ -58,10 +63,10 @@ def sharders(embedding_lr: float, eps: float = 1e-8) -> list[EmbeddingBagCollect
 def default_plan(model: nn.Module, env: Dist,
                  sharder_list: list[EmbeddingBagCollectionSharder]) -> ShardingPlan:
     """torchrec's planner, fused kernel, table- or column-wise (see the module docstring);
-    on one device table-wise only: column shards there only split a table's lookup into
-    several (measured on an H100: 2 ms a step for the user side's column-wise lookups)."""
-    types = list(SHARDING_TYPES) if env.world_size > 1 else [ShardingType.TABLE_WISE.value]
-    constraints = {name: ParameterConstraints(sharding_types=types, compute_kernels=["fused"])
+    several processes only (one device: `one_device_plan`, since column shards there only
+    split a table's lookup: measured on an H100, 2 ms a step for the user side's)."""
+    constraints = {name: ParameterConstraints(sharding_types=list(SHARDING_TYPES),
+                                              compute_kernels=["fused"])
                    for name in table_names(model)}
     local = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
     topology = TopologyFactory.create_topology(
@@ -83,13 +88,43 @@ class _Replicas(DataParallelWrapper):
         pass
 
 
+def one_device_plan(model: nn.Module, env: Dist) -> ShardingPlan:
+    """Every table whole (table-wise) on rank 0: one process has nothing to balance."""
+    out = {}
+    for path, m in model.named_modules():
+        if isinstance(m, EmbeddingBagCollection):
+            out[path] = construct_module_sharding_plan(
+                m, {t.name: table_wise(rank=0, compute_kernel="fused")
+                    for t in m.embedding_bag_configs()},
+                local_size=1, world_size=1, device_type=env.device.type)
+    return ShardingPlan(out)  # type: ignore[arg-type]
+
+
+def check_plan(plan: ShardingPlan, env: Dist) -> None:
+    """A plan for other ranks or another device is a ConfigError (before DMP fails deep)."""
+    for path, module_plan in plan.plan.items():
+        for name, ps in module_plan.items():  # type: ignore[attr-defined]
+            bad = [r for r in (ps.ranks or []) if r >= env.world_size]
+            if bad:
+                raise ConfigError(f"the sharding plan puts {path}.{name} on rank {bad[0]}; "
+                                  f"this run has {env.world_size} ranks")
+            spec = ps.sharding_spec
+            for m in (spec.shards if spec is not None else []):
+                if m.placement.device().type != env.device.type:
+                    raise ConfigError(f"the sharding plan places {path}.{name} on "
+                                      f"{m.placement.device().type}; this run trains on "
+                                      f"{env.device.type}")
+
+
 def shard(model: nn.Module, env: Dist, *, embedding_lr: float, seed: int,
           plan: ShardingPlan | None = None) -> DistributedModelParallel:
     """Wrap `model` (tables on the meta device) in DMP and initialize its tables; the dense
     part is DDP-replicated across processes (not wrapped at all in one process)."""
     sh = sharders(embedding_lr)
     if plan is None:
-        plan = default_plan(model, env, sh)
+        plan = one_device_plan(model, env) if env.world_size == 1 else \
+            default_plan(model, env, sh)
+    check_plan(plan, env)
     dmp = DistributedModelParallel(
         model, env=ShardingEnv.from_process_group(dist.GroupMember.WORLD), device=env.device,
         plan=plan, sharders=sh,  # type: ignore[arg-type]

@@ -13,7 +13,9 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from lrm.data.batch import Batch
+from lrm.config import DedupConfig
+from lrm.data import dedup
+from lrm.data.batch import Batch, Windows
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import criteo_schema, part_path, synthetic_schema
 from tests.data.test_dedup import make_impressions
@@ -21,12 +23,15 @@ from tests.data.test_dedup import make_impressions
 SIZE = 13  # every feature hashed into a table of SIZE rows
 
 
-def _write(root, schema, n_sessions=60):
-    t = make_impressions(n_sessions, seed=3, schema=schema)
-    path = part_path(root, 0)
+def _write(root, schema, n_sessions=60, layout="impressions"):
+    """A one-day dataset; `sessions`: deduplicated (a user's histories shared)."""
+    t = make_impressions(n_sessions, seed=3, schema=schema, users=6)
+    path = part_path(root / "raw", 0)
     path.parent.mkdir(parents=True)
     pq.write_table(t, path)
-    return root
+    if layout == "sessions":
+        dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+    return root / ("raw" if layout == "impressions" else "sessions")
 
 
 def _ebc(features, dim=4):
@@ -43,10 +48,11 @@ def _pairs(root, schema, batch_size):
     return list(zip(recd, plain, strict=True))
 
 
+@pytest.mark.parametrize("layout", ["impressions", "sessions"])
 @pytest.mark.parametrize("schema", [synthetic_schema(), criteo_schema()], ids=["synthetic",
                                                                                "criteo"])
-def test_variable_batch_kjt_pools_like_the_plain_batch(tmp_path, schema):
-    root = _write(tmp_path / "d", schema)
+def test_variable_batch_kjt_pools_like_the_plain_batch(tmp_path, schema, layout):
+    root = _write(tmp_path / "d", schema, layout=layout)
     ebc = _ebc(schema.sparse_features)
     pairs = _pairs(root, schema, 32)
     assert any(bd.num_sessions < bd.size for bd, _ in pairs) or not schema.user_features
@@ -65,6 +71,7 @@ def test_user_side_pooled_once_per_session_then_expanded(tmp_path):
     root = _write(tmp_path / "d", schema)
     ebc = _ebc(schema.user_features)
     for bd, bp in _pairs(root, schema, 24):
+        assert bd.windows is None  # from the impressions layout: the session form
         pooled = ebc(bd.user).values()  # [U, dims]: one lookup per session
         assert pooled.shape[0] == bd.num_sessions <= bd.size
         torch.testing.assert_close(bd.expand_user(pooled), ebc(bp.user).values(), rtol=0,
@@ -72,10 +79,30 @@ def test_user_side_pooled_once_per_session_then_expanded(tmp_path):
         assert bp.expand_user(pooled) is pooled  # the plain form needs no expansion
 
 
+def test_session_form_gives_every_session_its_own_history(tmp_path):
+    """The windows form (a user's history as shared segments) turned back into one list
+    per session is the loader's session form, batch by batch; so is torchrec's view."""
+    root = _write(tmp_path / "d", synthetic_schema(), layout="sessions")
+    hs = dict.fromkeys(synthetic_schema().sparse_features, SIZE)
+    shared = list(BatchLoader(root, 32, hash_sizes=hs, windows=True))
+    own = list(BatchLoader(root, 32, hash_sizes=hs, windows=False))
+    ebc = _ebc(synthetic_schema().sparse_features)
+    for bw, bs in zip(shared, own, strict=True):
+        assert bw.windows is not None and bs.windows is None
+        assert bs.session_form() is bs
+        sf = bw.session_form()
+        assert sf.windows is None and sf.num_sessions == bw.num_sessions == bs.num_sessions
+        assert sf.user.keys() == bs.user.keys() and sf.user.stride() == bs.user.stride()
+        assert torch.equal(sf.user.lengths(), bs.user.lengths().to(sf.user.lengths().dtype))
+        assert torch.equal(sf.user.values(), bs.user.values())
+        torch.testing.assert_close(ebc(bw.variable_batch_kjt()).values(),
+                                   ebc(bs.variable_batch_kjt()).values(), rtol=0, atol=0)
+
+
 def _full_batch(tmp_path) -> Batch:
     """A RecD batch from the loader with every optional field set (teacher_logits too)."""
-    root = _write(tmp_path / "d", synthetic_schema())
-    b = next(iter(BatchLoader(root, 16)))
+    root = _write(tmp_path / "d", synthetic_schema(), layout="sessions")
+    b = next(iter(BatchLoader(root, 16, windows=True)))
     b = dataclasses.replace(b, teacher_logits=torch.linspace(-2, 2, b.size))
     assert all(getattr(b, f.name) is not None for f in dataclasses.fields(Batch))
     return b
@@ -85,6 +112,8 @@ def _tensors(value) -> list[torch.Tensor]:
     """The tensors a Batch field holds (a KJT: its values and lengths)."""
     if isinstance(value, KeyedJaggedTensor):
         return [value.values(), value.lengths()]
+    if isinstance(value, Windows):
+        return list(value.tensors())
     return [value]
 
 
@@ -110,6 +139,8 @@ def test_batch_to_moves_every_field(tmp_path):
             assert (y.shape, y.dtype) == (x.shape, x.dtype), f.name
         if isinstance(src, KeyedJaggedTensor):
             assert (dst.keys(), dst.stride()) == (src.keys(), src.stride()), f.name
+        if isinstance(src, Windows):
+            assert (dst.sessions, dst.keys) == (src.sessions, src.keys)
 
 
 def test_record_stream_records_every_tensor(tmp_path):

@@ -23,15 +23,22 @@ SCHEMA = synthetic_schema()
 
 
 def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session: int = 0,
-                     schema: FeatureSchema = SCHEMA, max_len: int = 5) -> pa.Table:
+                     schema: FeatureSchema = SCHEMA, max_len: int = 5, users: int = 0
+                     ) -> pa.Table:
     """A small impressions-layout table with every awkward case: one-impression sessions,
-    null and empty histories, nulls inside histories, null ids, negative ids, null dense."""
+    null and empty histories, nulls inside histories, null ids, negative ids, null dense.
+
+    Sessions come from `users` users (default n_sessions // 3, the user key never null),
+    in no order; a user's histories are windows sliding over her own stream (0-3 new items
+    from one of her sessions to the next, a window of up to 8), so sorted together they
+    share most of it."""
     rng = np.random.default_rng(seed)
     lens = rng.integers(1, max_len + 1, n_sessions)
     lens[::4] = 1
     n = int(lens.sum())
     rep = np.repeat(np.arange(n_sessions), lens)
     sid = (first_session + rng.permutation(n_sessions * 3)[:n_sessions])[rep]
+    user = rng.integers(0, max(1, users or n_sessions // 3), n_sessions)
 
     def ids(k: int, hi: int, null_p: float, neg: bool = False) -> pa.Array:
         v = rng.integers(-hi if neg else 0, hi, k)
@@ -42,15 +49,26 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
         "session_id": pa.array(sid, type=pa.int64()),
     }
     for i, c in enumerate(schema.user_sparse):
+        if c == schema.user_key:
+            cols[c] = pa.array(user[rep], type=pa.int64())
+            continue
         cols[c] = ids(n_sessions, 50, 0.2 if i % 2 else 0.0).take(pa.array(rep))
     for c in schema.user_seq:
-        hl = rng.integers(0, 6, n_sessions)
-        hl[1::5] = 0
-        offs = np.concatenate([[0], np.cumsum(hl)]).astype(np.int32)
-        hist = pa.ListArray.from_arrays(pa.array(offs), ids(int(hl.sum()), 30, 0.05),
-                                        mask=pa.array((rng.random(n_sessions) < 0.1)
-                                                     | (np.arange(n_sessions) % 7 == 2)))
-        cols[c] = hist.take(pa.array(rep))
+        window = rng.integers(1, 9, max(user) + 1)[user]  # each user's history length
+        pos = np.zeros(n_sessions, np.int64)  # each user's stream position, session by session
+        at = {}
+        for k in range(n_sessions):
+            at[user[k]] = pos[k] = at.get(user[k], 20) + int(rng.integers(0, 4))
+        stream = rng.integers(0, 30, (max(user) + 1, int(pos.max()) + 1))
+        hist = [[int(x) for x in stream[u, max(0, p - w):p][::-1]]
+                for u, p, w in zip(user, pos, window, strict=True)]
+        for k in range(1, n_sessions, 5):
+            hist[k] = []
+        for k in range(3, n_sessions, 11):  # a null inside
+            hist[k] = hist[k][:1] + [None] + hist[k][1:]
+        nulls = (rng.random(n_sessions) < 0.1) | (np.arange(n_sessions) % 7 == 2)
+        cols[c] = pa.array([None if z else h for h, z in zip(hist, nulls, strict=True)],
+                           type=pa.list_(pa.int64())).take(pa.array(rep))
     pos = np.concatenate([np.arange(k) for k in lens]).astype(np.int16)
     cols["position"] = pa.array(pos)
     cols["label"] = pa.array((rng.random(n) < 0.3).astype(np.int8))
@@ -86,7 +104,7 @@ def test_dedup_then_flatten_is_the_identity():
 
 def test_session_rows_hold_user_fields_once_and_impressions_as_lists():
     t = make_impressions(12, seed=2)
-    s = dedup.dedup_table(t, SCHEMA)
+    s = dedup.expand_histories(dedup.dedup_table(t, SCHEMA), SCHEMA)
     rows, sess = t.to_pylist(), s.to_pylist()
     i = 0
     for row in sess:
@@ -178,6 +196,23 @@ def _read_day(root, day, flatten=False):
     return pa.concat_tables(tabs)
 
 
+def _by_user(t: pa.Table, sessions_per_file: int) -> pa.Table:
+    """What dedup writes, by hand: the rows of every `sessions_per_file` sessions (in input
+    order), those sessions ordered by user id (None last), in input order per user."""
+    rows = t.to_pylist()
+    sessions: list[list[dict]] = []
+    for r in rows:
+        if not sessions or sessions[-1][0][SESSION] != r[SESSION]:
+            sessions.append([])
+        sessions[-1].append(r)
+    out = []
+    for k in range(0, len(sessions), sessions_per_file):
+        part = sessions[k:k + sessions_per_file]
+        part = sorted(part, key=lambda ss: (ss[0]["user_id"] is None, ss[0]["user_id"] or 0))
+        out += [r for ss in part for r in ss]
+    return pa.Table.from_pylist(out, schema=t.schema)
+
+
 def test_dedup_dataset_streams_and_never_splits_a_session(tmp_path):
     src, dst = tmp_path / "raw", tmp_path / "sessions"
     days = {d: make_impressions(60, seed=10 + d, day=d) for d in (0, 1, 3)}
@@ -194,7 +229,82 @@ def test_dedup_dataset_streams_and_never_splits_a_session(tmp_path):
     for d, t in days.items():
         counts = [pq.read_metadata(f).num_rows for f in files[d]]
         assert counts == [16, 16, 16, 12]
-        assert _read_day(dst, d, flatten=True).equals(t)
+        assert _read_day(dst, d, flatten=True).equals(_by_user(t, 16))
+
+
+def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
+    """Sorted by user, a user's sliding histories are stored once per run; a run never
+    crosses a row group (each row group reads on its own); the metrics count both."""
+    monkeypatch.setattr(dedup, "ROW_GROUP_IMPRESSIONS", 8 * 7)  # 7 sessions a row group
+    t = make_impressions(80, seed=12, users=4)
+    write_dataset(tmp_path / "raw", {0: t}, rows_per_file=1000)
+    m = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "s", DedupConfig(rows_per_file=40))
+    (f0, f1) = day_files(tmp_path / "s")[0]
+    whole = dedup.expand_histories(pq.read_table(f0), SCHEMA)
+    by_hand = _by_user(t, 40)
+    hist = dedup.flatten_sessions(pq.read_table(f0)).column("user_history").to_pylist()
+    assert hist == by_hand.slice(0, len(hist)).column("user_history").to_pylist()
+    carried = sum(len(h or []) for h in whole.column("user_history").to_pylist())
+    pf = pq.ParquetFile(f0)
+    assert pf.num_row_groups == 6
+    for k in range(pf.num_row_groups):  # every row group on its own
+        g = pf.read_row_group(k)
+        assert dedup.expand_histories(g, SCHEMA).column("user_history").equals(
+            whole.column("user_history").slice(7 * k, g.num_rows))
+    stored = pq.read_table(f0).column("user_history").to_pylist()
+    own = whole.column("user_history").to_pylist()
+
+    def slides(prev, cur):  # cur = new items + prev's first len(cur) - s items, for some s
+        clean = prev and cur and None not in prev and None not in cur
+        return clean and any(cur[s:] == prev[:len(cur) - s] for s in range(len(cur))
+                             if len(cur) - s <= len(prev))
+
+    shared = cut = 0
+    for i in range(len(own)):  # stored exactly where the history does not slide on
+        if i % 7 and slides(own[i - 1], own[i]):
+            assert stored[i] is None, i
+            shared += 1
+        else:  # a run's first row: its items (None only for a null history)
+            assert (stored[i] is None) == (own[i] is None), i
+            cut += i % 7 == 0 and i > 0 and bool(slides(own[i - 1], own[i]))
+    assert shared >= 5 and cut >= 1  # (a row group cut a run at least once)
+    assert sum(len(h) for h in stored if h) < carried
+    both = [pq.read_table(f) for f in (f0, f1)]
+    assert m["history_values"] == sum(
+        len(h or []) for b in both
+        for h in dedup.expand_histories(b, SCHEMA).column("user_history").to_pylist())
+    assert m["history_values_stored"] == sum(
+        len(h) for b in both for h in b.column("user_history").to_pylist() if h)
+    assert m["history_ratio"] == pytest.approx(m["history_values"] / m["history_values_stored"])
+
+
+def test_flatten_reads_the_first_sessions_layout():
+    """A file written before histories were shared (version 1: every row its own list, no
+    window columns) still flattens to its rows."""
+    t = make_impressions(20, seed=13)
+    s = dedup.dedup_table(t, SCHEMA)
+    v1 = dedup.expand_histories(s, SCHEMA)
+    assert b"lrm.layout_version" not in v1.schema.metadata
+    assert not {"user_history_offset", "user_history_length"} & set(v1.column_names)
+    assert dedup.flatten_sessions(v1).equals(t)
+
+
+def test_a_window_without_its_run_is_a_data_error():
+    t = make_impressions(40, seed=14, users=4)
+    s = dedup.share_histories(dedup.cluster(dedup._session_rows(t, SCHEMA, "x", 0), SCHEMA),
+                              SCHEMA)
+    member = int(np.flatnonzero(~s.column("user_history").is_valid().to_numpy(
+        zero_copy_only=False) & (s.column("user_history_offset").to_numpy() >= 0))[0])
+    with pytest.raises(DataError) as e:  # cut inside a run
+        dedup.flatten_sessions(s.slice(member), source="cut.parquet")
+    assert e.value.field == "user_history" and "row 0" in str(e.value)
+    assert "re-run dedup" in str(e.value) and str(e.value.file) == "cut.parquet"
+    off = s.column("user_history_offset").to_numpy().copy()
+    off[member] += 100  # past its run's items
+    bad = s.set_column(s.schema.get_field_index("user_history_offset"), "user_history_offset",
+                       pa.array(off))
+    with pytest.raises(DataError, match=f"row {member}"):
+        dedup.flatten_sessions(bad)
 
 
 def test_dedup_dataset_finds_a_session_split_across_files(tmp_path):

@@ -230,3 +230,53 @@ def test_rows_per_file_splits_days_between_sessions(tmp_path: Path) -> None:
     written = pa.concat_tables(pq.read_table(p) for f in files.values() for p in f)
     assert metrics["oracle_ne"] == pytest.approx(  # the true model's NE, by hand
         ne(col(written, "label"), synthetic.hidden_logit(cfg, written)), rel=1e-9)
+
+
+def _sessions(t: pa.Table) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
+    """(user, hour, history) of each session, in file order."""
+    first = np.unique(session_starts(t))
+    hist = t.column("user_history").to_pylist()
+    return col(t, "user_id")[first], col(t, "session_hour")[first], [hist[i] for i in first]
+
+
+def _shift(prev: list[int], cur: list[int]) -> int | None:
+    """The s with cur = s new items + prev[:len(cur) - s] (a window slid by s), or None."""
+    return next((s for s in range(len(cur) + 1) if cur[s:] == prev[:len(cur) - s]), None)
+
+
+def test_sessions_are_logged_in_time_order_and_histories_slide():
+    """A user's histories are windows of one stream: from one of her sessions to the next
+    the window slides by the few ads she browsed in between (days apart too), and the day
+    is logged in the order sessions happen."""
+    cfg = tiny(sessions_per_day=600, users=3_000, days=2)
+    days = [_sessions(synthetic.generate_day(cfg, d)) for d in range(2)]
+    shifts, across = [], []
+    for user, hour, hist in days:
+        assert (np.diff(hour) >= 0).all()  # time order
+        last: dict[int, list[int]] = {}
+        for u, h in zip(user, hist, strict=True):
+            if u in last:
+                s = _shift(last[u], h)
+                assert s is not None and len(h) == len(last[u]), (u, last[u], h)
+                shifts.append(s)
+            last[u] = h
+    (u0, _, h0), (u1, _, h1) = days
+    end_of_day0 = dict(zip(u0, h0, strict=True))  # each user's last session of day 0
+    for u, h in zip(u1, h1, strict=True):
+        if u in end_of_day0:
+            across.append(_shift(end_of_day0.pop(u), h))
+    assert len(shifts) > 300 and np.median(shifts) <= 3 and max(shifts) < cfg.max_history
+    assert sum(s is not None and s < 20 for s in across) > 0.5 * len(across) > 10
+
+
+def test_a_day_does_not_depend_on_the_days_generated_before():
+    """The world caches drifted tables and pools across days; a day generated after later
+    ones (or in a fresh world) is the same, histories reaching back a week included."""
+    cfg = tiny(days=1, sessions_per_day=200)
+    fresh = synthetic._simulate(synthetic._World(cfg), 9)
+    w = synthetic._World(cfg)
+    for d in (30, 2, 9):
+        got = synthetic._simulate(w, d)
+    np.testing.assert_array_equal(got.hist, fresh.hist)
+    np.testing.assert_array_equal(got.imps["label"], fresh.imps["label"])
+    assert got.intercept == fresh.intercept

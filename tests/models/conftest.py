@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 import torch
 from torchrec import KeyedJaggedTensor
@@ -60,6 +62,31 @@ def make_batches(schema: FeatureSchema, sessions: int = 5, seed: int = 0,
 @pytest.fixture
 def batches() -> Callable[..., tuple[Batch, Batch]]:
     return make_batches
+
+
+@pytest.fixture
+def shared_batches(tmp_path: Path) -> Callable[..., list[tuple[Batch, Batch]]]:
+    """(windows form, session form) loader batches of a small deduplicated dataset whose
+    users' histories slide (so the windows form shares them): `fn(hash_sizes, batch)`."""
+    from lrm.config import DedupConfig
+    from lrm.data import dedup
+    from lrm.data.loader import BatchLoader
+    from lrm.data.schema import part_path
+    from tests.data.test_dedup import make_impressions
+
+    path = part_path(tmp_path / "raw", 0)
+    path.parent.mkdir(parents=True)
+    pq.write_table(make_impressions(80, seed=4, users=6), path)
+    dedup.dedup_dataset(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+
+    def make(hash_sizes: dict[str, int], batch_size: int = 40) -> list[tuple[Batch, Batch]]:
+        kw = dict(hash_sizes=hash_sizes, num_workers=0)
+        shared = list(BatchLoader(tmp_path / "sessions", batch_size, windows=True, **kw))
+        own = list(BatchLoader(tmp_path / "sessions", batch_size, windows=False, **kw))
+        assert all(b.windows is not None for b in shared)
+        return list(zip(shared, own, strict=True))
+
+    return make
 
 
 @pytest.fixture

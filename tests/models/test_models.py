@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lrm.config import ModelConfig, TableConfig, TeacherModelConfig
-from lrm.models import DLRMStudent, Wukong, build_model, num_parameters
+from lrm.models import DLRMStudent, Wukong, build_model, hash_sizes, num_parameters
 
 KINDS = ["teacher", "student"]
 
@@ -21,6 +21,15 @@ def test_dedup_equals_plain(kind, shared, synthetic, batches):
     out = model(dedup)
     assert out.shape == (dedup.size,) and out.dtype == torch.float32
     torch.testing.assert_close(out, model(plain), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_shared_histories_score_like_the_session_form(kind, synthetic, shared_batches):
+    torch.manual_seed(0)
+    model = build_model(kind, synthetic, ModelConfig())
+    for bw, bs in shared_batches(hash_sizes(model.embeddings.user_ebc.embedding_bag_configs()
+                                            + model.embeddings.item_ebc.embedding_bag_configs())):
+        torch.testing.assert_close(model(bw), model(bs), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", KINDS)

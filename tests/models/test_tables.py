@@ -90,3 +90,33 @@ def test_meta_tables_leave_dense_init_unchanged(synthetic):
             assert q.is_meta
         else:
             assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("pooling", ["mean", "sum"])
+@pytest.mark.parametrize("shared", [{}, {"user_history": "ad_id"}])
+def test_shared_histories_pool_like_their_own_lists(synthetic, shared_batches, pooling, shared):
+    """A user's history looked up once as segments, then summed per window, gives every
+    session exactly its own list's pooled row, and the same gradients."""
+    tables = embedding_tables(synthetic, TableConfig(shared=shared, seq_pooling=pooling), 4)
+    torch.manual_seed(0)
+    emb = SparseEmbeddings(synthetic, tables)
+    hist = emb.user_features.index("user_history")
+    pairs = shared_batches(hash_sizes(tables))
+    assert sum(bw.user["user_history"].values().numel() for bw, _ in pairs) < sum(
+        bs.user["user_history"].values().numel() for _, bs in pairs)  # fewer lookups
+    for bw, bs in pairs:
+        grads = []
+        for b in (bw, bs):
+            emb.zero_grad()
+            user, item = emb(b)
+            assert user.shape == (b.num_sessions, len(emb.user_features), 4)
+            weight = torch.arange(user.numel(), dtype=user.dtype).view_as(user).cos()
+            ((user * weight).sum() + item.sum()).backward()
+            grads.append({n: p.grad.clone() for n, p in emb.named_parameters()})
+            if b is bw:
+                uw, iw = user.detach(), item.detach()
+        torch.testing.assert_close(uw, user.detach(), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(iw, item.detach(), rtol=0, atol=0)
+        assert uw[:, hist].abs().sum() > 0
+        for n in grads[0]:
+            torch.testing.assert_close(grads[0][n], grads[1][n], rtol=1e-5, atol=1e-6)

@@ -127,15 +127,15 @@ def test_files_from_params_relative_to_cwd_with_skip_bad(tmp_path):
     r = CliRunner().invoke(app(ingest.STAGE), ["criteo", *args])  # cwd: the repo
     assert r.exit_code == 2 and "raw/a.tsv: file not found" in r.stderr, r.stderr
 
-    r = subprocess.run([*ENTRY["lrm"], *args, "--skip-bad", "--rows-per-day", "15"],
+    r = subprocess.run([*ENTRY["lrm"], *args, "--skip-bad", "--days", "file"],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "metrics" / "i.json").read_text())
-    assert (m["rows"], m["bad_rows"], m["files"], m["days"]) == (40, 2, 2, 3)
+    assert (m["rows"], m["bad_rows"], m["files"], m["days"]) == (40, 2, 2, 2)
     assert m["bad_by_reason"] == {"field_count": 1, "label": 1, "not_integer": 0,
                                   "not_hex_hash": 0}
     assert sorted(p.name for p in out.iterdir() if p.name[0] != ".") == [
-        "day=0", "day=1", "day=2"]  # replaced
+        "day=0", "day=1"]  # replaced: a day per file
 
 
 def test_no_files_anywhere_is_an_error(tmp_path):

@@ -40,8 +40,9 @@ def test_pyfunc_scores_rows_as_the_loader_feeds_them(datasets, model_dir):
     assert list(frame.columns) == input_columns(card.schema)
     assert [c.name for c in signature(card.schema).inputs] == list(frame.columns)
     got = predict_frame(model, card, frame)[OUTPUT].to_numpy()
-    batch = next(iter(BatchLoader(datasets["raw"], 64, days=[2], dedup=False,
-                                  hash_sizes=card.hash_sizes)))  # the same first 64 rows
+    # the same first 64 impressions (the sessions layout's order: a user's sessions together)
+    batch = next(iter(BatchLoader(datasets["sessions"], 64, days=[2], dedup=False,
+                                  hash_sizes=card.hash_sizes)))
     with torch.no_grad():
         want = torch.sigmoid(model(batch)).double().numpy()
     np.testing.assert_allclose(got, want, rtol=1e-6)
