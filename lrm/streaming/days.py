@@ -4,7 +4,10 @@ Evaluation data: students train on day D and are scored on day D + 1 when its ra
 already there (a folder source given several days at once). Otherwise (the usual case of a
 stream: D is the newest day) D itself is cut by session into a fit part (the first
 1 - holdout of its sessions, what the students train on) and a held-out last slice (what
-the challengers and champions are scored on); the report says which.
+the challengers and champions are scored on); the report says which. The days have no
+time within a day, so "last" is storage order: RecD sorts a file's sessions by user, and
+the cut falls where every history run starts (`run_boundary`), so the held-out slice is
+whole users' sessions of the day.
 """
 
 from __future__ import annotations
@@ -79,8 +82,8 @@ def plan(paths: StreamPaths, day: int, holdout: float) -> EvalPlan:
                         f"day {day + 1} (the next day)", True)
     fit, held = paths.split(day)
     return EvalPlan(fit, held, day,
-                    f"day {day}'s last {holdout:.0%} of sessions (held out: day {day + 1} is "
-                    f"not there yet)", False)
+                    f"day {day}'s last {holdout:.0%} of sessions in storage order (held out: "
+                    f"day {day + 1} is not there yet)", False)
 
 
 def split_day(paths: StreamPaths, day: int, holdout: float) -> dict[str, Any]:
@@ -98,13 +101,39 @@ def split_day(paths: StreamPaths, day: int, holdout: float) -> dict[str, Any]:
     files = day_files(paths.augmented)[day]
     table = pa.concat_tables([pq.read_table(f) for f in files])
     n = table.num_rows
-    cut = n - max(1, math.ceil(holdout * n)) if n > 1 else n
+    want = n - max(1, math.ceil(holdout * n)) if n > 1 else n
+    cut = run_boundary(table, read_schema(files[0])[0].user_seq, want)
     schema = pq.read_schema(files[0])  # keeps the lrm schema and teacher metadata
     for out, part in ((fit, table.slice(0, cut)), (held, table.slice(cut))):
         with io.atomic_dir(out, stage=STAGE) as tmp:
             io.write_parquet(part.cast(schema), part_path(tmp, day))
             io.write_json(stamp, tmp / FROM)
     return {"sessions": n, "fit_sessions": cut, "held_out_sessions": n - cut}
+
+
+def run_boundary(table: pa.Table, sequences: list[str], want: int) -> int:
+    """The first row at or after `want` where every sequence feature starts a history run
+    (lrm.data.histories: a run's items live on its first row, so a cut inside a run would
+    leave the held-out rows windows into items the fit part holds); the last such row
+    before `want` when there is none after it, and `want` when no row starts every run."""
+    import numpy as np
+
+    from lrm.data.schema import window_columns
+
+    starts = np.ones(table.num_rows, dtype=bool)
+    for f in sequences:
+        offset_col = window_columns(f)[0]
+        if offset_col not in table.column_names:  # sessions layout 1: every row holds its list
+            continue
+        stored = table.column(f).is_valid().to_numpy(zero_copy_only=False)
+        offset = table.column(offset_col).to_numpy(zero_copy_only=False)
+        starts &= stored | (offset == -1)
+    starts[0] = True  # row 0 always starts a run (the fit part then is empty: see below)
+    after = np.flatnonzero(starts[want:])
+    if len(after):
+        return want + int(after[0])
+    before = np.flatnonzero(starts[1:want])
+    return 1 + int(before[-1]) if len(before) else want
 
 
 def collision_report(paths: StreamPaths, day: int, tables: TableConfig) -> dict[str, Any]:
