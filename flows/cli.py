@@ -57,17 +57,17 @@ def checkpoint_verify(folder: Path = typer.Argument(..., help="checkpoint folder
 
 
 PARAMS_OPT = typer.Option(None, "--params", help="params YAML file(s), later ones win "
-                                                  "[default: ./params.yaml]")
+                                                  "(default: ./params.yaml)")
 
 
 @app.command("serve")
 def serve(cron: str = typer.Option(None, "--cron", help='cron schedule, e.g. "0 2 * * *" '
-                                                       '[default: streaming.cron]'),
+                                                       '(default: streaming.cron)'),
           params: list[Path] = PARAMS_OPT,
           root: str = typer.Option(None, "--root", help="the stream's folder "
-                                                       "[default: streaming.root]"),
+                                                       "(default: streaming.root)"),
           days: int = typer.Option(None, "--days", help="new days per run "
-                                                       "[default: streaming.days]")) -> None:
+                                                       "(default: streaming.days)")) -> None:
     """Serve the streaming retraining flow as a Prefect deployment on a cron schedule."""
     from flows import deployments
 
@@ -132,7 +132,7 @@ def list_models(params: list[Path] = PARAMS_OPT) -> None:
 def promote(name: str = typer.Argument(..., help="registered model, e.g. lrm-student-small"),
             version: str = typer.Argument(..., help="the version to make @champion"),
             data: Path = typer.Option(None, "--data", help="dataset both are scored on "
-                                                          "[default: the stream's sessions]"),
+                                                          "(default: the stream's sessions)"),
             day: int = typer.Option(-1, "--day", help="its day (-1: the last)"),
             params: list[Path] = PARAMS_OPT) -> None:
     """Promote VERSION to @champion through the same check as the flow: its NE and the

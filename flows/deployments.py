@@ -56,8 +56,8 @@ def serve(cron: str | None = None, params: list[str] | None = None, root: str | 
                     entrypoint_type=EntrypointType.MODULE_PATH)
 
 
-def main(cron: str = typer.Option(None, "--cron", help="cron schedule [default: "
-                                                      "streaming.cron]"),
+def main(cron: str = typer.Option(None, "--cron", help="cron schedule (default: "
+                                                      "streaming.cron)"),
          params: list[Path] = typer.Option(None, "--params", help="params files, later win"),
          root: str = typer.Option(None, "--root", help="the stream's folder"),
          days: int = typer.Option(None, "--days", help="new days per run")) -> None:

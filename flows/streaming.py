@@ -218,12 +218,12 @@ def streaming(days: int | None = None, day: int | None = None,
 
 
 def main(days: int = typer.Option(None, "--days", help="new days to process now "
-                                                      "[default: streaming.days]"),
+                                                      "(default: streaming.days)"),
          day: int = typer.Option(None, "--day", help="process this day only (a no-op when "
                                                     "it is done)"),
          params: list[Path] = typer.Option(None, "--params", help="params files, later win"),
          root: str = typer.Option(None, "--root", help="the stream's folder "
-                                                      "[default: streaming.root]")) -> None:
+                                                      "(default: streaming.root)")) -> None:
     """Run the streaming retraining flow now (no schedule): the next N days."""
     from lrm.progress import setup_logging
 
