@@ -8,7 +8,7 @@ in the order they happen. The sessions file is dedup's: a file's sessions sorted
 a user's sliding history stored once per run.
 
 Storage baselines, each written from the same rows: the impression file with the same
-writer rules (lrm.data.dedup.parquet_options); with its own best rules ("tuned": no
+writer rules (lrm.data.parquet.write_options); with its own best rules ("tuned": no
 dictionary on the history, so zstd finds its repeats); and tuned with its sessions sorted
 by user like the sessions file ("tuned_clustered": zstd then also finds a user's shifted
 histories, the strongest impression file we know).
@@ -48,7 +48,7 @@ def _plain_tuned_options(cfg: GenerateConfig) -> dict[str, Any]:
     """The plain layout's own best rules: no dictionary on the repeated history lists, so
     zstd's window finds each repeat (a dictionary's bit-packed indices hide them)."""
     sch = synthetic.schema(cfg)
-    opts = dedup.parquet_options(sch.arrow("impressions"), "impressions")
+    opts = parquet.write_options(sch.arrow("impressions"), "impressions")
     seq = {f"{c}.list.element" for c in sch.user_seq}
     return {**opts, "use_dictionary": [c for c in opts["use_dictionary"] if c not in seq]}
 
@@ -64,7 +64,7 @@ def _dataset(cfg: GenerateConfig, tuned: bool = False) -> Iterator[tuple[Path, d
         for day in range(cfg.days):
             t = synthetic.generate_day(cfg, day)
             io.write_parquet(t, part_path(root / "raw", day),
-                             **dedup.parquet_options(t.schema, "impressions"))
+                             **parquet.write_options(t.schema, "impressions"))
             if tuned:
                 io.write_parquet(t, part_path(root / "tuned", day), **_plain_tuned_options(cfg))
             first = dedup.run_starts(t.column("session_id").to_numpy())

@@ -48,8 +48,11 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
         user = w.user_attributes(uid)
         user["session_hour"] = (user["hour_pref"] + round(rng.normal(0, 2.5))) % 24
         n = 1 + int(rng.poisson(cfg.mean_session_length - 1))
-        u = w.user_latent(day, uid, user["user_age"], user["user_geo"])
-        hist, hist_cat, hist_adv = w.history(day, rng, u, user["hist_len"])
+        hour = user["session_hour"] + 0.5
+        base, rate = w.stream(uid, rank)  # the user's history stream, read at this hour
+        pos = base + np.floor(rate * (day + hour / 24)).astype(np.int64)
+        hist, hist_cat, hist_adv = w.history(day, uid, user["user_age"], user["user_geo"],
+                                             base, rate, pos, user["hist_len"])
         arank = w.ad_law.sample(rng, n)
         aid = w.ads.ids(arank, day)
         ad = w.ad_attributes(aid)

@@ -47,32 +47,6 @@ from lrm.data.schema import (
 from lrm.errors import DataError
 from lrm.progress import Reporter
 
-# Parquet writer settings (see parquet_options). Measured on the synthetic log (mean session
-# 8, history ~80): zstd 9 saves ~2% over 3 at twice the write time; dictionaries roughly
-# halve the integer id columns but inflate noisy floats (d_bid +50%); row-group size
-# changes the bytes by <0.1% and only bounds the memory of a streaming reader.
-ZSTD_LEVEL = 3
-ROW_GROUP_IMPRESSIONS = 128 * 1024  # impressions per row group (sessions: / 8)
-
-
-def parquet_options(schema: pa.Schema, layout: str) -> dict[str, Any]:
-    """Writer settings for a dataset file; the same rules for both layouts.
-
-    zstd; dictionary encoding for integer columns (and integer lists), none for floats;
-    row groups of about ROW_GROUP_IMPRESSIONS impressions. The storage benchmark writes
-    the plain impression layout with exactly these rules, so its comparison is fair.
-    """
-    def leaf(f: pa.Field) -> tuple[str, pa.DataType]:
-        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
-            return f"{f.name}.list.element", f.type.value_type
-        return f.name, f.type
-
-    dict_cols = [name for name, t in map(leaf, schema) if pa.types.is_integer(t)]
-    rows = ROW_GROUP_IMPRESSIONS // (8 if layout == "sessions" else 1)
-    return {"compression": "zstd", "compression_level": ZSTD_LEVEL,
-            "use_dictionary": dict_cols, "row_group_size": rows, "write_statistics": True}
-
-
 READ_CHUNK_ROWS = 64 * 1024  # impressions per streamed input chunk (bounds memory)
 
 
@@ -412,13 +386,13 @@ class _PartWriter:
     def _flush(self, rows: int) -> None:
         table = pa.concat_tables(self._buf)
         out, rest = table.slice(0, rows), table.slice(rows)
-        opts = parquet_options(self.schema.arrow("sessions"), "sessions")
+        opts = parquet.write_options(self.schema.arrow("sessions"), "sessions")
         out = share_histories(cluster(out, self.schema), self.schema, opts["row_group_size"])
         for f in self.schema.user_seq:
             self.history_values += int(pc.sum(out.column(window_columns(f)[1])).as_py() or 0)
             self.history_stored += int(pc.sum(pc.list_value_length(out.column(f))).as_py() or 0)
         self.bytes_out += io.write_parquet(out, part_path(self.dst, self.day, self.parts),
-                                           **parquet_options(out.schema, "sessions"))
+                                           **parquet.write_options(out.schema, "sessions"))
         self.parts += 1
         self._buf = [rest] if rest.num_rows else []
         self._buffered = rest.num_rows

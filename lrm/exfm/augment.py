@@ -46,7 +46,7 @@ from torch import nn
 
 from lrm import io
 from lrm.data import parquet
-from lrm.data.dedup import parquet_options
+from lrm.data.parquet import write_options
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import LABEL, day_files, read_schema
 from lrm.errors import ConfigError, DataError
@@ -207,7 +207,7 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
             pf = parquet.open_file(f)
             schema = pf.schema_arrow.append(pa.field(TEACHER_COLUMN, pa.list_(pa.float32())))
             schema = schema.with_metadata({**(schema.metadata or {}), META_VERSION: meta_version})
-            opts = parquet_options(schema, "sessions")
+            opts = write_options(schema, "sessions")
             group = opts.pop("row_group_size")  # a chunk is (at most) one row group
             file_rows = 0
             with pq.ParquetWriter(tmp / f.name, schema, **opts) as writer:

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from lrm.config import DedupConfig
-from lrm.data import dedup
+from lrm.data import dedup, parquet
 from lrm.data.schema import (
     SESSION,
     FeatureSchema,
@@ -235,7 +235,7 @@ def test_dedup_dataset_streams_and_never_splits_a_session(tmp_path):
 def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
     """Sorted by user, a user's sliding histories are stored once per run; a run never
     crosses a row group (each row group reads on its own); the metrics count both."""
-    monkeypatch.setattr(dedup, "ROW_GROUP_IMPRESSIONS", 8 * 7)  # 7 sessions a row group
+    monkeypatch.setattr(parquet, "ROW_GROUP_IMPRESSIONS", 8 * 7)  # 7 sessions a row group
     t = make_impressions(80, seed=12, users=4)
     write_dataset(tmp_path / "raw", {0: t}, rows_per_file=1000)
     m = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "s", DedupConfig(rows_per_file=40))

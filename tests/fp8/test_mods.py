@@ -167,8 +167,10 @@ def test_the_fused_teacher_is_within_the_fp8_error_the_probe_measures(teacher_an
     assert layer >= probe_db - 1.0  # top.0's output: within the error the probe measured
     assert layer >= _db(ref[1], fp8_[1]) - 1.0  # the bound's looser scale costs ~nothing
     assert _db(ref[0], fused_[0]) >= _db(ref[0], fp8_[0]) - 1.5  # the logits
-    g = "layers.1.norm.weight"  # its gradient went through the fused norm's backward
-    assert _db(ref[2][g], fused_[2][g]) >= min(_db(ref[2][g], fp8_[2][g]) - 1.5, 20)
+    # its gradient went through the fused norm's backward: 16 values, so a noisy SQNR; the
+    # bound's coarser scale may cost a dB or two, a wrong backward costs all of it (~0 dB)
+    g = "layers.1.norm.weight"
+    assert _db(ref[2][g], fused_[2][g]) >= min(_db(ref[2][g], fp8_[2][g]) - 3.0, 15)
 
 
 def test_bf16_residual_keeps_the_stream_in_bf16_under_autocast_only(teacher_and_batch):
