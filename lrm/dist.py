@@ -11,6 +11,7 @@ import contextlib
 import gc
 import logging
 import os
+import platform
 import shutil
 import tempfile
 import warnings
@@ -170,3 +171,14 @@ def quiet_libraries() -> None:
     for msg in ("Please use DTensor instead", "`broadcast_buffers` is deprecated",
                 "HeuristicalStorageReservation is known"):
         warnings.filterwarnings("ignore", message=f".*{msg}", category=FutureWarning)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform's guess elsewhere)."""
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next(x.split(":", 1)[1].strip() for x in f if x.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return name

@@ -40,6 +40,7 @@ def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_d
     from lrm import io
     from lrm.config import ModelConfig, StudentModelConfig, TeacherModelConfig
     from lrm.data.schema import read_schema
+    from lrm.dist import quiet_libraries
     from lrm.models import build_model
     from lrm.sharding import planner
     from lrm.sharding import stats as S
@@ -47,6 +48,7 @@ def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_d
     from lrm.sharding.plan import summary_table, write_file
     from lrm.sharding.topology import Topology
 
+    quiet_libraries()  # torchrec logs every table; torch.fx warns on its import
     schema, _ = read_schema(data)
     shapes = {"teacher": ("teacher", ModelConfig(
         tables=tables, teacher=TeacherModelConfig(embedding_dim=teacher_dim))),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from lrm.config import DedupConfig, GenerateConfig, ModelConfig, TrainConfig
 from lrm.data import dedup, synthetic
@@ -30,7 +31,7 @@ from lrm.data.loader import BatchLoader
 from lrm.data.schema import read_schema
 from lrm.models import build_model
 from lrm.sharding import parallel
-from lrm.dist import process_group, quiet_libraries
+from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
 from lrm.train.evaluate import autocast
 from lrm.train.guard import NonFiniteGuard
@@ -127,23 +128,30 @@ def project_step(data: Path, model_cfg: ModelConfig = MODEL
         torch.manual_seed(0)
         model = build_model("student", schema, model_cfg, device="meta",
                             dense_device=env.device)
-        dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
-        guard = NonFiniteGuard(env, lambda step, v: f"non-finite loss at step {step}: {v}")
-        dense, adamw = dense_optimizer(dmp, LR, 0.0)
-        guard.gate(dmp, adamw)
-        opt = parallel.optimizer(dmp, dense)
-        meter = Meter(env, 100_000)
-
-        def step_fn(b: Batch) -> tuple[torch.Tensor, None]:
-            with autocast(env.device, TrainConfig().amp):
-                loss, serving = bce_loss(dmp, b)
-            meter.record(serving, b.labels, guard.watch(loss))
-            return loss, None
-
-        steps = Steps(dmp, opt, env.device, step_fn)
+        _, steps, guard = lrm_steps(env, model)
 
         def step(b: Batch) -> None:
             steps.step(iter([b]))
 
         yield step
         guard.check()
+
+
+def lrm_steps(env: Dist, model: nn.Module) -> tuple[nn.Module, Steps, NonFiniteGuard]:
+    """(DMP, Steps, guard) of lrm.train.loop's step for `model` (tables on meta): DMP,
+    fused row-wise Adagrad on the tables, fused AdamW on the dense part, the device-side
+    non-finite guard and meter."""
+    dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
+    guard = NonFiniteGuard(env, lambda step, v: f"non-finite loss at step {step}: {v}")
+    dense, adamw = dense_optimizer(dmp, LR, 0.0)
+    guard.gate(dmp, adamw)
+    opt = parallel.optimizer(dmp, dense)
+    meter = Meter(env, 100_000)
+
+    def step_fn(b: Batch) -> tuple[torch.Tensor, None]:
+        with autocast(env.device, TrainConfig().amp):
+            loss, serving = bce_loss(dmp, b)
+        meter.record(serving, b.labels, guard.watch(loss))
+        return loss, None
+
+    return dmp, Steps(dmp, opt, env.device, step_fn), guard

@@ -37,11 +37,10 @@ from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from bench.cases.train_common import EMBEDDING_LR, LR, sync
+from bench.cases.train_common import EMBEDDING_LR, LR, lrm_steps, sync
 from bench.common import emit
 from lrm import metrics
-from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig, \
-    TrainConfig
+from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig
 from lrm.data import dedup, synthetic
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
@@ -50,11 +49,6 @@ from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.models import build_model, embedding_tables
 from lrm.sharding import parallel
 from lrm.train.data import model_hash_sizes
-from lrm.train.evaluate import autocast
-from lrm.train.guard import NonFiniteGuard
-from lrm.train.loop import bce_loss
-from lrm.train.meter import Meter
-from lrm.train.steps import Steps, dense_optimizer
 
 BATCH, DIM = 1024, 16
 MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=DIM, bottom_mlp=[512, 256, 64],
@@ -139,20 +133,7 @@ def _lrm_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch]) 
     model = build_model("student", schema, MODEL, device="meta", dense_device=env.device)
     clicks = sum(float(b.labels.sum()) for b in train)
     model.init_output_bias(clicks / sum(b.size for b in train))  # type: ignore[operator]
-    dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
-    guard = NonFiniteGuard(env, lambda step, v: f"non-finite loss at step {step}: {v}")
-    dense, adamw = dense_optimizer(dmp, LR, 0.0)
-    guard.gate(dmp, adamw)
-    opt = parallel.optimizer(dmp, dense)
-    meter = Meter(env, 100_000)
-
-    def step_fn(b: Batch) -> tuple[torch.Tensor, None]:  # lrm.train.loop's step
-        with autocast(env.device, TrainConfig().amp):
-            loss, serving = bce_loss(dmp, b)
-        meter.record(serving, b.labels, guard.watch(loss))
-        return loss, None
-
-    steps = Steps(dmp, opt, env.device, step_fn)
+    dmp, steps, _ = lrm_steps(env, model)  # lrm.train.loop's step
     return _Side("lrm", steps.pipeline, [b.to(env.device) for b in train],
                  lambda: _eval_ne(dmp, [b.to(env.device) for b in held_out],
                                   lambda b: b.labels),

@@ -21,6 +21,13 @@ def mlp(in_dim: int, widths: list[int], *, last_activation: bool = True) -> nn.S
     return nn.Sequential(*layers)
 
 
+def base_rate_logit(ctr: float) -> float:
+    """logit(ctr), ctr clamped to [1e-6, 1 - 1e-6]: the bias of a head that starts at the
+    base rate."""
+    c = min(max(ctr, 1e-6), 1 - 1e-6)
+    return math.log(c / (1 - c))
+
+
 class ScoredModel(nn.Module):
     """A model whose `head` scores `forward_features(batch)`: forward(batch) -> logits [B].
 
@@ -48,8 +55,7 @@ class ScoredModel(nn.Module):
         CTR (clamped to [1e-6, 1 - 1e-6]), so the first predictions are calibrated on
         average instead of centred on 0.5 (a CTR model starting at p = 0.5 spends its
         first steps only learning the base rate, and a short run may not get there)."""
-        c = min(max(ctr, 1e-6), 1 - 1e-6)
-        self.head.bias.fill_(math.log(c / (1 - c)))
+        self.head.bias.fill_(base_rate_logit(ctr))
 
     def forward_features(self, batch: Batch) -> torch.Tensor:
         raise NotImplementedError

@@ -20,7 +20,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lrm.dist import cpu_name
 from lrm.sharding.cost import COEFFICIENTS, FLOAT, MOMENTUM, Calibration
 from lrm.sharding.stats import HOT_FRACTIONS, TableLoad
 
@@ -38,16 +38,6 @@ QUICK = {"tables": (1, 4), "rows": (1_000, 1_000_000), "dim": (8, 64), "batch": 
          "pooling": (1, 8), "zipf": (0.0, 1.1)}
 MIXES, QUICK_MIXES = 60, 12  # random ranks' worth of tables (1-16 of all sizes) on top
 MAX_POINT_BYTES = 1 << 30  # tables of one timed point, at most
-
-
-def _cpu_name() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            name = next(x.split(":", 1)[1].strip() for x in f if x.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name}, {os.cpu_count()} cores"
 
 
 def cache_bytes() -> float:
@@ -209,7 +199,7 @@ def calibrate(device: str = "cpu", *, grid: dict[str, tuple] | None = None,
     import fbgemm_gpu
     import torchrec
 
-    where = torch.cuda.get_device_name(0) if device == "cuda" else _cpu_name()
+    where = torch.cuda.get_device_name(0) if device == "cuda" else f"{cpu_name()}, {os.cpu_count()} cores"
     source = (f"measured: {where}, 1 thread, torch {torch.__version__}, fbgemm_gpu "
               f"{fbgemm_gpu.__version__}, torchrec {torchrec.__version__}")
     return fit(points, device, source, cache_bytes() if device == "cpu" else 0.0), points

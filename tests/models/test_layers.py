@@ -34,3 +34,24 @@ def test_a_fresh_model_starts_near_the_base_rate(synthetic, batches):
         assert 0.8 < calibration(after, b.labels) < 1.25, kind
     model.init_output_bias(0.0)  # a day without a click: finite, not -inf
     assert math.isfinite(float(model.head.bias))
+
+
+def test_the_exfm_auxiliary_head_starts_at_the_base_rate_too(synthetic, batches):
+    """It predicts a click probability as well (the teacher's); left at p = 0.5, its first
+    distillation gradients pulled the shared trunk off (the serving head then stayed at the
+    base rate on the default synthetic day)."""
+    from lrm.config import DistillConfig, StudentModelConfig
+    from lrm.exfm.distill import student_config
+
+    _, b = batches(synthetic, sessions=200)
+    labels = torch.zeros_like(b.labels)
+    labels[::25] = 1.0
+    b = dataclasses.replace(b, labels=labels)
+    cfg = student_config(StudentModelConfig(aux_mlp=[8]), DistillConfig(adapter=False))
+    torch.manual_seed(0)
+    model = build_model("student", synthetic, ModelConfig(student=cfg))
+    with torch.no_grad():
+        model.init_output_bias(float(labels.mean()))
+        out = model(b, all_heads=True)
+    for head in (out.serving, out.aux):
+        assert normalized_entropy(head, b.labels) < 1.05
