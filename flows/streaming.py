@@ -198,6 +198,8 @@ def streaming(days: int | None = None, day: int | None = None,
     try:
         cfg, paths = settings(params, root)
         first = cfg.exfm.teacher_days
+        if days is not None and days < 1:
+            raise ConfigError(f"--days {days}: must be >= 1 (new days to process)")
         if day is not None and day < first:
             raise ConfigError(f"--day {day}: days before T = exfm.teacher_days = {first} are "
                               "the first teacher's; the stream's first day is T")
@@ -209,7 +211,7 @@ def streaming(days: int | None = None, day: int | None = None,
                 sources.folder_days(inbox, paths.raw, cfg.ingest)
                 available = sources.raw_days(paths.raw)
             todo = [day] if day is not None else ledger.next_days(
-                paths, first, days or cfg.streaming.days, available)
+                paths, first, cfg.streaming.days if days is None else days, available)
             if not todo:
                 print("no new day to process (the inbox holds no new file)")
             return [stream_day(d, params, root) for d in todo]

@@ -19,7 +19,7 @@ from typing import Any
 
 from lrm import io
 from lrm.config import ParamsConfig
-from lrm.errors import ConfigError
+from lrm.errors import ConfigError, OutputError
 from lrm.streaming import sources
 from lrm.streaming.layout import STAGE, StreamPaths
 
@@ -117,6 +117,10 @@ def next_days(paths: StreamPaths, first: int, n: int, available: list[int] | Non
 
 def claim(paths: StreamPaths) -> None:
     """Create (or check) the stream's own folders: lrm's, marked as the stream's."""
-    Path(paths.root).mkdir(parents=True, exist_ok=True)
+    root = Path(paths.root)
+    if root.exists() and not root.is_dir():
+        raise OutputError(f"{root}: the stream's folder is a file; give streaming.root "
+                          "(--root) a folder")
+    root.mkdir(parents=True, exist_ok=True)
     for p in paths.owned():
         io.claim_dir(p, STAGE)

@@ -298,3 +298,20 @@ def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
     assert rec["students"]["small"]["decision"]["evaluated_on"] == "day 2 (the next day)"
     assert (tmp_path / "stream" / "augmented" / "day=2" / "_manifest.json").is_file()
     assert len(list(inbox.iterdir())) == 5  # the inbox is only read
+
+
+def test_bad_days_and_a_file_as_the_root_are_exit_2(harness, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    params = _write_params(tmp_path)
+    app = typer.Typer()
+    app.command()(streaming_main)
+    for days in ("0", "-1"):
+        r = CliRunner().invoke(app, ["--days", days, "--params", str(params)])
+        assert r.exit_code == 2 and f"--days {days}: must be >= 1" in r.output, r.output
+    afile = tmp_path / "a-file"
+    afile.write_text("mine")
+    r = CliRunner().invoke(app, ["--days", "1", "--params", str(params), "--root", str(afile)])
+    assert r.exit_code == 2 and "the stream's folder is a file" in r.output, r.output
+    assert afile.read_text() == "mine"
+    assert not (tmp_path / "stream").exists()  # nothing made where it was not asked
