@@ -282,7 +282,8 @@ def _locked(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The file's sha256 (hex), read in blocks."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -313,7 +314,7 @@ def _check_file(path: Path, names: tuple[str, ...] | None, force: bool) -> None:
     if names is not None and entry.get("stage") not in names:
         raise OutputError(f"{path}: not written by {_who(names)} (it was written by stage "
                           f"{entry.get('stage')}); {how}")
-    if path.stat().st_size != entry.get("bytes") or _sha256(path) != entry.get("sha256"):
+    if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
         raise OutputError(f"{path}: changed since lrm {entry.get('stage')} wrote it; {how}")
 
 
@@ -336,7 +337,7 @@ def _write_file(path: Path, fill: Callable[[Path], str | None], stage: Stage,
         if owned:
             os.replace(tmp, path)
         else:
-            digest = digest or _sha256(tmp)
+            digest = digest or sha256_file(tmp)
             with _locked(path.parent):
                 if _signature(path) != seen:  # changed while we wrote: decide again
                     _check_file(path, names, force)
@@ -462,7 +463,7 @@ def owned_by_lrm(path: Path) -> str | None:
         return None
     entry = _read_ledger(path.parent).get(path.name)
     if (entry is None or path.stat().st_size != entry.get("bytes")
-            or _sha256(path) != entry.get("sha256")):
+            or sha256_file(path) != entry.get("sha256")):
         return None
     stage = entry.get("stage")
     return stage if isinstance(stage, str) else None

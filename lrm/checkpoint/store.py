@@ -42,6 +42,7 @@ import torch
 
 from lrm.errors import LrmError
 from lrm.io import _fsync_dir as fsync_dir  # fsync a folder: its renames are durable
+from lrm.io import sha256_file
 
 log = logging.getLogger("lrm")
 FORMAT = "lrm-checkpoint/1"
@@ -111,14 +112,6 @@ def write_json_synced(obj: Any, path: Path) -> dict[str, Any]:
         f.flush()
         os.fsync(f.fileno())
     return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

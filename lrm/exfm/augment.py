@@ -59,7 +59,6 @@ log = logging.getLogger("lrm")
 TEACHER_COLUMN = "teacher_logit"
 MANIFEST = "_manifest.json"
 META_VERSION = b"lrm.teacher_version"
-_HASH_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -75,14 +74,6 @@ class TeacherVersion:
         return short + (f" ({self.registry})" if self.registry else "")
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            h.update(block)
-    return h.hexdigest()
-
-
 def teacher_hash(model_dir: Path) -> str:
     """Content hash of a saved model: its card without the training summary, its weights.
 
@@ -95,13 +86,13 @@ def teacher_hash(model_dir: Path) -> str:
         raise DataError(model_dir, None, None, f"not a model folder (needs {CARD} and {WEIGHTS})")
     card.pop("info", None)
     h = hashlib.sha256(json.dumps(card, sort_keys=True).encode())
-    h.update(_file_sha256(model_dir / WEIGHTS).encode())
+    h.update(io.sha256_file(model_dir / WEIGHTS).encode())
     return "sha256:" + h.hexdigest()
 
 
 def source_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:
     """[{file, bytes, sha256}] of a day's input files: what the manifest pins."""
-    return [{"file": Path(f).name, "bytes": Path(f).stat().st_size, "sha256": _file_sha256(f)}
+    return [{"file": Path(f).name, "bytes": Path(f).stat().st_size, "sha256": io.sha256_file(f)}
             for f in files]
 
 

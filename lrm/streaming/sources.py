@@ -15,7 +15,6 @@ ledger), so a day is the same day whatever path it was read from.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import tempfile
@@ -34,14 +33,6 @@ from lrm.streaming.layout import STAGE
 log = logging.getLogger("lrm")
 SOURCE = "_source.json"
 SUFFIXES = (".parquet", ".tsv")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_source(raw: Path, day: int) -> dict[str, Any] | None:
@@ -70,7 +61,7 @@ def _write_day(table: pa.Table, raw: Path, day: int, origin: dict[str, Any]) -> 
         f = part_path(raw, day, 0).name
         io.write_parquet(table, tmp / f)
         doc = {"day": day, "origin": origin, "rows": table.num_rows,
-               "files": [{"file": f, "sha256": _sha256(tmp / f)}]}
+               "files": [{"file": f, "sha256": io.sha256_file(tmp / f)}]}
         io.write_json(doc, tmp / SOURCE)
     return doc
 
@@ -116,7 +107,7 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig) -> list[int]:
     new = []
     for f in sorted(p for p in watch.iterdir() if p.is_file() and p.suffix in SUFFIXES
                     and not p.name.startswith(".")):
-        sha = _sha256(f)
+        sha = io.sha256_file(f)
         if sha in held:
             continue
         table = _dropped_table(f, ingest)
