@@ -10,6 +10,8 @@ The data position of a run is the number of batches its steps consumed (`EpochSt
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -110,9 +112,7 @@ def fit_tables(schema: FeatureSchema, stats: DataStats) -> FeatureSchema:
     fitted = {k: max(1, n) for k, n in stats.distinct.items() if k not in schema.vocab}
     if not fitted:
         return schema
-    return FeatureSchema(name=schema.name, user_sparse=schema.user_sparse,
-                         user_seq=schema.user_seq, item_sparse=schema.item_sparse,
-                         dense=schema.dense, vocab={**schema.vocab, **fitted})
+    return dataclasses.replace(schema, vocab={**schema.vocab, **fitted})
 
 
 def hashed_features(schema: FeatureSchema) -> list[str]:
@@ -242,8 +242,6 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
     batch cut (the batch size the schedule chose, the batches an epoch trains on) and the
     data's shape (rows of every file of the train days: the same rows cut the same batches;
     values may differ, e.g. after fixing a NaN), as JSON-able values."""
-    import dataclasses
-
     import pyarrow.parquet as pq
 
     files = day_files(data)

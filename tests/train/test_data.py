@@ -3,6 +3,8 @@ tables fitted to them, the epoch stream's position, and the windowed NE of the m
 
 from __future__ import annotations
 
+import dataclasses
+
 from itertools import islice
 
 import pyarrow as pa
@@ -12,7 +14,7 @@ import torch
 
 from lrm.config import TableConfig
 from lrm.data.loader import BatchLoader
-from lrm.data.schema import criteo_schema, day_files
+from lrm.data.schema import criteo_schema, day_files, synthetic_schema
 from lrm.models import embedding_tables, hash_sizes
 from lrm.train import data as train_data
 from lrm.train.data import EpochStream, eval_batch
@@ -79,3 +81,10 @@ def test_epoch_stream_position_counts_steps_and_each_epoch_stops_before_validati
     resumed.load_state_dict(s.state_dict())
     again = [b.labels for b in islice(iter(resumed), 5)]  # on from epoch 1, batch 1
     assert all(torch.equal(a, b) for a, b in zip(again, first[1:] + first[:2], strict=True))
+
+
+def test_fitted_tables_keep_every_other_field_of_the_schema():
+    schema = synthetic_schema({"user_age": 8})  # user_key names the user (dedup sorts by it)
+    fitted = train_data.fit_tables(schema, train_data.DataStats(9, 1, {"ad_id": 40}))
+    assert fitted.vocab == {"user_age": 8, "ad_id": 40}
+    assert dataclasses.replace(fitted, vocab=schema.vocab) == schema
