@@ -134,7 +134,8 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
         # -- the data decides: rows and CTR, hashed table sizes, the schedule ----------
         schema, _ = read_schema(data)
         train_days, eval_day = split_days(data, split, eval_from)
-        stats = scan_days(data, train_days, hashed_features(schema) if cfg.fit_tables else (),
+        fit = cfg.fit_tables and init_from is None  # a warm start keeps its tables (below)
+        stats = scan_days(data, train_days, hashed_features(schema) if fit else (),
                           model_cfg.tables.hash_size)
         if init_from is not None:  # a warm start keeps the tables it starts from
             schema = read_card(Path(init_from)).schema
