@@ -47,6 +47,12 @@ log = logging.getLogger("lrm")
 Role = Literal["in", "out", "metrics", "summary", "plot", "state", "flag"]
 
 
+def split_named(value: str | Path) -> tuple[str | None, Path]:
+    """A `named` argument's value, NAME=PATH or PATH, as (NAME or None, PATH)."""
+    key, sep, path = str(value).partition("=")
+    return (key, Path(path)) if sep and key else (None, Path(value))
+
+
 @dataclass(frozen=True)
 class Arg:
     """A `run` argument that is not a params value: a path DVC tracks, or a switch.
@@ -132,8 +138,7 @@ class Stage:
             v = args.get(k)
             if a.role in roles and v is not None:
                 for p in (v if isinstance(v, (list, tuple)) else [v]):
-                    name, sep, path = str(p).partition("=")
-                    found.append(Path(path if a.named and sep and name else p))
+                    found.append(split_named(p)[1] if a.named else Path(p))
         return found
 
     # -- params --------------------------------------------------------------------

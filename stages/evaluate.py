@@ -22,17 +22,14 @@ from typing import Any
 from lrm import io
 from lrm.config import EvalConfig
 from lrm.errors import ConfigError, DataError
-from stages._common import Arg, Stage, main
+from stages._common import Arg, Stage, main, split_named
 
 NAME = "evaluate"
 
 
 def parse_models(models: list[str], name: str | None = None) -> list[tuple[str | None, Path]]:
     """[(name or None, folder)] from `--model-dir` values (DIR or NAME=DIR) and `--name`."""
-    parsed: list[tuple[str | None, Path]] = []
-    for m in models:
-        key, sep, path = str(m).partition("=")
-        parsed.append((key, Path(path)) if sep and key else (None, Path(m)))
+    parsed = [split_named(m) for m in models]
     if name is not None:
         if len(parsed) != 1 or parsed[0][0] is not None:
             raise ConfigError("--name: give one --model-dir DIR with it (or NAME=DIR)")

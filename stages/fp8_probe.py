@@ -22,17 +22,9 @@ from typing import Any
 from lrm import io
 from lrm.config import FP8Config
 from lrm.errors import ConfigError
-from stages._common import Arg, Stage, main
+from stages._common import Arg, Stage, main, split_named
 
 NAME = "fp8_probe"
-
-
-def _named(models: list[str]) -> list[tuple[str | None, Path]]:
-    out: list[tuple[str | None, Path]] = []
-    for m in models:
-        key, sep, path = str(m).partition("=")
-        out.append((key, Path(path)) if sep and key else (None, Path(m)))
-    return out
 
 
 def run(*, cfg: FP8Config, device: str, amp: bool, batch_size: int, models: list[str],
@@ -46,7 +38,7 @@ def run(*, cfg: FP8Config, device: str, amp: bool, batch_size: int, models: list
     if not models:
         raise ConfigError("fp8_probe: give at least one --model DIR (or NAME=DIR)")
     results: dict[str, Any] = {}
-    for name, path in _named(models):
+    for name, path in map(split_named, models):
         res = R.probe_saved(path, data, cfg, device=device, amp=amp, batch_size=batch_size)
         key = name or res["kind"]
         if key in results:
