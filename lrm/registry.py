@@ -60,6 +60,14 @@ def student_model(name: str, cfg: RegistryConfig) -> str:
 
 # ---------------------------------------------------------------------------- the rule
 
+def serving_variant(reg: RegistryConfig, variants: Mapping[str, Any]) -> Any:
+    """The students' variant that is registered (`registry.variant`, a key of `variants`)."""
+    if reg.variant not in variants:
+        raise ConfigError(f"registry.variant: {reg.variant!r} is not one of students.variants "
+                          f"({', '.join(variants)})")
+    return variants[reg.variant]
+
+
 def judge(challenger_ne: float, champion_ne: float | None, margin: float) -> tuple[bool, str]:
     """(promote?, why): the challenger replaces the champion only when its NE on the same
     evaluation data is lower, by at least `margin` (lower NE is better; a tie keeps the
@@ -181,8 +189,7 @@ def model_folder(name: str, version: str, dst: Path, cfg: TrackingConfig | None 
     import mlflow
     import yaml
 
-    _version(name, version, cfg)
-    mlflow.set_tracking_uri(tracking_uri(cfg))
+    _version(name, version, cfg)  # (its client set the tracking URI)
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}",
                                                      dst_path=str(dst)))
     meta = yaml.safe_load((local / "MLmodel").read_text())

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from lrm.config import DistillConfig, RegistryConfig, StudentModelConfig
-from lrm.errors import ConfigError
 from stages._common import Arg, Stage, main
 
 NAME = "register"
@@ -30,9 +29,7 @@ def run(*, reg: RegistryConfig, students: dict[str, StudentModelConfig],
     from lrm import registry
     from lrm.data.schema import day_files
 
-    if reg.variant not in variants:
-        raise ConfigError(f"registry.variant: {reg.variant!r} is not one of students.variants "
-                          f"({', '.join(variants)})")
+    registry.serving_variant(reg, variants)  # registry.variant names one of them
     day = max(day_files(data))
     decisions = {}
     for name in students:

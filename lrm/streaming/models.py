@@ -142,10 +142,7 @@ def student_step(paths: StreamPaths, cfg: ParamsConfig, name: str, day: int,
     from lrm.exfm.distill import ExFMLoss, student_config
     from lrm.train import train
 
-    variant = cfg.students.variants.get(cfg.registry.variant)
-    if variant is None:
-        raise ConfigError(f"registry.variant: {cfg.registry.variant!r} is not one of "
-                          f"students.variants ({', '.join(cfg.students.variants)})")
+    variant = registry.serving_variant(cfg.registry, cfg.students.variants)
     size = cfg.students.models[name]
     out = paths.student_model(name, day)
     trained: dict[str, Any] = {"skipped": True}
