@@ -1,5 +1,4 @@
-"""The streaming flow as a Prefect deployment on a cron schedule: `lrm serve` or
-`python -m flows.deployments`.
+"""The streaming flow as a Prefect deployment on a cron schedule: `lrm serve` (flows/cli.py).
 
 `serve` creates (or updates) the deployment `lrm-streaming/lrm-streaming` with the cron
 schedule of `streaming.cron` (or --cron) and then runs its scheduled and manually triggered
@@ -19,7 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import typer
 from prefect.types.entrypoint import EntrypointType
 
 from flows.streaming import settings, streaming
@@ -54,16 +52,3 @@ def serve(cron: str | None = None, params: list[str] | None = None, root: str | 
                     tags=["lrm", "streaming"], pause_on_shutdown=True, limit=1,
                     # "flows.streaming.streaming": importable wherever lrm is installed
                     entrypoint_type=EntrypointType.MODULE_PATH)
-
-
-def main(cron: str = typer.Option(None, "--cron", help="cron schedule (default: "
-                                                      "streaming.cron)"),
-         params: list[Path] = typer.Option(None, "--params", help="params files, later win"),
-         root: str = typer.Option(None, "--root", help="the stream's folder"),
-         days: int = typer.Option(None, "--days", help="new days per run")) -> None:
-    """Serve the streaming flow as a scheduled Prefect deployment (runs in this process)."""
-    serve(cron, [str(p) for p in params] if params else None, root, days)
-
-
-if __name__ == "__main__":
-    typer.run(main)
