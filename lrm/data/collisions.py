@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+from lrm.data import parquet
 
 GROWING = ("user_id", "ad_id")  # synthetic features whose id spaces keep growing (churn)
 
@@ -41,13 +42,21 @@ def watched(vocab: Mapping[str, int], hash_sizes: Mapping[str, int]) -> list[str
 
 def feature_ids(files: Iterable[Path], feature: str) -> np.ndarray:
     """Every id of `feature` in the files (one per lookup; list columns flattened)."""
-    parts = []
-    for f in files:
-        col = pq.read_table(f, columns=[feature]).column(feature).combine_chunks()
-        while pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
-            col = pc.list_flatten(col)
-        parts.append(pc.drop_null(col).to_numpy(zero_copy_only=False).astype(np.int64))
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return ids_by_feature(files, [feature])[feature]
+
+
+def ids_by_feature(files: Iterable[Path], features: Sequence[str]) -> dict[str, np.ndarray]:
+    """{feature: every id of it in the files}, each file read once (lrm.data.parquet: a
+    damaged file is named)."""
+    parts: dict[str, list[np.ndarray]] = {f: [] for f in features}
+    for path in files:
+        table = parquet.read_table(path, columns=list(features))
+        for f in features:
+            col = table.column(f).combine_chunks()
+            while pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+                col = pc.list_flatten(col)
+            parts[f].append(pc.drop_null(col).to_numpy(zero_copy_only=False).astype(np.int64))
+    return {f: np.concatenate(p) if p else np.zeros(0, np.int64) for f, p in parts.items()}
 
 
 def collision_stats(ids: np.ndarray, rows: int, previous: np.ndarray | None = None
@@ -78,11 +87,10 @@ def day_collisions(files: Sequence[Path], hash_sizes: Mapping[str, int],
                    features: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """{feature: collision_stats} for one day's files (either layout), against the day
     before when its files are given; `features` default: every one of `hash_sizes`."""
-    out = {}
-    for f in features if features is not None else list(hash_sizes):
-        prev = feature_ids(previous_files, f) if previous_files else None
-        out[f] = collision_stats(feature_ids(files, f), hash_sizes[f], prev)
-    return out
+    feats = list(features) if features is not None else list(hash_sizes)
+    today = ids_by_feature(files, feats)
+    before = ids_by_feature(previous_files, feats) if previous_files else {}
+    return {f: collision_stats(today[f], hash_sizes[f], before.get(f)) for f in feats}
 
 
 def markdown(stats: Mapping[str, Mapping[str, Any]]) -> str:

@@ -27,7 +27,8 @@ from lrm import io
 from lrm.config import DedupConfig, TableConfig
 from lrm.data import collisions
 from lrm.data.schema import day_files, part_path, read_schema
-from lrm.exfm.augment import MANIFEST
+from lrm.errors import DataError
+from lrm.exfm.augment import read_manifest
 from lrm.streaming import sources
 from lrm.streaming.layout import STAGE, StreamPaths
 
@@ -92,8 +93,10 @@ def split_day(paths: StreamPaths, day: int, holdout: float) -> dict[str, Any]:
     Redone only when the augmented day changed (another teacher) or `holdout` did.
     """
     src = paths.augmented / f"day={day}"
-    stamp = {"manifest": json.loads((src / MANIFEST).read_text())["teacher"],
-             "holdout": holdout}
+    manifest = read_manifest(src)
+    if manifest is None:
+        raise DataError(src, None, None, "no readable augment manifest (run the day again)")
+    stamp = {"manifest": manifest["teacher"], "holdout": holdout}
     fit, held = paths.split(day)
     done = [(p / FROM) for p in (fit, held)]
     if all(f.is_file() and json.loads(f.read_text()) == stamp for f in done):

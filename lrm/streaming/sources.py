@@ -102,7 +102,7 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig) -> list[int]:
         return []
     days = raw_days(raw)
     held = {(read_source(raw, d) or {}).get("origin", {}).get("sha256") for d in days}
-    first = read_schema(next(iter(day_files(raw).values()))[0])[0] if days else None
+    first = read_schema(raw)[0] if days else None
     nxt = days[-1] + 1 if days else 0
     new = []
     for f in sorted(p for p in watch.iterdir() if p.is_file() and p.suffix in SUFFIXES
