@@ -57,7 +57,8 @@ _LOCK_FILE = re.compile(r"^\..+\.lock$")  # lrm.lock's files: PARENT/.NAME.lock
 Stage = str | Iterable[str] | None
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so that renames into it are durable (best effort)."""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
         try:
@@ -246,7 +247,7 @@ def atomic_dir(out: Path, *, stage: Stage = None, force: bool = False) -> Iterat
         old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
         os.replace(out, old)
     os.replace(tmp, out)
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     if old is not None:
         _remove(old)
 
@@ -349,7 +350,7 @@ def _write_file(path: Path, fill: Callable[[Path], str | None], stage: Stage,
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return size
 
 

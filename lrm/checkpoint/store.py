@@ -41,8 +41,7 @@ from typing import Any
 import torch
 
 from lrm.errors import LrmError
-from lrm.io import _fsync_dir as fsync_dir  # fsync a folder: its renames are durable
-from lrm.io import sha256_file
+from lrm.io import fsync_dir, sha256_file
 
 log = logging.getLogger("lrm")
 FORMAT = "lrm-checkpoint/1"
