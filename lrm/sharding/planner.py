@@ -34,6 +34,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -79,15 +80,16 @@ class Option:
     def n(self) -> int:
         return int(self.rows.size)
 
-    @property
+    # cached: the search reads them per shard and per candidate; `parts` never changes
+    @cached_property
     def cost(self) -> np.ndarray:
         return self.parts.sum(1)
 
-    @property
+    @cached_property
     def total(self) -> float:
         return float(self.parts.sum())
 
-    @property
+    @cached_property
     def peak(self) -> float:
         return float(self.cost.max())
 

@@ -31,8 +31,9 @@ def group(loads: Sequence[TableLoad], topo: Topology, model: CostModel,
           slack: float = 0.05) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """(table -> host, one report per tower) for `topo`'s hosts."""
     H = topo.hosts
-    cost = {t.name: model.shard(t, "table_wise", 0, t.rows, t.dim).total for t in loads}
-    size = {t.name: model.shard(t, "table_wise", 0, t.rows, t.dim).bytes for t in loads}
+    whole = {t.name: model.shard(t, "table_wise", 0, t.rows, t.dim) for t in loads}
+    cost = {k: c.total for k, c in whole.items()}
+    size = {k: c.bytes for k, c in whole.items()}
     target = sum(cost.values()) / H * (1 + slack)
     room = topo.memory_bytes * topo.ranks_per_host
     load, mem = [0.0] * H, [0] * H
