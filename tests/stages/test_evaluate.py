@@ -13,20 +13,16 @@ import pytest
 from lrm.config import EvalConfig
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError
-from lrm.train import train
 from stages import evaluate as stage
 from tests.conftest import REPO
-from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
+from tests.train.conftest import datasets, student_dir  # noqa: F401 (fixtures)
 
 KEYS = {"ne", "auc", "calibration", "rows", "day_rows", "ne_ci", "auc_ci", "calibration_ci"}
 
 
 @pytest.fixture(scope="module")
-def model_dir(datasets, tmp_path_factory):  # noqa: F811
-    out = tmp_path_factory.mktemp("eval-model") / "student"
-    train("student", tiny_train(steps=10), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
-          out=out)
-    return out
+def model_dir(student_dir):  # noqa: F811
+    return student_dir
 
 
 def _cli(tmp_path, *args):

@@ -10,20 +10,16 @@ from typer.testing import CliRunner
 from flows.cli import app as lrm_app
 from lrm.config import FP8Config, ParamsConfig
 from lrm.fp8.dispatch import read_report
-from lrm.train import train
 from stages import fp8_probe as stage
 from stages._common import app, execute
-from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
+from tests.train.conftest import datasets, student_dir  # noqa: F401 (fixtures)
 
 FAST = FP8Config(min_batches=2, max_batches=3, speed_reps=1, rows=256)
 
 
 @pytest.fixture(scope="module")
-def model_dir(datasets, tmp_path_factory):  # noqa: F811
-    out = tmp_path_factory.mktemp("fp8-model") / "student"
-    train("student", tiny_train(steps=4), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
-          out=out)
-    return out
+def model_dir(student_dir):  # noqa: F811
+    return student_dir
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

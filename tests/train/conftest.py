@@ -39,6 +39,17 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"raw": root / "raw", "sessions": root / "sessions"}
 
 
+@pytest.fixture(scope="session")
+def student_dir(datasets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small student trained 6 steps on the sessions dataset, once a session (read only)."""
+    from lrm.train import train
+
+    out = tmp_path_factory.mktemp("student") / "student"
+    train("student", tiny_train(steps=6), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
+          out=out)
+    return out
+
+
 def poison_day(src: Path, dst: Path, day: int, column: str = "d_bid") -> Path:
     """A copy of `src` whose `day` has NaN in a dense column (every impression)."""
     shutil.copytree(src, dst)
