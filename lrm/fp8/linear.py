@@ -58,9 +58,12 @@ def resolve_backend(backend: str) -> str:
 
 def _quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (x in `dtype` zero-padded to [M', K'] multiples of 16, inverse scale).
+    """x [M, K] -> (x in `dtype` zero-padded to [M', K'] multiples of 16, row-major,
+    inverse scale).
 
     The inverse scale is [M', 1] per row, or a scalar; `_scaled_mm` multiplies it back.
+    Row-major whatever x's layout (x may be a transpose, as in the backward): cuBLASLt
+    multiplies only a row-major first operand by a column-major second (`_mm` passes qᵀ).
     """
     limit = E4M3_MAX if dtype == E4M3 else E5M2_MAX
     x = x.float()
@@ -73,7 +76,7 @@ def _quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool
     inv = scale.reciprocal()
     if rowwise and pm:
         inv = F.pad(inv, (0, 0, 0, pm), value=1.0)
-    return q.to(dtype), inv
+    return q.to(dtype).contiguous(), inv
 
 
 @dataclass(frozen=True)

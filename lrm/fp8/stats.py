@@ -86,7 +86,7 @@ class TensorStats:
         if a.numel() > _MAX_QUANTILE_SAMPLE:
             g = torch.Generator().manual_seed(a.numel())
             a = a[torch.randint(0, a.numel(), (_MAX_QUANTILE_SAMPLE,), generator=g)]
-        qs = torch.quantile(a, torch.tensor(QUANTILES, dtype=a.dtype))
+        qs = torch.quantile(a, torch.tensor(QUANTILES, dtype=a.dtype, device=a.device))
         for r, v in zip(self._q, qs.tolist()):
             r.add(v)
 

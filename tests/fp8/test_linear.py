@@ -60,6 +60,31 @@ def test_the_quantizer_pads_to_multiples_of_16():
     assert q[5:].float().abs().sum() == 0 and q[:, 13:].float().abs().sum() == 0
 
 
+@pytest.mark.parametrize("rowwise", [False, True])
+def test_the_quantizer_returns_row_major_whatever_the_input_layout(rowwise):
+    # the backward quantizes transposes (Wᵀ, Xᵀ, Gᵀ); cuBLASLt refuses a first operand
+    # that is not row-major, and _mm hands it q and qᵀ as they come (no padding: no copy)
+    xt = torch.randn(48, 32).t()
+    q, inv = L.quantize(xt, L.E4M3, rowwise=rowwise)
+    assert q.shape == (32, 48) and q.is_contiguous()
+    torch.testing.assert_close(q.float() * inv, xt, rtol=0.07, atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (cuBLASLt's FP8 GEMM)")
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_fp8_linear_trains_on_a_gpu_with_aligned_shapes(recipe):
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32).cuda()  # multiples of 16: no padding copy anywhere
+    x = torch.randn(48, 64, device="cuda", requires_grad=True)
+    g = torch.randn(48, 32, device="cuda")
+    lin(x).backward(g)
+    ref = {"x": x.grad.clone(), "w": lin.weight.grad.clone()}
+    x.grad, lin.weight.grad = None, None
+    L.Fp8Linear.from_linear(lin, recipe)(x).backward(g)
+    assert error_metrics(ref["x"], x.grad)["sqnr_db"] > 20
+    assert error_metrics(ref["w"], lin.weight.grad)["sqnr_db"] > 20
+
+
 def test_torchao_backend_without_torchao_says_what_to_install(monkeypatch):
     monkeypatch.setattr(L, "torchao_available", lambda: False)
     assert L.resolve_backend("auto") == "scaled_mm"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from scipy import stats
 
@@ -48,3 +49,16 @@ def test_tensor_stats_over_batches_match_the_concatenated_tensor():
     one = TensorStats()
     one.add(parts[0])
     assert math.isclose(one.summary()["abs_p50"], float(parts[0].abs().double().quantile(0.5)))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (a tensor off the CPU)")
+def test_tensor_stats_of_a_gpu_tensor_match_the_same_values_on_the_cpu():
+    # the probe hooks see the model's own tensors: on a GPU they live there
+    x = torch.randn(5000, generator=torch.Generator().manual_seed(2)) * 3
+    on_gpu, on_cpu = TensorStats(), TensorStats()
+    on_gpu.add(x.cuda())
+    on_cpu.add(x)
+    a, b = on_gpu.summary(), on_cpu.summary()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert math.isclose(a[k], b[k], rel_tol=1e-6), k
