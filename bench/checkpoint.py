@@ -112,7 +112,7 @@ class Run:
         return time.perf_counter() - t0
 
     def ne(self, held_out: BatchLoader) -> float:
-        logits, labels = predict(self.dmp, held_out, self.env.device, amp=False)
+        logits, labels = predict(self.dmp, held_out, self.env.device)
         return float(score(logits, labels)["ne"])
 
 

@@ -67,20 +67,17 @@ def autocast(device: torch.device, amp: bool) -> contextlib.AbstractContextManag
 
 @torch.no_grad()
 def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
-            amp: bool = False, max_batches: int | None = None,
+            max_batches: int | None = None,
             reporter: Reporter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, labels) of every impression in `batches`, float32 on the CPU. `amp` applies
-    on a GPU only: on a CPU the scores are float32's, the same on any CPU (and the same as
-    `evaluate` of the saved model)."""
-    amp = amp and device.type == "cuda"
+    """(logits, labels) of every impression in `batches`, float32 on the CPU, scored in
+    float32 on any device (no autocast: an NE is the saved model's, wherever it runs)."""
     was_training = model.training
     model.eval()
     logits, labels = [], []
     try:
         for batch in islice(batches, max_batches):
             batch = batch.to(device, non_blocking=True)
-            with autocast(device, amp):
-                out = model(batch)
+            out = model(batch)
             logits.append(out.float().cpu())
             labels.append(batch.labels.float().cpu())
             if reporter is not None:

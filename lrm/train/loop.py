@@ -202,13 +202,13 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
                     log_fn(point, state.step)
 
         def evaluate(max_batches: int | None, ci: bool = False) -> dict[str, Any]:
-            ev = _evaluate(dmp, ld.held_out, env, amp=cfg.amp, max_batches=max_batches, ci=ci)
+            ev = _evaluate(dmp, ld.held_out, env, max_batches=max_batches, ci=ci)
             log_point({f"eval_{k}": float(v) for k, v in ev.items() if _scalar(v)})
             return ev
 
         def validate() -> bool:
             """Score the validation slice; True when training should stop."""
-            ev = _evaluate(dmp, ld.validation_batches(), env, amp=cfg.amp, max_batches=None)
+            ev = _evaluate(dmp, ld.validation_batches(), env, max_batches=None)
             stop = stopper.update(ev["ne"], state.step)
             log_point({"val_ne": ev["ne"], "val_best_ne": state.best_ne})
             return stop
@@ -321,10 +321,13 @@ def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
     log.info("started from the weights of %s", path)
 
 
-def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *, amp: bool,
-              max_batches: int | None, ci: bool = False) -> dict[str, Any]:
-    """Score every rank's share of `batches`; the metrics on every rank."""
-    logits, labels = predict(model, batches, env.device, amp=amp, max_batches=max_batches)
+def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *,
+               max_batches: int | None, ci: bool = False) -> dict[str, Any]:
+    """Score every rank's share of `batches`; the metrics on every rank. In float32 also
+    where the steps train under bf16 autocast: the NE that validation compares, the card
+    records and the registry judges is the saved model's (bf16 moved it by ~4e-4 on an
+    H100), the same as `lrm evaluate` of that model gives."""
+    logits, labels = predict(model, batches, env.device, max_batches=max_batches)
     all_logits, all_labels = env.gather_cat(logits), env.gather_cat(labels)
     result = score(all_logits, all_labels, ci=ci) if env.is_main else None
     return env.broadcast(result)  # type: ignore[return-value]
