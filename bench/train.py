@@ -6,6 +6,8 @@ train.dedup              student samples/s on RecD batches vs plain batches (ses
 train.vs_plain_pytorch   the project's student step vs the same student in plain PyTorch
 train.scaling            lrm.train.train under torchrun with 2 processes vs 1 (CPU, gloo)
 --quick: small sizes and a few steps (vs_torchrec: ~40k rows).
+--batch B: vs_torchrec's batch size (default 1024, the peers' benchmark); its day grows
+to hold enough batches of B.
 --device cuda: every case's models on the GPU (train.scaling needs a GPU per process and
 is skipped with one); every line says the device.
 """
@@ -30,10 +32,14 @@ def main() -> None:
     ap.add_argument("--only", choices=["vs_torchrec", "dedup", "plain", "scaling"],
                     default=None)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--batch", type=int, default=train_vs_torchrec.BATCH,
+                    help="vs_torchrec's batch size (the GPU aims: 2048 and 16384)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.batch < 1:
+        ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.worker is not None:  # one process of train.scaling (under torchrun or alone)
         train_scaling.worker(args.worker)
         return
@@ -44,7 +50,7 @@ def main() -> None:
     train_common.use_device(args.device)
     common.DEVICE[0] = args.device
     if args.only in (None, "vs_torchrec"):  # its own ~200k-row dataset
-        train_vs_torchrec.run(quick=args.quick, device=args.device)
+        train_vs_torchrec.run(quick=args.quick, device=args.device, batch=args.batch)
     cases = {"dedup": train_dedup.run, "plain": train_plain.run, "scaling": train_scaling.run}
     if args.only == "vs_torchrec":
         return

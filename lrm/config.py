@@ -274,8 +274,9 @@ class TrainConfig:
     patience: int = 3  # validations without a lower NE before stopping (the best state returns)
     warmup_steps: int = 50  # linear learning-rate warm-up, both optimizers (at most a tenth of an epoch)
     fit_tables: bool = True  # hashed tables get no more rows than the train days have distinct ids
-    # torch.compile the dense MLPs (CUDA graphs on a GPU). CPU: measured no faster (41 vs 42
-    # ms a step) and ~50 s to compile, so off; on a GPU not measured yet (bench/train.py)
+    # torch.compile the dense MLPs (CUDA graphs on a GPU). Measured slower, so off: CPU 41
+    # vs 42 ms a step and ~50 s to compile; an H100 (default student, batch 2048) 12.5 vs
+    # 10.3 ms a step (the step is the host's: its own work rose 6.9 -> 8.4 ms)
     compile: bool = False
     lr: float = 1e-3  # dense part: AdamW
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
