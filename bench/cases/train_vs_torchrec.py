@@ -60,14 +60,14 @@ MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=DIM, bottom_mlp=[51
                                                top_mlp=[512, 256]))
 WARMUP = 4
 MIN_STEPS = {True: 8, False: 80}  # batches a training day holds at least (quick, full)
-MEAN_SESSION = 8  # GenerateConfig's mean session length: impressions per session
 SEGMENT = {"cpu": 4, "cuda": 32}  # steps a side runs in turn (on a GPU: room to overlap)
 
 
 def sessions_per_day(quick: bool, batch: int) -> int:
     """~200k impressions a day (quick: ~40k), more where MIN_STEPS batches need them."""
     return max(5_000 if quick else 25_000,
-               math.ceil((WARMUP + MIN_STEPS[quick]) * batch / MEAN_SESSION))
+               math.ceil((WARMUP + MIN_STEPS[quick]) * batch
+                         / GenerateConfig().mean_session_length))
 
 
 @contextmanager
