@@ -169,7 +169,8 @@ def bench_mods(data: Path, params: Any, quick: bool) -> None:
     from lrm.data.schema import read_schema
     from lrm.models import build_model
 
-    dev = torch.device("cpu")
+    # the padding is for GPU kernels: timed on the device at hand (the same as fp8.model's)
+    at = R.resolve_device(params.train.device)
     schema, _ = read_schema(data)
     batch = 512 if quick else params.train.batch_size
     times = {}
@@ -177,12 +178,14 @@ def bench_mods(data: Path, params: Any, quick: bool) -> None:
         mcfg = ModelConfig(tables=params.model.tables, student=dataclasses.replace(
             params.model.student, interaction_pad=pad))
         torch.manual_seed(0)
-        model = build_model("student", schema, mcfg)
+        model = build_model("student", schema, mcfg, device=at, dense_device=at)
         b = next(iter(BatchLoader(data, batch, days=[0], hash_sizes=model_hash_sizes(model),
-                                  prefetch=0)))
-        times[pad] = R.step_ms(model, [b], dev, False, 5 if quick else 20)
-    emit("fp8.mod", f"interaction padded to 8 (student step, batch {batch}, CPU)", "ms",
-         times[8], times[1], "lower", note="the padding is for GPU kernels; CPU under load")
+                                  prefetch=0))).to(at)
+        times[pad] = R.step_ms(model, [b], at, False, 5 if quick else 20)
+    emit("fp8.mod", f"interaction padded to 8 (student step, batch {batch}, {at.type})", "ms",
+         times[8], times[1], "lower", note="the padding is for GPU kernels" + (
+             "; CPU under load" if at.type == "cpu" else ""))
+    dev = torch.device("cpu")
     lin = torch.nn.Linear(256, 256)
     x = torch.randn(batch, 256)
     t = {}
