@@ -33,7 +33,7 @@ from lrm.models import build_model
 from lrm.sharding import parallel
 from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
-from lrm.train.evaluate import autocast
+from lrm.train.precision import autocast
 from lrm.train.guard import NonFiniteGuard
 from lrm.train.loop import bce_loss
 from lrm.train.meter import Meter

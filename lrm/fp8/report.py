@@ -38,7 +38,7 @@ from lrm.fp8.linear import resolve_backend
 from lrm.fp8.probe import Probe, safety
 from lrm.fp8.speed import median_ms, precision, time_linear
 from lrm.progress import Reporter
-from lrm.train.evaluate import autocast
+from lrm.train.precision import autocast
 from lrm.train.export import load_model
 
 log = logging.getLogger("lrm")

@@ -9,8 +9,6 @@ predictions to rank 0.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 from collections.abc import Iterable, Sequence
 from itertools import islice
@@ -40,29 +38,6 @@ def pick_day(available: Sequence[int], day: int, key: str = "day") -> int:
     if day not in days:
         raise ConfigError(f"{key}: no day {day} in the data (days: {days})")
     return day
-
-
-@functools.cache
-def cpu_bf16() -> bool:
-    """The CPU multiplies bf16 natively (AVX512-BF16 or AMX; read from /proc/cpuinfo, so
-    Linux only): there bf16 halves a step's matmul time (measured on a 2-core EPYC: the
-    student's MLPs 32 -> 16 ms a step at batch 1024); elsewhere it would be emulated."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def autocast(device: torch.device, amp: bool) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast when asked, on a GPU or a CPU that multiplies bf16 natively; float32
-    elsewhere. Weights, gradients and optimizer state stay float32."""
-    if amp and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if amp and device.type == "cpu" and cpu_bf16():
-        return torch.autocast("cpu", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 @torch.no_grad()

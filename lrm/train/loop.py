@@ -51,10 +51,11 @@ from lrm.train import schedule as schedules
 from lrm.train.data import EpochStream, fit_tables, hashed_features, loaders, \
     model_hash_sizes, run_identity, scan_days, split_days
 from lrm.train.early_stop import EarlyStopping
-from lrm.train.evaluate import autocast, predict, score
+from lrm.train.evaluate import predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.meter import Meter
+from lrm.train.precision import autocast
 from lrm.train.state import TrainState, seed_step
 from lrm.train.steps import LrSchedule, Steps, compile_dense, dense_optimizer
 
@@ -322,11 +323,11 @@ def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
 
 
 def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *,
-               max_batches: int | None, ci: bool = False) -> dict[str, Any]:
+              max_batches: int | None, ci: bool = False) -> dict[str, Any]:
     """Score every rank's share of `batches`; the metrics on every rank. In float32 also
     where the steps train under bf16 autocast: the NE that validation compares, the card
-    records and the registry judges is the saved model's (bf16 moved it by ~4e-4 on an
-    H100), the same as `lrm evaluate` of that model gives."""
+    records and the registry judges is the saved model's (bf16 moved it by 1e-4 to 4e-4
+    on an H100), the same as `lrm evaluate` of that model gives."""
     logits, labels = predict(model, batches, env.device, max_batches=max_batches)
     all_logits, all_labels = env.gather_cat(logits), env.gather_cat(labels)
     result = score(all_logits, all_labels, ci=ci) if env.is_main else None
