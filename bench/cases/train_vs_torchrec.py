@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torchrec import EmbeddingBagCollection
@@ -95,6 +95,15 @@ def _torchrec_batch(b: Batch, keys: list[str]) -> TorchrecBatch:
     return TorchrecBatch(dense_features=b.dense, sparse_features=kjt, labels=b.labels)
 
 
+class _Segment(NamedTuple):
+    """Steps a side ran in turn, and their seconds: wall, process CPU, this thread's CPU."""
+
+    steps: int
+    wall: float
+    cpu: float
+    thread: float
+
+
 class _Side:
     """One contender: its sharded model, its pipeline, its batches, its clock."""
 
@@ -103,8 +112,7 @@ class _Side:
         self.name, self.pipeline, self.batches = name, pipeline, batches
         self.score, self.detach = score, detach
         self.at = 0
-        # (steps, wall s, process CPU s, this thread's CPU s)
-        self.segments: list[tuple[int, float, float, float]] = []
+        self.segments: list[_Segment] = []
 
     def run(self, n: int, timed: bool = True) -> None:
         k = min(n, len(self.batches) - self.at)
@@ -116,20 +124,21 @@ class _Side:
         h1 = time.thread_time()  # before the sync: the host's own work, not its wait
         sync()
         if timed:
-            self.segments.append((k, time.perf_counter() - t0, time.process_time() - c0,
-                                  h1 - h0))
+            self.segments.append(_Segment(k, time.perf_counter() - t0,
+                                          time.process_time() - c0, h1 - h0))
         self.at += k
 
     @property
     def seconds(self) -> float:
-        return sum(s[1] for s in self.segments)
+        return sum(s.wall for s in self.segments)
 
-    def per_step(self, what: int, median: bool) -> float:
-        """Seconds a step: over every segment, or the median segment's (what 1: wall,
-        2: process CPU, 3: this thread's CPU)."""
+    def per_step(self, what: str, median: bool) -> float:
+        """Seconds a step of `what` (a _Segment field): over every segment, or the median
+        segment's."""
         if not median:
-            return sum(s[what] for s in self.segments) / sum(s[0] for s in self.segments)
-        return statistics.median(s[what] / s[0] for s in self.segments)
+            return sum(getattr(s, what) for s in self.segments) / \
+                sum(s.steps for s in self.segments)
+        return statistics.median(getattr(s, what) / s.steps for s in self.segments)
 
     @property
     def done(self) -> bool:
@@ -216,8 +225,8 @@ def run(quick: bool = False, data: dict[str, Any] | None = None,
         # load disturbs less: the median segment, and this process's CPU time
         robust = {f"ratio_{name}": round(tr.per_step(what, median) / lrm.per_step(what, median),
                                          4)
-                  for name, what, median in (("median_segment", 1, True),
-                                             ("cpu_time", 2, False))}
+                  for name, what, median in (("median_segment", "wall", True),
+                                             ("cpu_time", "cpu", False))}
         shape = {"device": str(env.device), "batch_size": batch, "embedding_dim": DIM,
                  "bottom_mlp": MODEL.student.bottom_mlp, "top_mlp": MODEL.student.top_mlp,
                  "steps": len(recd), "threads": torch.get_num_threads()}
@@ -229,8 +238,9 @@ def run(quick: bool = False, data: dict[str, Any] | None = None,
                           "Adagrad + fused AdamW, device-side guard)",
              baseline_is="torchrec.models.dlrm.DLRM in DLRMTrain, DMP, fused Adagrad + "
                          "AdamW, TrainPipelineSparseDist, per-impression batches")
-        emit("train.vs_torchrec", "host_ms_per_step", "ms", 1e3 * lrm.per_step(3, False),
-             1e3 * tr.per_step(3, False), "lower", **shape, aim_ms_at_2048=2.0,
-             wall_ms_per_step={s.name: round(1e3 * s.per_step(1, False), 3) for s in sides},
+        emit("train.vs_torchrec", "host_ms_per_step", "ms", 1e3 * lrm.per_step("thread", False),
+             1e3 * tr.per_step("thread", False), "lower", **shape, aim_ms_at_2048=2.0,
+             wall_ms_per_step={s.name: round(1e3 * s.per_step("wall", False), 3)
+                               for s in sides},
              candidate_is="lrm student's step: the main thread's CPU time per step",
              baseline_is="torchrec DLRM's step: the main thread's CPU time per step")

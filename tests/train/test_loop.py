@@ -57,19 +57,21 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(datasets, tmp_path):
     exact = CheckpointConfig(every=20, quantize="none")
     # on the CPU, as lrm.train.loop promises: a GPU's nondeterministic kernels (atomic
     # adds) differ run to run (seen on an H100: bottom.0.bias), resumed or not
-    cpu = {"device": "cpu"}
     # 46 steps an epoch: 60 steps cross an epoch boundary; the interruption is mid-epoch
-    full = train("student", tiny_train(steps=60, **cpu), SMALL_MODEL, data, checkpoint=exact,
-                 loader_cfg=LOADER, out=tmp_path / "a", checkpoints=tmp_path / "ck-a")
+    full = train("student", tiny_train(steps=60, device="cpu"), SMALL_MODEL, data,
+                 checkpoint=exact, loader_cfg=LOADER, out=tmp_path / "a",
+                 checkpoints=tmp_path / "ck-a")
     assert _steps(tmp_path / "ck-a")[:2] == [(20, "baseline"), (40, "delta")]
 
     ck = tmp_path / "ck-b"  # --resume of an empty folder is a fresh start, bit for bit
-    first = train("student", tiny_train(steps=30, **cpu), SMALL_MODEL, data, checkpoint=exact,
-                  loader_cfg=LOADER, out=tmp_path / "b0", checkpoints=ck, resume=True)
+    first = train("student", tiny_train(steps=30, device="cpu"), SMALL_MODEL, data,
+                  checkpoint=exact, loader_cfg=LOADER, out=tmp_path / "b0", checkpoints=ck,
+                  resume=True)
     assert first.steps == 30 and first.checkpoint == ck / "000002-step-30"
     (ck / ".tmp-000003-step-50-0badc0de").mkdir()  # a save that never finished: ignored
-    second = train("student", tiny_train(steps=60, **cpu), SMALL_MODEL, data, checkpoint=exact,
-                   loader_cfg=LOADER, out=tmp_path / "b", checkpoints=ck, resume=True)
+    second = train("student", tiny_train(steps=60, device="cpu"), SMALL_MODEL, data,
+                   checkpoint=exact, loader_cfg=LOADER, out=tmp_path / "b", checkpoints=ck,
+                   resume=True)
     assert second.resumed_from == 30 and second.steps == 60
     assert second.samples == full.samples
 
