@@ -64,7 +64,7 @@ def test_a_padded_student_is_the_same_model(datasets):
     plain = build_model("student", schema, SMALL_MODEL)
     torch.manual_seed(0)
     padded = build_model("student", schema, cfg)
-    assert padded.interaction.dot_ur.pad == 8 and plain.interaction.dot_ur.pad == 1
+    assert padded.interaction.dot_rest.pad == 8 and plain.interaction.dot_rest.pad == 1
     sd, psd = plain.state_dict(), padded.state_dict()
     assert list(sd) == list(psd) and all(torch.equal(sd[k], psd[k]) for k in sd)
     padded.load_state_dict(sd, strict=True)  # saved folders load either way

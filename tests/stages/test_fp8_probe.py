@@ -34,13 +34,13 @@ def test_the_stage_writes_the_report_and_the_table(datasets, model_dir, tmp_path
     probed = doc["models"]["student"]  # a bare DIR is named by its kind
     assert probed["kind"] == "student" and probed["batches"] in (2, 3)
     layers = probed["layers"]
-    assert {"bottom.0", "top.0", "head", "interaction.dot_rr"} <= set(layers)
+    assert {"bottom.0", "top.0", "head", "interaction.dot_rest"} <= set(layers)
     e = layers["top.0"]
     for fmt in ("bf16", "e4m3_tensor", "e4m3_row", "mxfp8", "mxfp4", "e5m2_dgrad"):
         assert e["error"][fmt]["row_sqnr_db"]["n"] == probed["batches"]
     assert e["speed"]["base_ms"] > 0 and e["speed"]["precision"] == "float32"
-    assert layers["interaction.dot_rr"]["speed"] is None and not layers[
-        "interaction.dot_rr"]["fast"]  # no FP8 batched-matmul kernel to dispatch to
+    assert layers["interaction.dot_rest"]["speed"] is None and not layers[
+        "interaction.dot_rest"]["fast"]  # no FP8 batched-matmul kernel to dispatch to
     for e in layers.values():  # the verdicts follow the measurements (timings: not asserted)
         if e["speed"] is not None:
             assert e["fast"] == (e["speed"]["speedup"] >= FAST.min_speedup)
