@@ -249,8 +249,13 @@ def _kjt(keys: Sequence[str], parts: list[list[tuple[np.ndarray, np.ndarray]]],
                                  lengths=torch.zeros(0, dtype=torch.int32), stride=stride)
     lengths = np.concatenate([p[0] for per_key in parts for p in per_key])
     values = np.concatenate([p[1] for per_key in parts for p in per_key])
+    # the values per key, counted here on the host: torchrec reads them in every input
+    # dist, split and permute, and would otherwise sum the lengths on the device and copy
+    # them back (a host sync each time on a GPU); `KeyedJaggedTensor.to` keeps them
+    per_key = [sum(int(p[0].sum()) for p in piece) for piece in parts]
     return KeyedJaggedTensor(keys=list(keys), values=torch.from_numpy(values),
-                             lengths=torch.from_numpy(lengths), stride=stride)
+                             lengths=torch.from_numpy(lengths), stride=stride,
+                             length_per_key=per_key)
 
 
 def _segments(parts: Sequence[tuple[Runs, int, int]]

@@ -130,9 +130,12 @@ def stack_rows(item: KeyedJaggedTensor, user: KeyedJaggedTensor) -> KeyedJaggedT
         torch.cat([il.view(ni, B), il.new_zeros(ni, U)], 1).flatten(),
         torch.cat([il.new_zeros(nu, B), ul.view(nu, U).to(il.dtype)], 1).flatten(),
     ])
+    # the inputs' values per key where known (the loader's are): no device read for them
+    known = item.length_per_key_or_none(), user.length_per_key_or_none()
     return KeyedJaggedTensor(keys=item.keys() + user.keys(),
                              values=torch.cat([item.values(), user.values()]),
-                             lengths=lengths, stride=B + U)
+                             lengths=lengths, stride=B + U,
+                             length_per_key=None if None in known else known[0] + known[1])
 
 
 @torch.fx.wrap

@@ -171,6 +171,24 @@ def test_both_forms_hold_exactly_the_rows(data, layout, batch_size):
 
 
 @pytest.mark.parametrize("layout", ["raw", "sessions"])
+@pytest.mark.parametrize("dedup_form", [True, False])
+def test_batches_know_their_values_per_key_without_reading_the_device(data, layout,
+                                                                     dedup_form):
+    """torchrec reads a KJT's values per key in every input dist; a batch carries them,
+    so a batch on a GPU is never read back for them (here: on the meta device, where
+    torchrec would make counts up)."""
+    root, _ = data
+    batches = list(BatchLoader(root / layout, 16, dedup=dedup_form))
+    assert any(b.windows is not None for b in batches) == (dedup_form and layout == "sessions")
+    for b in batches:
+        for kjt in (b.item, b.user):
+            want = kjt.lengths().view(len(kjt.keys()), -1).sum(1).tolist()
+            moved = b.to(torch.device("meta"))
+            got = (moved.item if kjt is b.item else moved.user).length_per_key()
+            assert got == want and sum(want) == kjt.values().numel()
+
+
+@pytest.mark.parametrize("layout", ["raw", "sessions"])
 def test_one_user_row_per_session_in_the_batch(data, layout):
     root, tables = data
     sid = tables[layout].column(SESSION).to_numpy()

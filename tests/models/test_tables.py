@@ -1,15 +1,17 @@
-"""Tables from the schema, hash sizes for the loader, and the two-EBC lookup."""
+"""Tables from the schema, hash sizes for the loader, the two-EBC lookup, stacked rows."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torchrec import KeyedJaggedTensor
 from torchrec.modules.embedding_configs import PoolingType
 
 from lrm.config import ModelConfig, TableConfig
 from lrm.errors import ConfigError
 from lrm.models import build_model
-from lrm.models.tables import SparseEmbeddings, embedding_tables, hash_sizes, split_tables
+from lrm.models.tables import (SparseEmbeddings, embedding_tables, hash_sizes, split_tables,
+                               stack_rows)
 
 
 def test_one_table_per_feature(synthetic):
@@ -60,6 +62,22 @@ def test_shared_table_across_sides(synthetic, batches):
     pu, pi = emb(plain)
     torch.testing.assert_close(pu, dedup.expand_user(user), rtol=0, atol=0)
     torch.testing.assert_close(pi, item, rtol=0, atol=0)
+
+
+def test_stacked_rows_keep_the_values_per_key_the_loader_counted():
+    item = KeyedJaggedTensor(keys=["ad_id", "ad_format"], values=torch.arange(5),
+                             lengths=torch.tensor([1, 2, 1, 1]), stride=2,
+                             length_per_key=[3, 2])
+    user = KeyedJaggedTensor(keys=["user_history"], values=torch.arange(4),
+                             lengths=torch.tensor([4]), stride=1, length_per_key=[4])
+    stacked = stack_rows(item, user)
+    assert stacked.stride() == 3 and stacked.keys() == ["ad_id", "ad_format", "user_history"]
+    assert stacked.lengths().tolist() == [1, 2, 0, 1, 1, 0, 0, 0, 4]
+    # on the meta device torchrec could only make the counts up: they travel with the KJT
+    assert stacked.to(torch.device("meta")).length_per_key() == [3, 2, 4]
+    unknown = KeyedJaggedTensor(keys=["ad_id"], values=torch.arange(2),
+                                lengths=torch.tensor([1, 1]), stride=2)
+    assert stack_rows(unknown, user).length_per_key() == [2, 4]  # counted when asked
 
 
 def test_lookup_matches_the_weights(synthetic, batches):
