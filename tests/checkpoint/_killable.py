@@ -54,7 +54,8 @@ def run(spec: dict[str, Any]) -> None:
             progress.write(f"{step}\n")
 
     data = Path(spec["data"])
-    train("student", tiny_train(steps=spec["steps"], log_every=1), SMALL_MODEL, data,
+    train("student", tiny_train(steps=spec["steps"], log_every=1, device="cpu"),
+          SMALL_MODEL, data,
           loader_cfg=LoaderConfig(prefetch=2, num_workers=1),
           checkpoint=CheckpointConfig(**spec["checkpoint"]),
           checkpoints=Path(spec["checkpoints"]) if spec.get("checkpoints") else None,

@@ -51,7 +51,12 @@ def _writing(root) -> list:
             and not (p / "manifest.json").exists()] if root.is_dir() else []
 
 
-def test_sigkill_anywhere_loses_at_most_the_checkpoint_in_flight(datasets, tmp_path):
+def test_sigkill_anywhere_loses_at_most_the_checkpoint_in_flight(datasets, tmp_path,
+                                                                 monkeypatch):
+    # the runs are CPU runs on any machine: the forkserver starts with no GPU visible, so
+    # neither it nor a child forked from it initializes CUDA (a forked child cannot,
+    # once its parent has: seen on an H100 machine)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["tests.checkpoint._killable"])
     from tests.checkpoint import _killable
