@@ -45,8 +45,10 @@ class DotInteraction(nn.Module):
     Equal to `plain(cat([expand(user), rest], 1))`. Two products, `BatchedMatmul` modules
     (lrm.fp8's probe hooks them): `dot_uu`, user x user once per session, and `dot_rest`,
     rest x [user, rest] per impression; one gather puts their pairs in the plain order.
-    (Two products and one gather, not one product per block: on a 2-core CPU the forward
-    and backward took 1.26 ms instead of 1.99 at batch 1024, bench/train.py's step.)
+    (Two products and one gather, not one product and one gather per block: the forward
+    and backward of 128 sessions / 1024 impressions, 7 user and 5 other vectors of 16,
+    took 1.36 ms instead of 2.06 in float32 and 1.61 instead of 2.80 in bf16 on a 2-core
+    CPU.)
     `pad` > 1 pads the products' sizes to multiples of it.
     """
 
