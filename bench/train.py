@@ -5,6 +5,8 @@ train.vs_torchrec        lrm's student vs torchrec's own DLRM on the same batche
 train.dedup              student samples/s on RecD batches vs plain batches (session data)
 train.vs_plain_pytorch   the project's student step vs the same student in plain PyTorch
 train.scaling            lrm.train.train under torchrun with 2 processes vs 1 (CPU, gloo)
+train.collections        the tables' lookup step in lrm's two collections vs one (ms, and the
+                         pooled rows the output dist carries)
 --quick: small sizes and a few steps (vs_torchrec: ~40k rows).
 --batch B: vs_torchrec's batch size (default 1024, the peers' benchmark); its day grows
 to hold enough batches of B.
@@ -21,15 +23,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
-from bench.cases import train_common, train_dedup, train_plain, train_scaling, \
-    train_vs_torchrec  # noqa: E402
+from bench.cases import train_collections, train_common, train_dedup, train_plain, \
+    train_scaling, train_vs_torchrec  # noqa: E402
 from bench.cases.train_common import dataset  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
-    ap.add_argument("--only", choices=["vs_torchrec", "dedup", "plain", "scaling"],
+    ap.add_argument("--only", choices=["vs_torchrec", "dedup", "plain", "scaling",
+                                             "collections"],
                     default=None)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--batch", type=int, default=train_vs_torchrec.BATCH,
@@ -51,7 +54,8 @@ def main() -> None:
     common.DEVICE[0] = args.device
     if args.only in (None, "vs_torchrec"):  # its own ~200k-row dataset
         train_vs_torchrec.run(quick=args.quick, device=args.device, batch=args.batch)
-    cases = {"dedup": train_dedup.run, "plain": train_plain.run, "scaling": train_scaling.run}
+    cases = {"dedup": train_dedup.run, "plain": train_plain.run, "scaling": train_scaling.run,
+             "collections": train_collections.run}
     if args.only == "vs_torchrec":
         return
     with dataset(args.quick) as data:  # one dataset for the other cases
