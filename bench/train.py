@@ -31,9 +31,8 @@ from bench.cases.train_common import dataset  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
-    ap.add_argument("--only", choices=["vs_torchrec", "dedup", "plain", "scaling",
-                                             "collections"],
-                    default=None)
+    ap.add_argument("--only", default=None,
+                    choices=["vs_torchrec", "dedup", "plain", "scaling", "collections"])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--batch", type=int, default=train_vs_torchrec.BATCH,
                     help="vs_torchrec's batch size (the GPU aims: 2048 and 16384)")

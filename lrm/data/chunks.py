@@ -252,10 +252,10 @@ def _kjt(keys: Sequence[str], parts: list[list[tuple[np.ndarray, np.ndarray]]],
     # the values per key, counted here on the host: torchrec reads them in every input
     # dist, split and permute, and would otherwise sum the lengths on the device and copy
     # them back (a host sync each time on a GPU); `KeyedJaggedTensor.to` keeps them
-    per_key = [sum(int(p[0].sum()) for p in piece) for piece in parts]
+    counts = [sum(int(p[0].sum()) for p in pieces) for pieces in parts]
     return KeyedJaggedTensor(keys=list(keys), values=torch.from_numpy(values),
                              lengths=torch.from_numpy(lengths), stride=stride,
-                             length_per_key=per_key)
+                             length_per_key=counts)
 
 
 def _segments(parts: Sequence[tuple[Runs, int, int]]
