@@ -33,7 +33,7 @@ from bench.common import emit
 from lrm.data.batch import Batch
 from lrm.data.schema import read_schema
 from lrm.dist import process_group, quiet_libraries
-from lrm.models.tables import embedding_tables, split_tables, stack_rows
+from lrm.models.tables import embedding_tables, side_features, split_tables, stack_rows
 from lrm.sharding import parallel
 
 
@@ -83,8 +83,7 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
             one(s).backward()
 
         t = time_steps({"two": (two_step, recd), "one": (one_step, stacked)}, 3, repeat)
-        n_user = len([f for t_ in user_t for f in t_.feature_names])
-        n_item = len([f for t_ in item_t for f in t_.feature_names])
+        n_user, n_item = (len(fs) for fs in side_features(schema, tables))
         rows = sum(b.user.stride() for b in recd) / len(recd)
         info = {"batch_size": BATCH, "steps": steps, "user_rows_per_batch": round(rows, 1),
                 "user_features": n_user, "item_features": n_item,
