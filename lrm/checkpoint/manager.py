@@ -45,7 +45,10 @@ log = logging.getLogger("lrm")
 RESHARDABLE = frozenset({"world_size"})
 # what must match when a run resumes a model onto new data (the streaming flow's next day)
 MODEL_IDENTITY = frozenset({"kind", "model", "tables", "table_rows"})
-COMPACT_EVERY = 32  # steps between merges of the tracker's recorded ids
+# steps between merges of the tracker's recorded ids: a merge reads them back (a host sync
+# on a GPU), so it waits for a log point, where the host waits anyway; COMPACT_MAX bounds
+# the ids held wherever the log points fall
+COMPACT_EVERY, COMPACT_MAX = 32, 256
 
 
 class Stateful(Protocol):
@@ -102,6 +105,7 @@ class CheckpointManager:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[Path | None] | None = None
         self._tracker: RowTracker | None = None
+        self._merged_at = 0  # step of the tracker's last merge (or take)
         self._head: _Head | None = None
         self._seq, self._nonce = 1, ""
 
@@ -157,6 +161,7 @@ class CheckpointManager:
                            sum(sizes[1:]))
         # a new-data run counts its own steps: none of them is saved yet
         self.saved_at, self.last = (-1 if new_data else head.step), head.path
+        self._merged_at = 0 if new_data else head.step
         log.info("resumed from %s (step %d: a baseline and %d deltas, %d rows) in %.2f s",
                  head.path, head.step, len(lineage) - 1, n, time.perf_counter() - t0)
         return head.step
@@ -191,10 +196,14 @@ class CheckpointManager:
         return out
 
     # -- saving -----------------------------------------------------------------------
-    def step(self, step: int, parts: Mapping[str, Stateful]) -> bool:
-        """Called after every optimizer step: save when the interval says so."""
-        if self._tracker is not None and step % COMPACT_EVERY == 0:
+    def step(self, step: int, parts: Mapping[str, Stateful], log_point: bool = False) -> bool:
+        """Called after every optimizer step: save when the interval says so. `log_point`:
+        the host has just waited for the device (see COMPACT_EVERY)."""
+        since = step - self._merged_at
+        if self._tracker is not None and (since >= COMPACT_EVERY and log_point
+                                          or since >= COMPACT_MAX):
             self._tracker.compact()
+            self._merged_at = step
         if self.cfg.every and step % self.cfg.every == 0:
             self.save(step, parts)
             return True
@@ -218,6 +227,7 @@ class CheckpointManager:
         state = {k: v.state_dict() for k, v in parts.items()}
         tables = _tables(state)
         touched = self._tracker.take(tables) if self._tracker is not None else None
+        self._merged_at = step
         q = self.cfg.quantize
         est = torch.tensor([_bytes(tables, touched, q), _bytes(tables, None, q)],
                            dtype=torch.float64)

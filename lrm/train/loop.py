@@ -244,11 +244,13 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
                     stream.advance()
                     meter.tick(sizes_seen[0])
                     rep.update(sizes_seen[0] * env.world_size)
-                    if state.step % cfg.log_every == 0 or state.step == total:
-                        guard.check()  # the host looks at the device's flags here only
+                    logs = state.step % cfg.log_every == 0 or state.step == total
+                    if logs:  # the host reads the device's values here only
+                        guard.check()
                         log_point(point := meter.point())
                         rep.update(0, loss=point["loss"], ne=point["ne_window"])
-                    if ckpt is not None and ckpt.step(state.step, parts):  # checks the guard
+                    if ckpt is not None and ckpt.step(state.step, parts,  # checks the guard
+                                                      log_point=logs):
                         meter.resume_clock()
                 steps.pause()
                 if state.step == total:

@@ -146,3 +146,33 @@ def test_new_data_resumes_model_and_optimizers_only(env, tmp_path):
     with CheckpointManager(tmp_path, env, CheckpointConfig(), other) as ck, \
             pytest.raises(ConfigError, match="model"):
         ck.start(build(env)[1], True, new_data=True)
+
+
+def test_the_tracker_merges_at_log_points_and_at_most_compact_max_apart(env, tmp_path,
+                                                                        monkeypatch):
+    """A merge of the tracked ids reads them back (a host sync on a GPU): it waits for a log
+    point once COMPACT_EVERY steps have passed, or COMPACT_MAX steps without one; a save
+    takes the ids, which counts as a merge."""
+    from lrm.checkpoint.manager import COMPACT_EVERY, COMPACT_MAX
+    from lrm.checkpoint.tracker import RowTracker
+
+    def first_log_point(after: int) -> int:  # every 10 steps
+        return -(-(after + COMPACT_EVERY) // 10) * 10
+
+    at, merged = [0], []
+    monkeypatch.setattr(RowTracker, "compact", lambda self: merged.append(at[0]))
+    _, parts = build(env)
+    a, b = first_log_point(0), first_log_point(30)
+    for case, (log_every, saves, want) in enumerate((
+            (10, (), [a, first_log_point(a)]),
+            (None, (), [COMPACT_MAX, 2 * COMPACT_MAX]),
+            (10, (30,), [b, first_log_point(b)]))):
+        merged.clear()
+        with CheckpointManager(tmp_path / str(case), env, CheckpointConfig(every=0), ID) as ck:
+            ck.start(parts, False)
+            for at[0] in range(1, max(want) + 1):
+                if at[0] in saves:
+                    ck.save(at[0], parts)
+                ck.step(at[0], parts, log_point=log_every is not None and at[0] % log_every == 0)
+            ck.wait()
+        assert merged == want, case

@@ -239,3 +239,90 @@ def test_the_output_starts_at_the_training_ctr(datasets, tmp_path):
     labels = torch.cat([b.labels for b in BatchLoader(datasets["raw"], 4096, days=[0, 1])])
     ctr = float(labels.mean())
     assert float(model.head.bias) == pytest.approx(math.log(ctr / (1 - ctr)), abs=1e-5)
+
+
+# -- no host sync inside a step --------------------------------------------------------
+# On a GPU the host runs ahead of the device until Python reads a value back: a tensor
+# turned into a number, list, bool or numpy array, or an op whose output size depends on
+# the values. Between log points a step must do neither (lrm.train.loop's promise: the
+# guard and the meter stay on the device). No GPU is needed to check it: torch's function
+# mode sees every torch call made from Python, on any device.
+_READS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__",
+          "nonzero", "argwhere", "unique", "unique_consecutive", "masked_select", "equal",
+          "allclose"}
+# Reads inside the libraries' own machinery, which torchrec's DLRM pays alike: fbgemm's
+# iteration counter (a host tensor), torchrec's splits all-to-all (it needs the sizes on
+# the host) and its log of them, its KJT checks on the first batches. Matched as (file,
+# function) of the frame that reads, past torchrec's tolist helpers (which also serve the
+# reads lrm avoids, e.g. a KJT's length per key computed from its lengths).
+_LIBRARY_READS = {
+    ("fbgemm_gpu/split_table_batched_embeddings_ops_training.py", "forward"),
+    ("fbgemm_gpu/split_table_batched_embeddings_ops_training.py", "_generate_vbe_metadata"),
+    ("torchrec/distributed/embedding_sharding.py", "__init__"),
+    ("torchrec/distributed/dist_data.py", "_wait_impl"),
+    ("torchrec/sparse/jagged_tensor_validator.py", "*"),
+}
+_HELPERS = ("_safe_tolist", "_safe_tolist_2d")
+
+
+class _ReadRecorder(torch.overrides.TorchFunctionMode):
+    """Records every read (see _READS) not on the _LIBRARY_READS list, with its stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        bool_mask = name == "__getitem__" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool
+            for i in (args[1] if isinstance(args[1], tuple) else (args[1],)))
+        if name in _READS or bool_mask:
+            import traceback
+
+            stack = [f for f in traceback.extract_stack()[:-1]
+                     if "/torch/" not in f.filename.replace("\\", "/")]
+            reader = next((f for f in reversed(stack) if f.name not in _HELPERS), None)
+            where = reader.filename.replace("\\", "/") if reader else ""
+            if reader is None or not any(where.endswith(path) and fn in ("*", reader.name)
+                                         for path, fn in _LIBRARY_READS):
+                self.reads.append(f"{name}:\n" + "".join(
+                    f"    {f.filename}:{f.lineno} {f.name}\n" for f in stack[-8:]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", ["student", "teacher"])
+def test_steps_between_log_points_read_nothing_back_from_the_device(kind, datasets, tmp_path,
+                                                                      monkeypatch):
+    """Every optimizer step (the pipeline's progress: next batch, input dist, forward, loss,
+    guard, meter, backward, both optimizers, the checkpoint tracker's hooks) runs with no
+    read back to the host; the log points, evaluations and checkpoint saves between steps
+    may read, and the tracker merges its ids (a read) only at log points."""
+    from lrm.checkpoint.manager import COMPACT_EVERY, CheckpointManager
+    from lrm.checkpoint.tracker import RowTracker
+    from lrm.train.steps import Steps
+
+    recorder, step, ckpt_step, compact = _ReadRecorder(), Steps.step, \
+        CheckpointManager.step, RowTracker.compact
+    at, merged = [0], []
+
+    def recorded(self, batches):
+        with recorder:
+            return step(self, batches)
+
+    def counted(self, n, *args, **kwargs):
+        at[0] = n
+        return ckpt_step(self, n, *args, **kwargs)
+
+    monkeypatch.setattr(Steps, "step", recorded)
+    monkeypatch.setattr(CheckpointManager, "step", counted)
+    monkeypatch.setattr(RowTracker, "compact", lambda self: (merged.append(at[0]),
+                                                             compact(self)))
+    log_every, steps = 5, COMPACT_EVERY + 4
+    r = train(kind, tiny_train(steps=steps, log_every=log_every), SMALL_MODEL,
+              datasets["sessions"], loader_cfg=LOADER,
+              checkpoint=CheckpointConfig(every=steps + 1), checkpoints=tmp_path / "ck")
+    assert r.steps == steps
+    assert not recorder.reads, "a step reads back from the device:\n" + \
+        "\n".join(recorder.reads[:5])
+    assert merged == [-(-COMPACT_EVERY // log_every) * log_every]  # the first log point
