@@ -274,10 +274,16 @@ class _ReadRecorder(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        bool_mask = name == "__getitem__" and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool
-            for i in (args[1] if isinstance(args[1], tuple) else (args[1],)))
-        if name in _READS or bool_mask:
+        sized_by_values = (  # output sizes the host must read from the device first
+            name == "__getitem__" and any(  # a boolean mask
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                for i in (args[1] if isinstance(args[1], tuple) else (args[1],)))
+            or name == "where" and len(args) + len(kwargs or {}) == 1  # where(cond)
+            or name == "repeat_interleave" and (kwargs or {}).get("output_size") is None
+            and isinstance(args[1] if len(args) > 1 else (kwargs or {}).get("repeats", args[0]),
+                           torch.Tensor)
+            or name == "bincount")
+        if name in _READS or sized_by_values:
             import traceback
 
             stack = [f for f in traceback.extract_stack()[:-1]
