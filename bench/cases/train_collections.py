@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
-from bench.cases.train_common import BATCH, EMBEDDING_LR, MODEL, batches, dataset, device, \
+from bench.cases.train_common import EMBEDDING_LR, MODEL, batch_size, batches, dataset, device, \
     student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.data.batch import Batch
@@ -85,7 +85,7 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
         t = time_steps({"two": (two_step, recd), "one": (one_step, stacked)}, 3, repeat)
         n_user, n_item = (len(fs) for fs in side_features(schema, tables))
         rows = sum(b.user.stride() for b in recd) / len(recd)
-        info = {"batch_size": BATCH, "steps": steps, "user_rows_per_batch": round(rows, 1),
+        info = {"batch_size": batch_size(), "steps": steps, "user_rows_per_batch": round(rows, 1),
                 "user_features": n_user, "item_features": n_item,
                 "embedding_dim": MODEL.student.embedding_dim,
                 "threads": torch.get_num_threads()}
@@ -96,7 +96,8 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
              baseline_is="one collection of every table, fed both sides' rows stacked "
                          "(built beforehand): one kernel, one dist", **info)
         emit("train.collections", "pooled_rows", "rows x features",
-             BATCH * n_item + rows * n_user, (BATCH + rows) * (n_item + n_user), "lower",
+             batch_size() * n_item + rows * n_user, (batch_size() + rows) * (n_item + n_user),
+             "lower",
              candidate_is="lrm's two collections: B rows per item feature, R per user "
                           "feature",
              baseline_is="one collection: B + R rows for every feature",

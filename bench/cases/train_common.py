@@ -3,7 +3,8 @@
 Data: the synthetic log at its defaults (100k users, 10k ads, mean session length 8,
 histories of up to 100 ads, ~79 on average): day 0 trains, day 1 is the held-out day
 train() needs. --quick uses 5,000 sessions a day (~40k impressions), the full run 20,000
-(~160k, the default day).
+(~160k, the default day); more where a larger batch (`use_batch`, bench/train.py --batch)
+needs them for the most steps a case takes (MOST_STEPS).
 
 The throughput cases time optimizer steps on batches built beforehand (the loader has its
 own benchmark, data.loader), best of a few repeats after warm-up steps; the `end_to_end`
@@ -13,6 +14,7 @@ variants run lrm.train.train itself (loader in the loop, prefetching in the back
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -39,10 +41,12 @@ from lrm.train.loop import bce_loss
 from lrm.train.meter import Meter
 from lrm.train.steps import Steps, dense_optimizer
 
-BATCH = 2048  # TrainConfig's default
+BATCH = 2048  # the cases' batch unless use_batch says otherwise (TrainConfig's default)
+MOST_STEPS = {True: 16, False: 60}  # the most batches of day 0 a case takes (quick, full)
 LR, EMBEDDING_LR = 1e-3, 0.05  # TrainConfig's defaults
 MODEL = ModelConfig()  # the default student: d=16, bottom [64], top [128, 64]
 _DEVICE = ["cpu"]
+_BATCH = [BATCH]
 
 
 def use_device(device: str) -> None:
@@ -56,8 +60,24 @@ def device() -> str:
     return _DEVICE[0]
 
 
+def use_batch(size: int) -> None:
+    """Time every case's steps at batch `size` (a GPU does little work at the default)."""
+    if size < 1:
+        raise ValueError(f"batch size must be at least 1, got {size}")
+    _BATCH[0] = size
+
+
+def batch_size() -> int:
+    return _BATCH[0]
+
+
+def sessions_for(impressions: int) -> int:
+    """Sessions a day of at least `impressions` (10% to spare: session lengths vary)."""
+    return math.ceil(1.1 * impressions / GenerateConfig().mean_session_length)
+
+
 def sessions_per_day(quick: bool) -> int:
-    return 5_000 if quick else 20_000
+    return max(5_000 if quick else 20_000, sessions_for(MOST_STEPS[quick] * batch_size()))
 
 
 @contextmanager
@@ -68,7 +88,7 @@ def dataset(quick: bool) -> Iterator[dict[str, Any]]:
         root = Path(tmp)
         synthetic.generate(cfg, root / "raw")
         m = dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
-        rows = BatchLoader(root / "raw", BATCH, days=[0]).num_rows()
+        rows = BatchLoader(root / "raw", batch_size(), days=[0]).num_rows()
         yield {"raw": root / "raw", "sessions": root / "sessions", "rows": rows,
                "mean_session_length": round(m["rows"] / m["sessions"], 2),
                "sessions_per_day": cfg.sessions_per_day}
@@ -76,11 +96,11 @@ def dataset(quick: bool) -> Iterator[dict[str, Any]]:
 
 def batches(data: Path, dedup_: bool, n: int, hash_sizes: dict[str, int]) -> list[Batch]:
     """The first `n` batches of day 0 (the same impressions in either form)."""
-    ld = BatchLoader(data, BATCH, days=[0], dedup=dedup_, hash_sizes=hash_sizes,
+    ld = BatchLoader(data, batch_size(), days=[0], dedup=dedup_, hash_sizes=hash_sizes,
                      drop_last=True)
     out = list(islice(iter(ld), n))
     if len(out) < n:
-        raise ValueError(f"day 0 holds {len(out)} batches of {BATCH}, {n} wanted")
+        raise ValueError(f"day 0 holds {len(out)} batches of {batch_size()}, {n} wanted")
     return out
 
 

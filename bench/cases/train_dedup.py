@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from bench.cases.data_profiles import history_heavy
-from bench.cases.train_common import BATCH, MODEL, batches, dataset, project_step, \
-    student_hash_sizes, time_steps
+from bench.cases.train_common import MODEL, batch_size, batches, dataset, project_step, \
+    sessions_for, student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.config import DedupConfig, LoaderConfig, TrainConfig
 from lrm.data import dedup, synthetic
@@ -39,7 +39,7 @@ from lrm.train import train
 
 def _info(forms: dict[str, list[Batch]], steps: int) -> dict[str, Any]:
     recd = forms["recd"]
-    return {"batch_size": BATCH, "steps": steps,
+    return {"batch_size": batch_size(), "steps": steps,
             "sessions_per_batch": sum(b.num_sessions for b in recd) / len(recd),
             "shared_histories": recd[0].windows is not None,
             "history_values_per_batch": {
@@ -49,20 +49,21 @@ def _info(forms: dict[str, list[Batch]], steps: int) -> dict[str, Any]:
 
 
 def _heavy(quick: bool, steps: int) -> None:
-    cfg = history_heavy(quick)
+    cfg = history_heavy(quick, sessions=sessions_for(steps * batch_size()))
     with tempfile.TemporaryDirectory(prefix="lrm-bench-heavy-") as tmp:
         root = Path(tmp)
         synthetic.generate(cfg, root / "raw")
         m = dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
         sizes = student_hash_sizes(root / "sessions")
-        own = list(islice(iter(BatchLoader(root / "sessions", BATCH, days=[0], hash_sizes=sizes,
-                                           drop_last=True, windows=False)), steps))
+        own = list(islice(iter(BatchLoader(root / "sessions", batch_size(), days=[0],
+                                           hash_sizes=sizes, drop_last=True, windows=False)),
+                          steps))
         forms = {"recd": batches(root / "sessions", True, steps, sizes),
                  "session_rows": own,
                  "plain": batches(root / "sessions", False, steps, sizes)}
         with project_step(root / "sessions") as step:
             t = time_steps({k: (step, v) for k, v in forms.items()}, 2, 3 if quick else 5)
-    n = steps * BATCH
+    n = steps * batch_size()
     info = {**_info(forms, steps), "mean_history_length": round(
         m["history_values"] / m["sessions"], 1), "max_history": cfg.max_history,
         "sessions_per_day": cfg.sessions_per_day}
@@ -85,7 +86,7 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
         with project_step(d["sessions"]) as step:
             t = time_steps({"plain": (step, plain), "recd": (step, recd)}, 3, repeat)
         t_plain, t_recd = t["plain"], t["recd"]
-        n = steps * BATCH
+        n = steps * batch_size()
         info = {**_info({"recd": recd, "plain": plain}, steps),
                 "mean_session_length": d["mean_session_length"]}
         emit("train.dedup", "student_step", "samples/s", n / t_recd, n / t_plain, "higher",
@@ -97,7 +98,7 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
             return
         rates = {}
         for dedup_ in (True, False):
-            cfg = TrainConfig(batch_size=BATCH, steps=2 * steps, log_every=steps)
+            cfg = TrainConfig(batch_size=batch_size(), steps=2 * steps, log_every=steps)
             r = train("student", cfg, MODEL, d["sessions"],
                       loader_cfg=LoaderConfig(recd=dedup_))
             rates[dedup_] = r.samples_per_s

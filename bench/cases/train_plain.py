@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchrec.modules.embedding_configs import PoolingType
 
-from bench.cases.train_common import BATCH, EMBEDDING_LR, LR, MODEL, batches, dataset, \
+from bench.cases.train_common import EMBEDDING_LR, LR, MODEL, batch_size, batches, dataset, \
     device, project_step, student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.config import StudentModelConfig
@@ -127,8 +127,8 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
             t = time_steps({"base": (plain_step(baseline), inputs), "recd": (step, recd),
                             "same": (step, plain)}, 3, repeat)
         t_base, t_recd, t_same = t["base"], t["recd"], t["same"]
-        n = steps * BATCH
-        info = {"batch_size": BATCH, "steps": steps, "threads": torch.get_num_threads(),
+        n = steps * batch_size()
+        info = {"batch_size": batch_size(), "steps": steps, "threads": torch.get_num_threads(),
                 "embedding_dim": MODEL.student.embedding_dim,
                 "baseline_is": "plain PyTorch student: nn.EmbeddingBag (sparse grads) + MLPs, "
                                "Adagrad + AdamW, plain batches"}

@@ -21,7 +21,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from bench.cases.train_common import BATCH, MODEL, dataset, device
+from bench.cases.train_common import MODEL, batch_size, dataset, device
 from bench.common import emit
 from lrm.config import LoaderConfig, TrainConfig, from_dict
 
@@ -60,13 +60,13 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
         return
     with (dataset(quick) if data is None else nullcontext(data)) as d:
         spec = {"data": str(d["sessions"]), "loader": {"recd": True},
-                "train": {"batch_size": BATCH, "steps": steps, "log_every": steps,
+                "train": {"batch_size": batch_size(), "steps": steps, "log_every": steps,
                           "device": device()}}
         with tempfile.TemporaryDirectory(prefix="lrm-bench-scaling-") as tmp:
             one = _launch(1, spec, Path(tmp))
             two = _launch(2, spec, Path(tmp))
         emit("train.scaling", "2_vs_1_processes", "samples/s", two["samples_per_s"],
-             one["samples_per_s"], "higher", batch_size=BATCH, steps=steps,
+             one["samples_per_s"], "higher", batch_size=batch_size(), steps=steps,
              cpu_cores=os.cpu_count(), eval_ne_1=one["eval_ne"], eval_ne_2=two["eval_ne"],
              candidate_is="torchrun --nproc_per_node=2 (gloo, 1 thread each)",
              baseline_is="torchrun --nproc_per_node=1 (torch's default threads)")

@@ -25,7 +25,6 @@ which bounds the step once the GPU's own work is short (the aim: <= 2 ms at batc
 
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 import time
@@ -42,7 +41,7 @@ from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from bench.cases.train_common import EMBEDDING_LR, LR, lrm_steps, sync
+from bench.cases.train_common import EMBEDDING_LR, LR, lrm_steps, sessions_for, sync
 from bench.common import emit
 from lrm import metrics
 from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig
@@ -65,9 +64,7 @@ SEGMENT = {"cpu": 4, "cuda": 32}  # steps a side runs in turn (on a GPU: room to
 
 def sessions_per_day(quick: bool, batch: int) -> int:
     """~200k impressions a day (quick: ~40k), more where MIN_STEPS batches need them."""
-    return max(5_000 if quick else 25_000,
-               math.ceil((WARMUP + MIN_STEPS[quick]) * batch
-                         / GenerateConfig().mean_session_length))
+    return max(5_000 if quick else 25_000, sessions_for((WARMUP + MIN_STEPS[quick]) * batch))
 
 
 @contextmanager
