@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import traceback
 
 import numpy as np
 import pyarrow as pa
@@ -284,8 +285,6 @@ class _ReadRecorder(torch.overrides.TorchFunctionMode):
                            torch.Tensor)
             or name == "bincount")
         if name in _READS or sized_by_values:
-            import traceback
-
             stack = [f for f in traceback.extract_stack()[:-1]
                      if "/torch/" not in f.filename.replace("\\", "/")]
             reader = next((f for f in reversed(stack) if f.name not in _HELPERS), None)
