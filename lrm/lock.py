@@ -112,7 +112,8 @@ def exclusive(path: Path, *, purpose: str = "") -> Iterator[LockInfo]:
     """Hold the lock on `path` (a folder lrm writes) for the block; yield the holder record.
 
     Raises LockedError at once when another process holds it (naming its pid, host, start and
-    purpose), or when this process already does. Creates the parent folder if needed.
+    purpose), or when this process already does. Creates the parent folder if needed, and
+    removes what it created if it is still empty at the end (a failed run leaves no folder).
     """
     target = Path(path).expanduser().resolve()
     lf = lock_file(target)
@@ -125,6 +126,7 @@ def exclusive(path: Path, *, purpose: str = "") -> Iterator[LockInfo]:
             raise LockedError(f"{target} is already locked by this process "
                               f"({_describe(mine.record())}); lock each folder once per run")
         _held[lf] = me
+    made = [d for d in (lf.parent, *lf.parent.parents) if not d.exists()]  # innermost first
     try:
         lf.parent.mkdir(parents=True, exist_ok=True)
         found: dict[str, Any] = {}
@@ -157,6 +159,11 @@ def exclusive(path: Path, *, purpose: str = "") -> Iterator[LockInfo]:
     finally:
         with _guard:
             _held.pop(lf, None)
+        for d in made:  # the folders made for the lock file, unless the run left files there
+            try:
+                d.rmdir()
+            except OSError:  # not empty (or already gone): it is no longer only ours
+                break
 
 
 def _took_over(target: Path, previous: bytes) -> None:

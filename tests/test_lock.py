@@ -159,6 +159,20 @@ def test_lock_file_is_a_sibling_and_the_parent_is_created(tmp_path):
     assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["out"]
 
 
+def test_parents_made_for_the_lock_go_when_the_run_leaves_nothing_in_them(tmp_path):
+    out = tmp_path / "a" / "b" / "out.json"
+    with lock.exclusive(out):  # a run that fails before it writes
+        assert out.parent.is_dir()
+    assert not (tmp_path / "a").exists()
+    with lock.exclusive(out):  # a run that writes its output
+        out.write_text("{}")
+    assert out.read_text() == "{}"
+    (tmp_path / "keep").mkdir()
+    with lock.exclusive(tmp_path / "keep" / "out.json"):  # a folder that was there stays
+        pass
+    assert (tmp_path / "keep").is_dir()
+
+
 def test_same_path_twice_in_one_process_is_refused(tmp_path):
     out = tmp_path / "out"
     (tmp_path / "alias").symlink_to(out, target_is_directory=True)
