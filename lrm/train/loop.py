@@ -146,6 +146,12 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
         if env.is_main and sched.adapted:
             log.info("train %s: the schedule fits %d rows: %s", kind, stats.rows,
                      "; ".join(sched.adapted))
+        if env.is_main and cfg.steps and sched.epochs > 1:  # literal steps: no validation
+            log.warning("train %s: train.steps=%d is %d passes over the train days' %d rows "
+                        "at batch %d, with no validation slice to stop at the best state; "
+                        "repeated passes can overfit (leave train.steps at 0: the schedule "
+                        "then fits the data and validates)", kind, cfg.steps, sched.epochs,
+                        stats.rows, sched.batch_size)
 
         # -- build: model, sharding, optimizers, data -----------------------------------
         torch.manual_seed(cfg.seed)

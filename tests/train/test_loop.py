@@ -242,6 +242,21 @@ def test_the_output_starts_at_the_training_ctr(datasets, tmp_path):
     assert float(model.head.bias) == pytest.approx(math.log(ctr / (1 - ctr)), abs=1e-5)
 
 
+@pytest.mark.parametrize("steps, warns", [(1, False), (5, True), (0, False)])
+def test_literal_steps_over_several_passes_warn_that_nothing_validates(datasets, steps,
+                                                                       warns, caplog):
+    """train.steps is taken literally (no validation slice): a user whose steps make
+    several passes is told, since repeated passes can overfit with nothing to stop them.
+    Passes given as epochs (steps 0) validate, and say nothing."""
+    cfg = tiny_train(steps=steps, batch_size=8192, epochs=2, min_steps=0)
+    with caplog.at_level("WARNING", logger="lrm"):
+        r = train("student", cfg, SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER)
+    assert r.schedule["epochs"] == (2 if steps == 0 else math.ceil(steps / 2))
+    assert (r.schedule["val_batches"] > 0) == (steps == 0)
+    said = [m for m in caplog.messages if "no validation slice" in m]
+    assert bool(said) == warns and (not warns or f"train.steps={steps} is " in said[0])
+
+
 # -- no host sync inside a step --------------------------------------------------------
 # On a GPU the host runs ahead of the device until Python reads a value back: a tensor
 # turned into a number, list, bool or numpy array, or an op whose output size depends on
