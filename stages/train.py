@@ -39,7 +39,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
         loader: LoaderConfig, tables: TableConfig,
         model: StudentModelConfig | TeacherModelConfig, data: Path = Path("data/sessions"),
         plan: Path | None = None, out: Path | None = None, checkpoints: Path | None = None,
-        resume: bool = False,
+        resume: bool = False, eval_data: Path | None = None,
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> dict[str, Any]:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
@@ -54,11 +54,11 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
         kind, train, model_cfg, data, split=split, loader_cfg=loader, checkpoint=checkpoint,
         checkpoints=checkpoints, resume=resume, out=out, plan=sharding,
         transform=transform(train.fp8, kind),
-        log_fn=tracking.log_metrics if tracking.active() else None)
+        log_fn=tracking.log_metrics if tracking.active() else None, eval_from=eval_data)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc
 
-        pyfunc.log_model(out, data, result.eval_day)
+        pyfunc.log_model(out, eval_data or data, result.eval_day)
     if plot is not None and result.history:
         plots.write_lines(result.history, "step", ["loss", "ne_window", "eval_ne"], plot,
                           title=f"train {kind}: per logged step", stage=NAME, force=force)
@@ -78,6 +78,8 @@ STAGE = Stage(
         "checkpoints": Arg("--checkpoints", "checkpoint folder [default: checkpoints/KIND]",
                            "state"),
         "resume": Arg("--resume", "go on from the newest checkpoint"),
+        "eval_data": Arg("--eval-data", "dataset whose split.eval_day is held out (every day "
+                         "of --data then trains) [default: --data's own]", "in"),
         "metrics": Arg("--metrics", "stage metrics file (default: metrics/train_KIND.json)",
                        "metrics"),
         "plot": Arg("--plot", "loss and NE per logged step (CSV; a PNG beside it)", "plot"),

@@ -45,12 +45,17 @@ def split_days(data: Path, cfg: SplitConfig, eval_from: Path | None = None
     """(train days, eval day): `cfg.days` or every day before the eval day.
 
     eval_from: the held-out day is read from this dataset instead (e.g. the held-out last
-    sessions of the train day itself, when the next day is not there yet).
+    sessions of the train day itself, when the next day is not there yet, or a test file
+    ingested on its own); then every day of `data` trains unless `cfg.days` says otherwise.
     """
+    if eval_from is not None and Path(eval_from).resolve() == Path(data).resolve():
+        raise ConfigError(f"train: the held-out dataset is the train data ({data}): every day "
+                          f"of it would train, the held-out one too; leave it out to hold out "
+                          f"the data's own split.eval_day")
     available = list(day_files(data))
     held = available if eval_from is None else list(day_files(eval_from))
     eval_day = pick_day(held, cfg.eval_day, "split.eval_day")
-    days = list(cfg.days) or [d for d in available if d < eval_day]
+    days = list(cfg.days) or [d for d in available if eval_from is not None or d < eval_day]
     missing = sorted(set(days) - set(available))
     if missing:
         raise ConfigError(f"split.days: no data for days {missing} in {data} "
@@ -58,8 +63,11 @@ def split_days(data: Path, cfg: SplitConfig, eval_from: Path | None = None
     if eval_from is None and eval_day in days:
         raise ConfigError(f"split.days: {days} include the held-out eval_day {eval_day}")
     if not days:
-        raise ConfigError(f"train: no train days before eval_day {eval_day} in {data} "
-                          f"(days: {available}); set split.days")
+        raise ConfigError(
+            f"train: no train days before the held-out eval_day {eval_day} in {data} (days: "
+            f"{available}); hold out another dataset instead (lrm train --eval-data DIR, e.g. "
+            f"a test file ingested on its own), or give the data a later day to hold out "
+            f"(lrm ingest criteo TRAIN.tsv TEST.tsv: a day per file)")
     return sorted(days), eval_day
 
 

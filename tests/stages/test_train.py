@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import mlflow
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -16,6 +17,7 @@ from lrm.checkpoint import Store
 from lrm.serving.pyfunc import OUTPUT, example_frame
 from tests.conftest import REPO
 from tests.train.conftest import datasets, poison_day  # noqa: F401  (session fixture)
+from tests.train.test_data import only_days
 
 pytestmark = pytest.mark.slow
 
@@ -92,6 +94,9 @@ def test_bad_input_exits_2_with_one_line(datasets, tmp_path):  # noqa: F811
         "days": (args("days", days="0,x"), "split.days"),
         "nan": (args("nan", data=poisoned, checkpoints="ck-nan", checkpoint_every=2,
                      params=_params(tmp_path, train={"steps": 40})), "not finite"),
+        "one_day": (args("one_day", data=only_days(datasets["sessions"], tmp_path / "one",
+                                                   [0]), checkpoints="ck-one"),
+                    "--eval-data DIR"),
     }
     procs = {name: subprocess.Popen(
         [sys.executable, "-m", "stages.train", *a,
@@ -125,3 +130,21 @@ def test_two_runs_on_one_checkpoint_folder_the_second_fails_at_once(datasets, tm
     assert last.startswith("error: ") and "ck is in use by pid" in last
     assert str(os.getpid()) in last and "the first run" in last
     assert not (tmp_path / "m2").exists()
+
+
+def test_eval_data_holds_out_another_dataset(datasets, tmp_path):  # noqa: F811
+    """--eval-data: a test file ingested on its own is the held-out day; every day of
+    --data trains."""
+    train_days = only_days(datasets["sessions"], tmp_path / "train", [0, 1])
+    test = only_days(datasets["sessions"], tmp_path / "test", [2])
+    p = subprocess.run(
+        [sys.executable, "-m", "stages.train", "--model", "student", "--data", str(train_days),
+         "--eval-data", str(test), "--out", "m", "--metrics", "metrics.json",
+         "--params", str(_params(tmp_path, train={"steps": 4}))],
+        cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    assert m["train_days"] == [0, 1] and m["eval_day"] == 2, m
+    assert m["eval"]["rows"] == sum(  # impressions: a sessions file lists them per session
+        len(x) for f in (test / "day=2").glob("*.parquet")
+        for x in pq.read_table(f, columns=["label"]).column("label").to_pylist())

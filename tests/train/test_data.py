@@ -4,15 +4,17 @@ tables fitted to them, the epoch stream's position, and the windowed NE of the m
 from __future__ import annotations
 
 import dataclasses
-
+import shutil
 from itertools import islice
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 import torch
 
-from lrm.config import TableConfig
+from lrm.config import SplitConfig, TableConfig
+from lrm.errors import ConfigError
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import criteo_schema, day_files, synthetic_schema
 from lrm.models import embedding_tables, hash_sizes
@@ -88,3 +90,26 @@ def test_fitted_tables_keep_every_other_field_of_the_schema():
     fitted = train_data.fit_tables(schema, train_data.DataStats(9, 1, {"ad_id": 40}))
     assert fitted.vocab == {"user_age": 8, "ad_id": 40}
     assert dataclasses.replace(fitted, vocab=schema.vocab) == schema
+
+
+def only_days(src, dst, days):
+    """A copy of dataset `src` holding only `days`."""
+    keep = {f"day={d}" for d in days}
+    shutil.copytree(src, dst, ignore=lambda folder, names: [
+        n for n in names if n.startswith("day=") and n not in keep])
+    return dst
+
+
+def test_a_held_out_dataset_lets_every_day_of_the_data_train(datasets, tmp_path):
+    """A file ingested on its own is one day; with it as the data there is nothing to train
+    on before its held-out day, and the error says what to do. With another dataset held out
+    (eval_from: a test file ingested on its own), every day of the data trains."""
+    one = only_days(datasets["sessions"], tmp_path / "one", [2])
+    with pytest.raises(ConfigError, match="--eval-data DIR"):
+        train_data.split_days(one, SplitConfig())
+    assert train_data.split_days(datasets["sessions"], SplitConfig(), eval_from=one) == \
+        ([0, 1, 2], 2)
+    assert train_data.split_days(datasets["sessions"], SplitConfig(days=[1]),
+                                 eval_from=one) == ([1], 2)
+    with pytest.raises(ConfigError, match="the held-out dataset is the train data"):
+        train_data.split_days(one, SplitConfig(), eval_from=tmp_path / "." / "one")
