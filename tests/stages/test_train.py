@@ -9,15 +9,14 @@ import subprocess
 import sys
 
 import mlflow
-import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from lrm.checkpoint import Store
+from lrm.data.loader import BatchLoader
 from lrm.serving.pyfunc import OUTPUT, example_frame
 from tests.conftest import REPO
-from tests.train.conftest import datasets, poison_day  # noqa: F401  (session fixture)
-from tests.train.test_data import only_days
+from tests.train.conftest import datasets, only_days, poison_day  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -145,6 +144,4 @@ def test_eval_data_holds_out_another_dataset(datasets, tmp_path):  # noqa: F811
     assert p.returncode == 0, p.stderr[-3000:]
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["train_days"] == [0, 1] and m["eval_day"] == 2, m
-    assert m["eval"]["rows"] == sum(  # impressions: a sessions file lists them per session
-        len(x) for f in (test / "day=2").glob("*.parquet")
-        for x in pq.read_table(f, columns=["label"]).column("label").to_pylist())
+    assert m["eval"]["rows"] == BatchLoader(test, 1024, days=[2]).num_rows()  # every one

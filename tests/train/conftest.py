@@ -50,6 +50,14 @@ def student_dir(datasets: dict[str, Path], tmp_path_factory: pytest.TempPathFact
     return out
 
 
+def only_days(src: Path, dst: Path, days: list[int]) -> Path:
+    """A copy of dataset `src` holding only `days` (e.g. a file ingested on its own)."""
+    keep = {f"day={d}" for d in days}
+    shutil.copytree(src, dst, ignore=lambda _folder, names: [
+        n for n in names if n.startswith("day=") and n not in keep])
+    return dst
+
+
 def poison_day(src: Path, dst: Path, day: int, column: str = "d_bid") -> Path:
     """A copy of `src` whose `day` has NaN in a dense column (every impression)."""
     shutil.copytree(src, dst)

@@ -4,7 +4,6 @@ tables fitted to them, the epoch stream's position, and the windowed NE of the m
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from itertools import islice
 
 import pyarrow as pa
@@ -14,13 +13,14 @@ import pytest
 import torch
 
 from lrm.config import SplitConfig, TableConfig
-from lrm.errors import ConfigError
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import criteo_schema, day_files, synthetic_schema
+from lrm.errors import ConfigError
 from lrm.models import embedding_tables, hash_sizes
 from lrm.train import data as train_data
 from lrm.train.data import EpochStream, eval_batch
 from lrm.train.meter import WindowNE
+from tests.train.conftest import only_days
 
 
 def test_eval_batch_leaves_no_tail_for_any_rank_to_drop():
@@ -90,14 +90,6 @@ def test_fitted_tables_keep_every_other_field_of_the_schema():
     fitted = train_data.fit_tables(schema, train_data.DataStats(9, 1, {"ad_id": 40}))
     assert fitted.vocab == {"user_age": 8, "ad_id": 40}
     assert dataclasses.replace(fitted, vocab=schema.vocab) == schema
-
-
-def only_days(src, dst, days):
-    """A copy of dataset `src` holding only `days`."""
-    keep = {f"day={d}" for d in days}
-    shutil.copytree(src, dst, ignore=lambda folder, names: [
-        n for n in names if n.startswith("day=") and n not in keep])
-    return dst
 
 
 def test_a_held_out_dataset_lets_every_day_of_the_data_train(datasets, tmp_path):
