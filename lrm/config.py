@@ -278,6 +278,11 @@ class TrainConfig:
     # vs 42 ms a step and ~50 s to compile; an H100 (default student, batch 2048) 12.5 vs
     # 10.3 ms a step (the step is the host's: its own work rose 6.9 -> 8.4 ms)
     compile: bool = False
+    # CUDA graphs of the dense MLPs' forward and backward (lrm.train.graphs; a GPU only, and
+    # not with compile). vs_torchrec's student on an H100, ms a step without -> with: batch
+    # 2048 10.47 -> 9.96 and 9.16 -> 8.14 (two machines), 16384 11.81 -> 10.75 (the step is
+    # the host's; fewer launches)
+    cuda_graphs: bool = True
     lr: float = 1e-3  # dense part: AdamW
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
     embedding_lr: float = 0.05  # embedding tables: fbgemm's fused row-wise Adagrad

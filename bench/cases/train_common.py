@@ -36,6 +36,7 @@ from lrm.sharding import parallel
 from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
 from lrm.train.precision import autocast
+from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard
 from lrm.train.loop import bce_loss
 from lrm.train.meter import Meter
@@ -148,7 +149,7 @@ def project_step(data: Path, model_cfg: ModelConfig = MODEL
         torch.manual_seed(0)
         model = build_model("student", schema, model_cfg, device="meta",
                             dense_device=env.device)
-        _, steps, guard = lrm_steps(env, model)
+        _, steps, guard = lrm_steps(env, model, batch_size())
 
         def step(b: Batch) -> None:
             steps.step(iter([b]))
@@ -157,10 +158,14 @@ def project_step(data: Path, model_cfg: ModelConfig = MODEL
         guard.check()
 
 
-def lrm_steps(env: Dist, model: nn.Module) -> tuple[nn.Module, Steps, NonFiniteGuard]:
-    """(DMP, Steps, guard) of lrm.train.loop's step for `model` (tables on meta): DMP,
+def lrm_steps(env: Dist, model: nn.Module, batch: int
+              ) -> tuple[nn.Module, Steps, NonFiniteGuard]:
+    """(DMP, Steps, guard) of lrm.train.loop's step for `model` (tables on meta) at `batch`
+    rows a step: on a GPU the dense MLPs as CUDA graphs (TrainConfig.cuda_graphs), DMP,
     fused row-wise Adagrad on the tables, fused AdamW on the dense part, the device-side
     non-finite guard and meter."""
+    if TrainConfig().cuda_graphs:
+        graph_mlps(model, batch, env.device, TrainConfig().amp)
     dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
     guard = NonFiniteGuard(env, lambda step, v: f"non-finite loss at step {step}: {v}")
     dense, adamw = dense_optimizer(dmp, LR, 0.0)

@@ -12,7 +12,8 @@ EmbeddingBagCollection over every sparse feature, the same tables: rows, dim, po
 driven by `TrainPipelineSparseDist`, fed per-impression batches (DLRM has no per-session
 form). The candidate is lrm's training step as `lrm.train.train` runs it: the DLRM student
 (RecD batches: user features once per session), the same pipeline, the non-finite guard and
-the device-side meter, fused AdamW. Same learning rates, seed, threads, process.
+the device-side meter, fused AdamW, and on a GPU the dense MLPs as CUDA graphs
+(TrainConfig.cuda_graphs). Same learning rates, seed, threads, process.
 
 Both train one pass over the same impressions, in alternating segments of 4 steps (32 on a
 GPU) so that load that comes and goes on a shared machine hits both alike, after 4 warm-up
@@ -150,13 +151,14 @@ def _eval_ne(forward: Callable[[Any], torch.Tensor], batches: list[Any],
     return metrics.normalized_entropy(logits, y)
 
 
-def _lrm_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch]) -> _Side:
+def _lrm_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch],
+              batch: int) -> _Side:
     schema, _ = read_schema(data)
     torch.manual_seed(0)
     model = build_model("student", schema, MODEL, device="meta", dense_device=env.device)
     clicks = sum(float(b.labels.sum()) for b in train)
     model.init_output_bias(clicks / sum(b.size for b in train))  # type: ignore[operator]
-    dmp, steps, _ = lrm_steps(env, model)  # lrm.train.loop's step
+    dmp, steps, _ = lrm_steps(env, model, batch)  # lrm.train.loop's step
     return _Side("lrm", steps.pipeline, [b.to(env.device) for b in train],
                  lambda: _eval_ne(dmp, [b.to(env.device) for b in held_out],
                                   lambda b: b.labels),
@@ -206,7 +208,7 @@ def run(quick: bool = False, data: dict[str, Any] | None = None,
         plain = _load(path, 0, False, sizes, batch, True)
         held_out = _load(path, 1, True, sizes, 8192, False)
         held_plain = _load(path, 1, False, sizes, 8192, False)
-        sides = [_lrm_side(path, env, recd, held_out),
+        sides = [_lrm_side(path, env, recd, held_out, batch),
                  _torchrec_side(path, env, plain, held_plain)]
         for s in sides:
             s.run(WARMUP, timed=False)
@@ -232,7 +234,8 @@ def run(quick: bool = False, data: dict[str, Any] | None = None,
              held_out_rows=sum(b.size for b in held_out),
              ne_candidate=round(ne["lrm"], 5), ne_baseline=round(ne["torchrec"], 5),
              candidate_is="lrm student (RecD batches, TrainPipelineSparseDist, fused "
-                          "Adagrad + fused AdamW, device-side guard)",
+                          "Adagrad + fused AdamW, device-side guard; on a GPU the MLPs as "
+                          "CUDA graphs)",
              baseline_is="torchrec.models.dlrm.DLRM in DLRMTrain, DMP, fused Adagrad + "
                          "AdamW, TrainPipelineSparseDist, per-impression batches")
         emit("train.vs_torchrec", "host_ms_per_step", "ms", 1e3 * lrm.per_step("thread", False),

@@ -49,9 +49,10 @@ from lrm.progress import Reporter
 from lrm.sharding import parallel
 from lrm.train import schedule as schedules
 from lrm.train.data import EpochStream, fit_tables, hashed_features, loaders, \
-    model_hash_sizes, run_identity, scan_days, split_days
+    model_hash_sizes, per_rank_batch, run_identity, scan_days, split_days
 from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import predict, score
+from lrm.train.graphs import graph_mlps
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.meter import Meter
@@ -163,6 +164,9 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
             model = transform(model)
         if cfg.compile:
             log.info("train %s: compiled %s", kind, compile_dense(model, env.device))
+        elif cfg.cuda_graphs and (graphed := graph_mlps(
+                model, per_rank_batch(sched.batch_size, env.world_size), env.device, cfg.amp)):
+            log.info("train %s: CUDA graphs of %s", kind, graphed)
         dmp = parallel.shard(model, env, embedding_lr=cfg.embedding_lr, seed=cfg.seed,
                              plan=plan)
         if init_from is not None:
