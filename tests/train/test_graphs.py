@@ -1,22 +1,29 @@
 """CUDA graphs of the dense MLPs: which modules are graphed, and (on a GPU) that a graphed
-step computes what the eager step computes, falling back to eager wherever the capture does
-not apply."""
+step computes what the eager step computes, for every model the stages train, falling back to
+eager wherever the capture does not apply. The GPU tests (skipped without a GPU) ran on an
+H100, and each went red there with a bug planted: the comparisons with the capture made
+without autocast (and the fallback one with the shape check dropped), the training run with
+the loop's call of graph_mlps taken out."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
 import torch
 from torch import nn
 
-import dataclasses
-
-from lrm.config import ModelConfig
-from lrm.data.schema import read_schema
+from lrm.config import DistillConfig, ModelConfig
+from lrm.data.schema import read_schema, synthetic_schema
+from lrm.exfm.distill import ExFMLoss, student_config
 from lrm.fp8.linear import to_fp8
 from lrm.models import build_model
+from lrm.train import train
 from lrm.train.graphs import graph_mlps, graphable
+from lrm.train.loop import bce_loss
+from lrm.train.precision import autocast
+from tests.models.conftest import VOCAB, make_batches
 from tests.train.conftest import SMALL_MODEL, tiny_train
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA graphs)")
@@ -91,8 +98,6 @@ def test_a_graphed_mlp_trains_as_the_eager_one_and_falls_back_off_its_capture(am
 
 @GPU
 def test_training_on_a_gpu_with_graphs_matches_training_without(datasets, tmp_path, caplog):
-    from lrm.train import train
-
     runs = {}
     for graphs in (True, False):
         caplog.clear()
@@ -103,3 +108,48 @@ def test_training_on_a_gpu_with_graphs_matches_training_without(datasets, tmp_pa
         assert ("CUDA graphs of ['bottom', 'top']" in caplog.text) == graphs
     # the tables' backward on a GPU is not deterministic: close, not equal
     assert runs[True].eval["ne"] == pytest.approx(runs[False].eval["ne"], abs=2e-3)
+
+
+@GPU
+@pytest.mark.parametrize("kind", ["teacher", "exfm_student"])
+def test_every_model_the_stages_train_steps_the_same_with_graphs(kind):
+    """The teacher (its `dense` and `top` MLPs) and an ExFM student under its distillation
+    loss (aux head included) take the same steps with their MLPs graphed as without."""
+    dev = torch.device("cuda")
+    schema = synthetic_schema(VOCAB)
+    _, b = make_batches(schema, sessions=40)
+    g = torch.Generator().manual_seed(2)
+    b = dataclasses.replace(b, teacher_logits=torch.randn(b.size, generator=g) - 2).to(dev)
+    if kind == "teacher":
+        cfg, name, loss_fn = SMALL_MODEL, "teacher", bce_loss
+    else:
+        dc = DistillConfig()
+        cfg = ModelConfig(student=student_config(SMALL_MODEL.student, dc))
+        name, loss_fn = "student", ExFMLoss(dc)
+    models = []
+    for graphs in (False, True):
+        torch.manual_seed(0)
+        m = build_model(name, schema, cfg, device=dev, dense_device=dev)
+        names = graph_mlps(m, b.size, dev, amp=True) if graphs else []
+        models.append(m)
+    assert names == graphable(models[1]) and names
+    for step in range(3):
+        losses, grads = [], []
+        for m in models:
+            m.zero_grad(set_to_none=True)
+            with autocast(dev, True):
+                loss, _ = loss_fn(m, b)
+            loss.backward()
+            losses.append(loss.detach())
+            grads.append({k: p.grad for k, p in m.named_parameters() if p.grad is not None})
+            with torch.no_grad():  # a step of plain SGD: the next step sees new weights
+                for p in m.parameters():
+                    if p.grad is not None:
+                        p.sub_(0.1 * p.grad)
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-3, atol=1e-4)
+        assert grads[0].keys() == grads[1].keys()
+        for k in grads[0]:
+            torch.testing.assert_close(grads[1][k], grads[0][k], rtol=1e-3, atol=1e-4,
+                                       msg=lambda m, k=k: f"step {step}, {k}: {m}")
+    assert all(getattr(models[1], n).forward.replays > 0 for n in names
+               if n != "aux_head" or kind == "exfm_student")
