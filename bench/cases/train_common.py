@@ -35,8 +35,8 @@ from lrm.models import build_model
 from lrm.sharding import parallel
 from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
-from lrm.train.precision import autocast
 from lrm.train.graphs import graph_mlps
+from lrm.train.precision import autocast
 from lrm.train.guard import NonFiniteGuard
 from lrm.train.loop import bce_loss
 from lrm.train.meter import Meter
@@ -164,8 +164,9 @@ def lrm_steps(env: Dist, model: nn.Module, batch: int
     rows a step: on a GPU the dense MLPs as CUDA graphs (TrainConfig.cuda_graphs), DMP,
     fused row-wise Adagrad on the tables, fused AdamW on the dense part, the device-side
     non-finite guard and meter."""
-    if TrainConfig().cuda_graphs:
-        graph_mlps(model, batch, env.device, TrainConfig().amp)
+    cfg = TrainConfig()
+    if cfg.cuda_graphs:
+        graph_mlps(model, batch, env.device, cfg.amp)
     dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
     guard = NonFiniteGuard(env, lambda step, v: f"non-finite loss at step {step}: {v}")
     dense, adamw = dense_optimizer(dmp, LR, 0.0)
@@ -174,7 +175,7 @@ def lrm_steps(env: Dist, model: nn.Module, batch: int
     meter = Meter(env, 100_000)
 
     def step_fn(b: Batch) -> tuple[torch.Tensor, None]:
-        with autocast(env.device, TrainConfig().amp):
+        with autocast(env.device, cfg.amp):
             loss, serving = bce_loss(dmp, b)
         meter.record(serving, b.labels, guard.watch(loss))
         return loss, None

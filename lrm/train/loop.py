@@ -52,8 +52,8 @@ from lrm.train.data import EpochStream, fit_tables, hashed_features, loaders, \
     model_hash_sizes, per_rank_batch, run_identity, scan_days, split_days
 from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import predict, score
-from lrm.train.graphs import graph_mlps
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
+from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.meter import Meter
 from lrm.train.precision import autocast
