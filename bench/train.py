@@ -9,9 +9,9 @@ train.collections        the tables' lookup step in lrm's two collections vs one
                          pooled rows the output dist carries)
 --quick: small sizes and a few steps (vs_torchrec: ~40k rows).
 --batch B: every case's batch size (defaults: vs_torchrec 1024, the peers' benchmark; the
-others 2048, TrainConfig's); the days grow to hold enough batches of B. On a GPU the default
-batches leave the step to the host; vs_torchrec's GPU aims are at 2048 and 16384, and RecD's
-saving of device work shows at large batches (train.dedup: 65536).
+others 2048, TrainConfig's); the days grow to hold enough batches of B. vs_torchrec's GPU
+aims are at 2048 and 16384; RecD's saving of device work shows at large batches
+(train.dedup: 65536), where the device's work, not the host's, sets the step.
 --device cuda: every case's models on the GPU (train.scaling needs a GPU per process and
 is skipped with one); every line says the device.
 """

@@ -279,11 +279,12 @@ class TrainConfig:
     # vs 42 ms a step and ~50 s to compile; an H100 (default student, batch 2048) 12.5 vs
     # 10.3 ms a step (the step is the host's: its own work rose 6.9 -> 8.4 ms)
     compile: bool = False
-    # CUDA graphs of the dense MLPs' forward and backward (lrm.train.graphs; a GPU only, and
-    # not with compile). vs_torchrec's student on an H100, ms a step without -> with: batch
-    # 2048 10.47 -> 9.96 and 9.16 -> 8.14 (two machines), 16384 11.81 -> 10.75 (the step is
-    # the host's; fewer launches)
-    cuda_graphs: bool = True  # CUDA graphs of the dense MLPs on a GPU
+    # CUDA graphs on a GPU (not with compile). One process: the whole step, one replay a
+    # step after the learning-rate warm-up (lrm.train.step_graph; vs_torchrec's student on an
+    # H100, ms a step: batch 2048 0.82 against torchrec's DLRM example 5.84, 16384 1.71 vs
+    # 5.94). Several processes, or shared-history batches: the dense MLPs' forward and
+    # backward (lrm.train.graphs; batch 2048 9.16 -> 8.14 ms a step)
+    cuda_graphs: bool = True  # CUDA graphs on a GPU: the whole step in one process
     lr: float = 1e-3  # dense part: AdamW
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
     embedding_lr: float = 0.05  # embedding tables: fbgemm's fused row-wise Adagrad

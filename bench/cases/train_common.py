@@ -40,6 +40,7 @@ from lrm.train.precision import autocast
 from lrm.train.guard import NonFiniteGuard
 from lrm.train.loop import bce_loss
 from lrm.train.meter import Meter
+from lrm.train.step_graph import GraphSteps, unsupported
 from lrm.train.steps import Steps, dense_optimizer
 
 BATCH = 2048  # the cases' batch unless use_batch says otherwise (TrainConfig's default)
@@ -149,21 +150,27 @@ def project_step(data: Path, model_cfg: ModelConfig = MODEL
         torch.manual_seed(0)
         model = build_model("student", schema, model_cfg, device="meta",
                             dense_device=env.device)
-        _, steps, guard = lrm_steps(env, model, batch_size())
+        made: list[tuple[Any, NonFiniteGuard]] = []
 
         def step(b: Batch) -> None:
-            steps.step(iter([b]))
+            if not made:  # the loop's choice of steps depends on the batches' form
+                _, steps, guard = lrm_steps(env, model, batch_size(), b.windows is not None)
+                made.append((steps, guard))
+            made[0][0].step(iter([b]))
 
         yield step
-        guard.check()
+        if made:
+            made[0][1].check()
 
 
-def lrm_steps(env: Dist, model: nn.Module, batch: int
-              ) -> tuple[nn.Module, Steps, NonFiniteGuard]:
-    """(DMP, Steps, guard) of lrm.train.loop's step for `model` (tables on meta) at `batch`
-    rows a step: on a GPU the dense MLPs as CUDA graphs (TrainConfig.cuda_graphs), DMP,
-    fused row-wise Adagrad on the tables, fused AdamW on the dense part, the device-side
-    non-finite guard and meter."""
+def lrm_steps(env: Dist, model: nn.Module, batch: int, windows: bool = False
+              ) -> tuple[nn.Module, Steps | GraphSteps, NonFiniteGuard]:
+    """(DMP, steps, guard) of lrm.train.loop's step for `model` (tables on meta) at `batch`
+    rows a step, as the loop chooses them: on one GPU whole-step CUDA graphs
+    (lrm.train.step_graph) unless the batches have shared histories (`windows`), else
+    torchrec's pipeline with the dense MLPs as CUDA graphs on a GPU; DMP, fused row-wise
+    Adagrad on the tables, fused AdamW on the dense part, the device-side non-finite guard
+    and meter."""
     cfg = TrainConfig()
     if cfg.cuda_graphs:
         graph_mlps(model, batch, env.device, cfg.amp)
@@ -180,4 +187,6 @@ def lrm_steps(env: Dist, model: nn.Module, batch: int
         meter.record(serving, b.labels, guard.watch(loss))
         return loss, None
 
+    if cfg.cuda_graphs and not windows and unsupported(dmp, env.world_size, env.device) is None:
+        return dmp, GraphSteps(dmp, opt, env.device, step_fn, batch=batch), guard
     return dmp, Steps(dmp, opt, env.device, step_fn), guard

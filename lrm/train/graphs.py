@@ -18,6 +18,10 @@ is copied in exactly, and a gradient nobody needs (the bottom MLP's input) is dr
 autograd. The module's own forward runs whenever a call does not match the capture: another
 shape (the last batch of a pass, evaluation), eval mode, no grad, another autocast state.
 
+With one process on a GPU lrm.train.step_graph captures the whole step instead; these graphs
+then serve its uncaptured steps (the warm-up), and they are the step's graphs where the
+whole step cannot be one (several processes, shared-history batches).
+
 Parameters must stay the same tensors: loading a state dict (checkpoints, early stopping's
 best state, a warm start) copies into them in place, which the graphs see.
 """
@@ -57,6 +61,7 @@ class _Replay:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if (self.module.training and torch.is_grad_enabled() and x.shape == self.shape
+                and not torch.cuda.is_current_stream_capturing()  # inside a whole-step one
                 and x.device == self.device
                 and torch.is_autocast_enabled(self.device.type) == self.amp):
             self.replays += 1

@@ -4,6 +4,7 @@
     -> build the model (tables on meta), head bias at logit(train CTR) -> [transform it]
     -> shard it (DMP) -> fused Adagrad (tables) + fused AdamW (dense) -> [resume]
     -> steps through torchrec's TrainPipelineSparseDist: forward, loss, guard, backward, step
+       (one process on a GPU: each step one CUDA graph replay, lrm.train.step_graph)
     -> every log_every steps: loss, windowed NE, samples/s (progress, log_fn)
     -> every val_every steps: NE on the validation slice; stop when it stops improving
     -> every eval_every steps: NE/AUC on the held-out day; the checkpoint manager each step
@@ -54,11 +55,12 @@ from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.graphs import graph_mlps
+from lrm.train.step_graph import EAGER_STEPS, GraphSteps, unsupported
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.meter import Meter
 from lrm.train.precision import autocast
 from lrm.train.state import TrainState, seed_step
-from lrm.train.steps import LrSchedule, Steps, compile_dense, dense_optimizer
+from lrm.train.steps import LrSchedule, StepFn, Steps, compile_dense, dense_optimizer
 
 log = logging.getLogger("lrm")
 LogFn = Callable[[Mapping[str, float], int], None]
@@ -234,7 +236,9 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
             sizes_seen[0] = b.size
             return loss, None
 
-        steps = Steps(dmp, opt, env.device, step_fn)
+        steps = _steps(dmp, opt, env, step_fn, cfg, ld.train.windows, kind,
+                       per_rank_batch(sched.batch_size, env.world_size),
+                       max(sched.warmup - state.step, 0))
         stopped_early = False
         with contextlib.closing(iter(stream)) as it, \
                 (reporter or contextlib.nullcontext(_Quiet())) as rep:
@@ -307,6 +311,25 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
             out=Path(out) if out is not None else None, world_size=env.world_size,
             train_days=train_days, eval_day=eval_day, schedule=sched.summary(),
             validation=validation)
+
+
+def _steps(dmp: nn.Module, opt: torch.optim.Optimizer, env: Dist, step_fn: StepFn,
+           cfg: TrainConfig, windows: bool, kind: str, batch: int,
+           warmup_left: int) -> Steps | GraphSteps:
+    """Whole-step CUDA graphs where they apply (lrm.train.step_graph: one process on a GPU,
+    no shared-history batches), captured after the learning-rate warm-up; else torchrec's
+    train pipeline."""
+    why = "train.cuda_graphs is off" if not cfg.cuda_graphs else \
+        unsupported(dmp, env.world_size, env.device) or \
+        ("shared-history batches (Batch.windows)" if windows else None)
+    if why is None:
+        log.info("train %s: whole-step CUDA graphs (captured after %d uncaptured steps)",
+                 kind, max(warmup_left, EAGER_STEPS))
+        return GraphSteps(dmp, opt, env.device, step_fn, batch=batch, eager_steps=warmup_left)
+    if env.device.type == "cuda" and env.is_main:
+        log.info("train %s: no whole-step CUDA graphs (%s): torchrec's train pipeline",
+                 kind, why)
+    return Steps(dmp, opt, env.device, step_fn)
 
 
 def _next_pause(step: int, total: int, sched: schedules.Schedule, eval_every: int) -> int:

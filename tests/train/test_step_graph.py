@@ -1,0 +1,312 @@
+"""Whole-step CUDA graphs (lrm.train.step_graph). On a CPU: the local lookups and the static,
+padded batches train exactly as torchrec's pipeline does (the capture itself needs a GPU);
+the padding and the capacities keep their invariants; the checkpoints' row tracker still
+learns every batch's ids. On a GPU (skipped without one): a replayed step trains as the
+uncaptured one, and `lrm.train.train` takes the graphs."""
+
+from __future__ import annotations
+
+import logging
+from itertools import islice
+
+import pytest
+import torch
+from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
+from torchrec.distributed.types import ShardingPlan
+
+from lrm.checkpoint.tables import table_shards
+from lrm.checkpoint.tracker import RowTracker
+from lrm.config import ModelConfig, StudentModelConfig
+from lrm.data.loader import BatchLoader
+from lrm.data.schema import read_schema
+from lrm.dist import process_group
+from lrm.models import build_model
+from lrm.sharding import parallel
+from lrm.train import train
+from lrm.train.data import model_hash_sizes
+from lrm.train.guard import NonFiniteGuard
+from lrm.train.loop import bce_loss
+from lrm.train.meter import Meter
+from lrm.train.step_graph import PAD_ROWS, GraphSteps, Layout, StaticBatch, empty_layout, \
+    unsupported
+from lrm.train.steps import Steps, dense_optimizer
+from tests.train.conftest import LOADER, tiny_train
+
+MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=8, bottom_mlp=[16],
+                                               top_mlp=[16]))
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA graphs)")
+STEPS = 6
+
+
+def _batches(data, model, recd: bool, n: int = STEPS, size: int = 256):
+    return list(islice(BatchLoader(data, size, days=[0], dedup=recd, drop_last=True,
+                                   hash_sizes=model_hash_sizes(model), prefetch=0), n))
+
+
+def _build(data, kind: str, device: str = "cpu"):
+    schema, _ = read_schema(data)
+    env_cm = process_group(device)
+    env = env_cm.__enter__()
+    torch.manual_seed(0)
+    model = build_model(kind, schema, MODEL, device="meta", dense_device=env.device)
+    dmp = parallel.shard(model, env, embedding_lr=0.05, seed=0)
+    guard = NonFiniteGuard(env, lambda s, v: f"bad loss at {s}: {v}")
+    dense, adamw = dense_optimizer(dmp, 1e-2, 0.0)
+    guard.gate(dmp, adamw)
+    opt = parallel.optimizer(dmp, dense)
+    meter = Meter(env, 10_000)
+    losses: list[torch.Tensor] = []
+
+    def step_fn(b):
+        loss, serving = bce_loss(dmp, b)
+        meter.record(serving, b.labels, guard.watch(loss))
+        losses.append(loss.detach().clone())
+        return loss, None
+
+    return env_cm, env, model, dmp, opt, step_fn, meter, losses
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A copy of this process's part of a (possibly sharded) tensor."""
+    return (t.local_shards()[0].tensor if hasattr(t, "local_shards") else t).clone()
+
+
+def _state(dmp, opt) -> dict[str, torch.Tensor]:
+    out = {k: _local(v) for k, v in dmp.state_dict().items()}
+    for k, v in opt.state_dict()["state"].items():
+        for name, t in (v.items() if isinstance(v, dict) else ()):
+            if isinstance(t, torch.Tensor):
+                out[f"opt:{k}:{name}"] = _local(t)
+    return out
+
+
+def _train(data, kind: str, recd: bool, how: str, slack: float = 1.0):
+    """The state after STEPS steps: `how` = "pipeline" (torchrec's), "local" (GraphSteps'
+    uncaptured step in a tight layout) or "padded" (the same in layouts `slack` larger)."""
+    env_cm, env, model, dmp, opt, step_fn, meter, losses = _build(data, kind)
+    try:
+        batches = _batches(data, model, recd)
+        if how == "pipeline":
+            steps = Steps(dmp, opt, env.device, step_fn)
+            it = iter(batches)
+            while steps.step(it):
+                pass
+            steps.pause()
+        else:
+            steps = GraphSteps(dmp, opt, env.device, step_fn, batch=256, eager_steps=10**9)
+            for b in batches:
+                layout = empty_layout(dmp, b.size).grown(b, slack) if how == "padded" else None
+                steps._eager(b, layout)
+        return _state(dmp, opt), meter.sums.clone(), torch.stack(losses)
+    finally:
+        env_cm.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("kind,recd", [("student", True), ("student", False),
+                                       ("teacher", True)])
+def test_local_lookups_train_exactly_as_torchrecs_pipeline(datasets, kind, recd):
+    """Bit for bit: every table, its Adagrad state, the dense weights, AdamW's state, the
+    losses and the meter, over STEPS steps; and so in layouts padded far beyond the batch
+    (padding ids, empty session rows)."""
+    ref = _train(datasets["sessions"], kind, recd, "pipeline")
+    for how, slack in (("local", 1.0), ("padded", 1.7)):
+        got = _train(datasets["sessions"], kind, recd, how, slack)
+        assert torch.equal(got[2], ref[2]), how
+        assert torch.equal(got[1], ref[1]), how
+        assert got[0].keys() == ref[0].keys()
+        for k in ref[0]:
+            assert torch.equal(got[0][k], ref[0][k]), (how, k)
+
+
+def test_a_padded_static_batch_holds_each_batch_it_is_loaded_with(datasets):
+    """The buffers a graph replays from, reloaded with a smaller batch after a larger one:
+    the real rows' lengths and ids are the batch's, the session rows beyond it are empty,
+    and the padding bags own exactly the slots left over."""
+    env_cm, env, model, dmp, *_ = _build(datasets["sessions"], "student")
+    try:
+        batches = _batches(datasets["sessions"], model, True, n=12)
+        by_u = sorted(batches, key=lambda b: b.user.stride())
+        big, small = by_u[-1], by_u[0]
+        assert big.user.stride() > small.user.stride()
+        layout = empty_layout(dmp, 256).grown(big, 1.3)
+        assert layout.fits(big) and layout.fits(small)
+        static = StaticBatch(layout, big, env.device)
+        static.load(big)
+        static.load(small)
+        for side in layout.sides:
+            src = getattr(small, side.attr)
+            kjt = getattr(static.batch, side.attr)
+            lengths = kjt.lengths().view(len(side.keys), side.stride)
+            R = src.stride()
+            at = 0
+            for j, (key, cap) in enumerate(zip(side.keys, side.caps, strict=True)):
+                jt = src[key]
+                n = jt.values().numel()
+                assert torch.equal(lengths[j, :R], jt.lengths().to(lengths.dtype)), key
+                assert not lengths[j, R:side.rows].any(), key  # no stale session rows
+                assert int(lengths[j, side.rows:].sum()) == cap - n, key
+                # spread over the padding bags, none more than one above another
+                pad = lengths[j, side.rows:]
+                assert int(pad.max()) - int(pad.min()) <= 1 and pad.numel() == PAD_ROWS
+                assert torch.equal(kjt.values()[at:at + n], jt.values()), key
+                at += cap
+            assert kjt.values().numel() == at == sum(side.caps)
+        assert torch.equal(static.batch.inverse, small.inverse)
+        assert torch.equal(static.batch.labels, small.labels)
+        assert torch.equal(static.batch.dense, small.dense)
+    finally:
+        env_cm.__exit__(None, None, None)
+
+
+def test_capacities_fit_what_they_were_grown_from_and_refuse_more(datasets):
+    env_cm, env, model, dmp, *_ = _build(datasets["sessions"], "student")
+    try:
+        recd = _batches(datasets["sessions"], model, True, n=12)
+        plain = _batches(datasets["sessions"], model, False, n=1)
+        tight = empty_layout(dmp, 256).grown(recd[0], slack=1.0)
+        assert tight.fits(recd[0])
+        assert not all(tight.fits(b) for b in recd[1:])  # another batch needs more room
+        grown = tight
+        for b in recd[1:]:
+            if not grown.fits(b):
+                grown = grown.grown(b)
+        assert all(grown.fits(b) for b in recd)
+        # capacities only grow; the plain form (no inverse index) is another layout, with a
+        # session row per impression
+        assert all(g >= t for s, u in zip(grown.sides, tight.sides, strict=True)
+                   for g, t in zip(s.caps, u.caps, strict=True))
+        assert not grown.fits(plain[0])
+        user = {s.attr: s for s in grown.grown(plain[0]).sides}["user"]
+        assert user.rows == 256
+        assert not Layout(128, grown.sides, grown.form).fits(recd[0])  # another batch size
+    finally:
+        env_cm.__exit__(None, None, None)
+
+
+def test_the_row_tracker_learns_every_step_s_ids(datasets):
+    """Checkpoints' deltas: the rows GraphSteps' steps looked up, as under the pipeline."""
+    got = {}
+    for how in ("pipeline", "local"):
+        env_cm, env, model, dmp, opt, step_fn, *_ = _build(datasets["sessions"], "student")
+        try:
+            tracker = RowTracker(dmp)
+            batches = _batches(datasets["sessions"], model, True)
+            if how == "pipeline":
+                steps = Steps(dmp, opt, env.device, step_fn)
+            else:
+                steps = GraphSteps(dmp, opt, env.device, step_fn, batch=256, eager_steps=10**9)
+            it = iter(batches)
+            while steps.step(it):
+                pass
+            steps.pause()
+            state = {"model": dmp.state_dict(), "optim": opt.state_dict()}
+            got[how] = {k: v.tolist() for k, v in tracker.take(
+                table_shards(state["model"], state["optim"])).items()}
+            tracker.close()
+        finally:
+            env_cm.__exit__(None, None, None)
+    assert got["local"] == got["pipeline"]
+    assert sum(len(v) for v in got["local"].values()) > 100
+
+
+def test_whole_step_graphs_apply_to_one_gpu_process_only(datasets):
+    env_cm, env, model, dmp, *_ = _build(datasets["sessions"], "student")
+    try:
+        assert unsupported(dmp, 1, torch.device("cpu")) == "not on a GPU"
+        assert "2 processes" in unsupported(dmp, 2, torch.device("cuda"))
+        assert unsupported(dmp, 1, torch.device("cuda")) is None
+        assert "not a sharded collection" in unsupported(_unsharded(datasets), 1,
+                                                         torch.device("cuda"))
+        # a plan with column shards (e.g. the planner's for one device): their output dist
+        # puts the columns together, which the local lookups alone would not
+        unsharded = _unsharded(datasets)
+        ebc = unsharded.embeddings.user_ebc
+        plan = ShardingPlan({"embeddings.user_ebc": construct_module_sharding_plan(
+            ebc, {t.name: column_wise(ranks=[0, 0], compute_kernel="fused")
+                  for t in ebc.embedding_bag_configs()}, local_size=1, world_size=1,
+            device_type="cpu")})
+        cw = parallel.shard(unsharded, env, embedding_lr=0.05, seed=0, plan=plan)
+        assert unsupported(cw, 1, torch.device("cuda")) == "column_wise shards in the sharding plan"
+    finally:
+        env_cm.__exit__(None, None, None)
+
+
+def _unsharded(datasets):
+    schema, _ = read_schema(datasets["sessions"])
+    return build_model("student", schema, MODEL, device="meta")
+
+
+# -- on a GPU ---------------------------------------------------------------------------
+
+
+@GPU
+@pytest.mark.parametrize("recd", [True, False])
+def test_replayed_steps_train_as_uncaptured_ones(datasets, recd):
+    """12 steps: 3 uncaptured, then replays on new batches (a capture, and another where a
+    batch outgrows the capacities), against 12 uncaptured steps. The meter's sums, which the
+    captured step adds to on the device: rows and clicks exactly (each replay read its own
+    batch), the log loss closely (the GPU's atomics make even two uncaptured runs differ in
+    the last digits)."""
+    runs = {}
+    for eager in (3, 10**9):
+        env_cm, env, model, dmp, opt, step_fn, meter, losses = _build(
+            datasets["sessions"], "student", "cuda")
+        try:
+            steps = GraphSteps(dmp, opt, env.device, step_fn, batch=256, eager_steps=eager)
+            batches = [b.pin_memory() for b in _batches(datasets["sessions"], model, recd, 12)]
+            it = iter(batches)
+            while steps.step(it):
+                pass
+            torch.cuda.synchronize()
+            runs[eager] = (steps.replays, steps.captures, meter.sums.cpu())
+        finally:
+            env_cm.__exit__(None, None, None)
+    assert runs[3][0] == 9 and runs[3][1] >= 1 and runs[10**9][:2] == (0, 0)
+    graphed, eager = runs[3][2], runs[10**9][2]
+    assert graphed[1:].tolist() == eager[1:].tolist()  # clicks, rows
+    assert abs(graphed[0] - eager[0]) < 5e-4 * eager[0]  # log loss
+
+
+@GPU
+def test_train_on_one_gpu_replays_whole_steps_and_scores_as_the_pipeline(datasets, caplog):
+    """`lrm.train.train` on a GPU captures the step and replays it; its held-out NE lies in
+    the bootstrap interval of the run through torchrec's pipeline (the GPU's atomics make
+    two runs differ; a graph that trained on stale inputs would not)."""
+    results = {}
+    for graphs in (True, False):
+        with caplog.at_level(logging.INFO, logger="lrm.train"):
+            caplog.clear()
+            results[graphs] = train("student", tiny_train(device="cuda", cuda_graphs=graphs,
+                                                          epochs=1), MODEL,
+                                    datasets["sessions"], loader_cfg=LOADER)
+            logged = caplog.text
+        assert ("whole-step CUDA graph 1 captured" in logged) == graphs, logged
+    lo, hi = results[False].eval["ne_ci"]
+    assert lo <= results[True].eval["ne"] <= hi, (results[True].eval, results[False].eval)
+    assert abs(results[True].eval["ne"] - results[False].eval["ne"]) < 1e-2
+
+
+@GPU
+def test_a_step_that_cannot_be_captured_trains_uncaptured(datasets, caplog):
+    """A loss that reads a value on the host (a capture forbids it): the capture fails, a
+    warning says so, and every step still trains, uncaptured."""
+    env_cm, env, model, dmp, opt, step_fn, meter, _ = _build(datasets["sessions"], "student",
+                                                             "cuda")
+    try:
+        def host_reading(b):
+            loss, none = step_fn(b)
+            if float(loss) < 0:  # a host read: illegal while a stream captures
+                raise AssertionError
+            return loss, none
+
+        steps = GraphSteps(dmp, opt, env.device, host_reading, batch=256)
+        with caplog.at_level(logging.WARNING, logger="lrm.train"):
+            it = iter(_batches(datasets["sessions"], model, True, 8))
+            while steps.step(it):
+                pass
+        torch.cuda.synchronize()
+        assert (steps.captures, steps.replays, steps.uncaptured) == (0, 0, 8)
+        assert "the capture failed" in caplog.text
+        assert meter.sums[2].item() == 8 * 256
+    finally:
+        env_cm.__exit__(None, None, None)
