@@ -342,7 +342,10 @@ class GraphSteps:
         # gradients made inside the capture live in its pool; the replays rewrite them
         self.opt.zero_grad(set_to_none=True)
         try:
-            with self._local(layout), _capturable(self.opt), torch.cuda.graph(graph):
+            # thread-local: the loader's threads pin host memory meanwhile, a CUDA call that
+            # a global capture would refuse (and so fail it) though it touches no stream
+            with self._local(layout), _capturable(self.opt), \
+                    torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 loss, _ = self.step_fn(static.batch)
                 loss.backward()
                 self.opt.step()
@@ -351,6 +354,11 @@ class GraphSteps:
             # records kernels; nothing ran, so no state changed)
             self._made[layout.form] = MAX_CAPTURES
             torch.cuda.synchronize()
+            # torch ends a failed capture with an error before it releases the device's
+            # random generator, which then refuses every later draw: give it a fresh state
+            # (same seed and offset)
+            gen = torch.cuda.default_generators[self.device.index or 0]
+            gen.graphsafe_set_state(gen.clone_state())
             log.warning("whole-step CUDA graph: the capture failed, so these batches train "
                         "uncaptured: %s", str(e).strip().splitlines()[0] if str(e) else e)
             return None
