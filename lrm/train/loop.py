@@ -248,7 +248,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
                 end = _next_pause(state.step, total, sched, cfg.eval_every)
                 segment = islice(it, end - state.step)
                 while state.step < end:
-                    seed_step(cfg.seed, state.step, env.rank)
+                    seed_step(cfg.seed, state.step, env.rank, env.device)
                     lrs.set(sched.lr_factor(state.step))
                     if not steps.step(segment):
                         raise DataError(data, None, None, "the train days hold fewer batches "

@@ -42,8 +42,15 @@ class TrainState:
                 setattr(self, k, float(sd[k]) if k == "best_ne" else int(sd[k]))
 
 
-def seed_step(seed: int, step: int, rank: int) -> None:
-    """Seed torch's generators from (seed, step, rank): a resumed run draws what the
-    uninterrupted one drew, with no generator state in the checkpoint."""
+def seed_step(seed: int, step: int, rank: int, device: torch.device | None = None) -> None:
+    """Seed the generators a step draws from, the CPU's and `device`'s, from (seed, step,
+    rank): a resumed run draws what the uninterrupted one drew, with no generator state in
+    the checkpoint. (Not `torch.manual_seed`, which seeds every backend torch knows of:
+    150-170 us a call on a 2-core CPU against 4 us, and a graphed step on an H100 is
+    under 1 ms.)"""
     h = hashlib.blake2b(f"{seed}:{step}:{rank}".encode(), digest_size=8).digest()
-    torch.manual_seed(int.from_bytes(h, "little") & ((1 << 63) - 1))
+    s = int.from_bytes(h, "little") & ((1 << 63) - 1)
+    torch.default_generator.manual_seed(s)
+    if device is not None and device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(s)
