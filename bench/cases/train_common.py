@@ -187,6 +187,6 @@ def lrm_steps(env: Dist, model: nn.Module, batch: int, windows: bool = False
         meter.record(serving, b.labels, guard.watch(loss))
         return loss, None
 
-    if cfg.cuda_graphs and not windows and unsupported(dmp, env.world_size, env.device) is None:
+    if cfg.cuda_graphs and unsupported(dmp, env.world_size, env.device, windows) is None:
         return dmp, GraphSteps(dmp, opt, env.device, step_fn, batch=batch), guard
     return dmp, Steps(dmp, opt, env.device, step_fn), guard

@@ -55,11 +55,11 @@ from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.graphs import graph_mlps
-from lrm.train.step_graph import EAGER_STEPS, GraphSteps, unsupported
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.meter import Meter
 from lrm.train.precision import autocast
 from lrm.train.state import TrainState, seed_step
+from lrm.train.step_graph import EAGER_STEPS, GraphSteps, unsupported
 from lrm.train.steps import LrSchedule, StepFn, Steps, compile_dense, dense_optimizer
 
 log = logging.getLogger("lrm")
@@ -320,8 +320,7 @@ def _steps(dmp: nn.Module, opt: torch.optim.Optimizer, env: Dist, step_fn: StepF
     no shared-history batches), captured after the learning-rate warm-up; else torchrec's
     train pipeline."""
     why = "train.cuda_graphs is off" if not cfg.cuda_graphs else \
-        unsupported(dmp, env.world_size, env.device) or \
-        ("shared-history batches (Batch.windows)" if windows else None)
+        unsupported(dmp, env.world_size, env.device, windows)
     if why is None:
         log.info("train %s: whole-step CUDA graphs (captured after %d uncaptured steps)",
                  kind, max(warmup_left, EAGER_STEPS))

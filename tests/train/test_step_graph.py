@@ -216,6 +216,7 @@ def test_whole_step_graphs_apply_to_one_gpu_process_only(datasets):
         assert unsupported(dmp, 1, torch.device("cpu")) == "not on a GPU"
         assert "2 processes" in unsupported(dmp, 2, torch.device("cuda"))
         assert unsupported(dmp, 1, torch.device("cuda")) is None
+        assert "shared-history" in unsupported(dmp, 1, torch.device("cuda"), windows=True)
         assert "not a sharded collection" in unsupported(_unsharded(datasets), 1,
                                                          torch.device("cuda"))
         # a plan with column shards (e.g. the planner's for one device): their output dist
