@@ -52,6 +52,7 @@ from lrm.sharding import parallel  # noqa: E402
 from lrm.train.data import model_hash_sizes  # noqa: E402
 from lrm.train.evaluate import predict, score  # noqa: E402
 from lrm.train.state import TrainState  # noqa: E402
+from lrm.train.steps import dense_optimizer  # noqa: E402
 
 BATCH, LR, EMBEDDING_LR = 1024, 1e-3, 0.05
 MODEL = ModelConfig()
@@ -78,7 +79,7 @@ class Run:
         torch.manual_seed(0)
         model = build_model("student", schema, MODEL, device="meta", dense_device=env.device)
         self.dmp = parallel.shard(model, env, embedding_lr=EMBEDDING_LR, seed=0)
-        dense = parallel.dense_optimizer(self.dmp, LR, 0.0)
+        dense, _ = dense_optimizer(self.dmp, LR, 0.0)  # the loop's: fused AdamW
         self.dense, self.state = dense, TrainState()
         self.opt = parallel.optimizer(self.dmp, dense)
         self.parts = {"model": self.dmp, "optim": self.opt, "train": self.state}

@@ -178,15 +178,6 @@ def init_tables(dmp: nn.Module, seed: int) -> None:
                 local[lo - r0:hi - r0].copy_(block[lo - b0:hi - b0, c0:c1])
 
 
-def dense_optimizer(dmp: DistributedModelParallel, lr: float,
-                    weight_decay: float) -> KeyedOptimizerWrapper:
-    """AdamW over every parameter the fused optimizer does not own."""
-    params = {k: p for k, p in dmp.named_parameters()
-              if not hasattr(p, "_in_backward_optimizers")}
-    return KeyedOptimizerWrapper(
-        params, lambda ps: torch.optim.AdamW(ps, lr=lr, weight_decay=weight_decay))
-
-
 def optimizer(dmp: DistributedModelParallel, dense: KeyedOptimizerWrapper) -> CombinedOptimizer:
     """One optimizer to step, zero and checkpoint: fused (tables) + dense."""
     return CombinedOptimizer([dmp.fused_optimizer, dense])

@@ -17,6 +17,7 @@ from torchrec.distributed.types import ShardingPlan
 from lrm.dist import Dist, process_group
 from lrm.sharding import parallel
 from lrm.train.state import TrainState
+from lrm.train.steps import dense_optimizer
 from tests.train.conftest import datasets  # noqa: F401  (the session's tiny datasets)
 
 TABLES = {"t_a": 60, "t_b": 40}  # rows; dim DIM
@@ -67,7 +68,7 @@ def build(env: Dist, layout: str = "table"):
     """(dmp, parts) of a fresh Toy, initialized from seed 0 whatever the layout."""
     torch.manual_seed(0)
     dmp = parallel.shard(Toy(), env, embedding_lr=0.1, seed=0, plan=plan(env, layout))
-    dense = parallel.dense_optimizer(dmp, 1e-2, 0.0)
+    dense, _ = dense_optimizer(dmp, 1e-2, 0.0)
     dense.init_state()
     opt = parallel.optimizer(dmp, dense)
     return dmp, {"model": dmp, "optim": opt, "train": TrainState()}
