@@ -377,8 +377,9 @@ class GraphSteps:
 
     @contextlib.contextmanager
     def _local(self, layout: Layout) -> Iterator[None]:
-        """The sharded collections' forwards as local lookups (on the layout's rows), and
-        the graphed MLPs (lrm.train.graphs) eager: a graph cannot launch another."""
+        """The sharded collections' forwards as local lookups, on the layout's rows. (The
+        graphed MLPs of lrm.train.graphs run eager inside a capture by themselves: a graph
+        cannot launch another.)"""
         saved = {}
         for s in layout.sides:
             sebc = self._sebcs[s.attr]
