@@ -4,8 +4,8 @@ non-finite guard, the meter, backward with the tables' fused update, AdamW) as o
 Why: on a GPU lrm's step is bound by the host. Measured on an H100 (bench vs_torchrec's
 student, batch 2048): the host spent 5.5 ms a step launching ~150 kernels and driving
 DMP's per-step machinery, while the GPU's own work was under 1 ms; torchrec's DLRM example
-spends 4.3-5.0 ms of host time the same way. Graphing the MLPs alone (lrm.train.graphs)
-saves a ninth of that. A whole step is one graph only if nothing in it waits for the host:
+spends 3.7-5.1 ms of host time the same way (every lease measured, two sessions). Graphing the MLPs alone
+(lrm.train.graphs) saves a ninth of that. A whole step is one graph only if nothing in it waits for the host:
 DMP's input dist sends its splits with an all-to-all and reads them back on the host
 before it sends the ids, so it cannot be captured. With one process the dists move nothing
 (every table lives on rank 0), so here each sharded collection is called through its own
@@ -46,6 +46,7 @@ warning; the capture is thread-local, since the loader's threads pin host memory
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -100,7 +101,7 @@ class Layout:
             kjt: KeyedJaggedTensor = getattr(b, s.attr)
             if kjt.stride() > s.rows:
                 return False
-            lpk = dict(zip(kjt.keys(), kjt.length_per_key(), strict=True))
+            lpk = _ids_per_key(kjt)
             if any(lpk[k] > c for k, c in zip(s.keys, s.caps, strict=True)):
                 return False
         return True
@@ -111,7 +112,7 @@ class Layout:
         sides = []
         for s in self.sides:
             kjt: KeyedJaggedTensor = getattr(b, s.attr)
-            lpk = dict(zip(kjt.keys(), kjt.length_per_key(), strict=True))
+            lpk = _ids_per_key(kjt)
             # items: one row per impression; sessions: at most one per impression, and
             # exactly one without an inverse index (the plain form)
             rows = self.batch if s.attr == "item" or b.inverse is None else \
@@ -120,6 +121,10 @@ class Layout:
                          for k, c in zip(s.keys, s.caps, strict=True))
             sides.append(Side(s.attr, s.keys, rows, caps))
         return Layout(self.batch, tuple(sides), form(b))
+
+
+def _ids_per_key(kjt: KeyedJaggedTensor) -> dict[str, int]:
+    return dict(zip(kjt.keys(), kjt.length_per_key(), strict=True))
 
 
 def _lookup_keys(sebc: nn.Module) -> tuple[str, ...]:
@@ -198,7 +203,7 @@ class StaticBatch:
                 keys=list(s.keys), values=self.values[s.attr],
                 lengths=self.lengths[s.attr].view(-1), stride=s.stride,
                 length_per_key=list(s.caps),
-                offset_per_key=[0, *torch.tensor(s.caps).cumsum(0).tolist()])
+                offset_per_key=list(itertools.accumulate(s.caps, initial=0)))
         empty = KeyedJaggedTensor(keys=[], values=torch.zeros(0, dtype=torch.int64,
                                                               device=device),
                                   lengths=torch.zeros(0, dtype=torch.int32, device=device),
@@ -281,15 +286,16 @@ class GraphSteps:
             device = torch.device("cuda", torch.cuda.current_device())
         self.dmp, self.opt, self.device, self.step_fn = dmp, opt, device, step_fn
         self.batch = batch
-        self.emb = _sparse(dmp)
+        emb = _sparse(dmp)
         self.eager_left = max(eager_steps, EAGER_STEPS)
         self.graphs: dict[tuple[bool, bool], _Graph] = {}
         self.captures = 0  # over every form
         self._made: dict[tuple[bool, bool], int] = {}  # captures per form
         self.replays = 0
         self.uncaptured = 0
-        self._sebcs = {a: getattr(self.emb, f"{a}_ebc") for a in ("user", "item")
-                       if getattr(self.emb, f"{a}_ebc") is not None}
+        self._sebcs = {a: getattr(emb, f"{a}_ebc") for a in ("user", "item")
+                       if getattr(emb, f"{a}_ebc") is not None}
+        self._empty = empty_layout(dmp, batch)  # the sides' keys, once (no module walk a step)
 
     # -- the step ------------------------------------------------------------------------
 
@@ -309,7 +315,7 @@ class GraphSteps:
         key = form(b)
         g = self.graphs.get(key)
         if (g is None or not g.layout.fits(b)) and self._made.get(key, 0) < MAX_CAPTURES:
-            base = g.layout if g is not None else empty_layout(self.dmp, self.batch)
+            base = g.layout if g is not None else self._empty
             g = self._capture(base.grown(b), b) or g
         if g is not None and g.layout.fits(b):
             g.static.load(b)
@@ -328,7 +334,7 @@ class GraphSteps:
         that holds `b` exactly): what the pipeline does with a batch (zero the gradients,
         where the fused optimizer takes its learning rate; forward and loss; backward;
         step)."""
-        layout = layout or empty_layout(self.dmp, b.size).grown(b, slack=1.0)
+        layout = layout or Layout(b.size, self._empty.sides).grown(b, slack=1.0)
         static = StaticBatch(layout, b, self.device)
         static.load(b)
         with self._local(layout):
@@ -404,11 +410,11 @@ class GraphSteps:
         if replayed:
             for t in trackers.values():
                 t.step()
-        for attr, sebc in self._sebcs.items():
+        for s in self._empty.sides:
+            sebc = self._sebcs[s.attr]
             fn = getattr(sebc, "post_lookup_tracker_fn", None)
             if fn is not None:
-                kjt = select_keys(getattr(b, attr), list(_lookup_keys(sebc)))
-                fn(kjt, None, sebc, None)
+                fn(select_keys(getattr(b, s.attr), list(s.keys)), None, sebc, None)
 
 
 @contextlib.contextmanager

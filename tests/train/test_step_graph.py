@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from contextlib import contextmanager
 from itertools import islice
 
 import pytest
@@ -44,27 +45,29 @@ def _batches(data, model, recd: bool, n: int = STEPS, size: int = 256):
                                    hash_sizes=model_hash_sizes(model), prefetch=0), n))
 
 
+@contextmanager
 def _build(data, kind: str, device: str = "cpu"):
+    """(env, model, dmp, opt, step_fn, meter, losses): a sharded `kind` with the loop's
+    optimizers, guard and meter, inside its process group."""
     schema, _ = read_schema(data)
-    env_cm = process_group(device)
-    env = env_cm.__enter__()
-    torch.manual_seed(0)
-    model = build_model(kind, schema, MODEL, device="meta", dense_device=env.device)
-    dmp = parallel.shard(model, env, embedding_lr=0.05, seed=0)
-    guard = NonFiniteGuard(env, lambda s, v: f"bad loss at {s}: {v}")
-    dense, adamw = dense_optimizer(dmp, 1e-2, 0.0)
-    guard.gate(dmp, adamw)
-    opt = parallel.optimizer(dmp, dense)
-    meter = Meter(env, 10_000)
-    losses: list[torch.Tensor] = []
+    with process_group(device) as env:
+        torch.manual_seed(0)
+        model = build_model(kind, schema, MODEL, device="meta", dense_device=env.device)
+        dmp = parallel.shard(model, env, embedding_lr=0.05, seed=0)
+        guard = NonFiniteGuard(env, lambda s, v: f"bad loss at {s}: {v}")
+        dense, adamw = dense_optimizer(dmp, 1e-2, 0.0)
+        guard.gate(dmp, adamw)
+        opt = parallel.optimizer(dmp, dense)
+        meter = Meter(env, 10_000)
+        losses: list[torch.Tensor] = []
 
-    def step_fn(b):
-        loss, serving = bce_loss(dmp, b)
-        meter.record(serving, b.labels, guard.watch(loss))
-        losses.append(loss.detach().clone())
-        return loss, None
+        def step_fn(b):
+            loss, serving = bce_loss(dmp, b)
+            meter.record(serving, b.labels, guard.watch(loss))
+            losses.append(loss.detach().clone())
+            return loss, None
 
-    return env_cm, env, model, dmp, opt, step_fn, meter, losses
+        yield env, model, dmp, opt, step_fn, meter, losses
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -84,8 +87,7 @@ def _state(dmp, opt) -> dict[str, torch.Tensor]:
 def _train(data, kind: str, recd: bool, how: str, slack: float = 1.0):
     """The state after STEPS steps: `how` = "pipeline" (torchrec's), "local" (GraphSteps'
     uncaptured step in a tight layout) or "padded" (the same in layouts `slack` larger)."""
-    env_cm, env, model, dmp, opt, step_fn, meter, losses = _build(data, kind)
-    try:
+    with _build(data, kind) as (env, model, dmp, opt, step_fn, meter, losses):
         batches = _batches(data, model, recd)
         if how == "pipeline":
             steps = Steps(dmp, opt, env.device, step_fn)
@@ -99,8 +101,6 @@ def _train(data, kind: str, recd: bool, how: str, slack: float = 1.0):
                 layout = empty_layout(dmp, b.size).grown(b, slack) if how == "padded" else None
                 steps._eager(b, layout)
         return _state(dmp, opt), meter.sums.clone(), torch.stack(losses)
-    finally:
-        env_cm.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("kind,recd", [("student", True), ("student", False),
@@ -123,8 +123,7 @@ def test_a_padded_static_batch_holds_each_batch_it_is_loaded_with(datasets):
     """The buffers a graph replays from, reloaded with a smaller batch after a larger one:
     the real rows' lengths and ids are the batch's, the session rows beyond it are empty,
     and the padding bags own exactly the slots left over."""
-    env_cm, env, model, dmp, *_ = _build(datasets["sessions"], "student")
-    try:
+    with _build(datasets["sessions"], "student") as (env, model, dmp, *_):
         batches = _batches(datasets["sessions"], model, True, n=12)
         by_u = sorted(batches, key=lambda b: b.user.stride())
         big, small = by_u[-1], by_u[0]
@@ -155,13 +154,10 @@ def test_a_padded_static_batch_holds_each_batch_it_is_loaded_with(datasets):
         assert torch.equal(static.batch.inverse, small.inverse)
         assert torch.equal(static.batch.labels, small.labels)
         assert torch.equal(static.batch.dense, small.dense)
-    finally:
-        env_cm.__exit__(None, None, None)
 
 
 def test_capacities_fit_what_they_were_grown_from_and_refuse_more(datasets):
-    env_cm, env, model, dmp, *_ = _build(datasets["sessions"], "student")
-    try:
+    with _build(datasets["sessions"], "student") as (env, model, dmp, *_):
         recd = _batches(datasets["sessions"], model, True, n=12)
         plain = _batches(datasets["sessions"], model, False, n=1)
         tight = empty_layout(dmp, 256).grown(recd[0], slack=1.0)
@@ -177,19 +173,20 @@ def test_capacities_fit_what_they_were_grown_from_and_refuse_more(datasets):
         assert all(g >= t for s, u in zip(grown.sides, tight.sides, strict=True)
                    for g, t in zip(s.caps, u.caps, strict=True))
         assert not grown.fits(plain[0])
+        # room to spare is not enough: a layout of the plain form takes no RecD batch
+        # (its graph would read no inverse index)
+        plain_room = empty_layout(dmp, 256).grown(plain[0], slack=3.0)
+        assert plain_room.fits(plain[0]) and not plain_room.fits(recd[0])
         user = {s.attr: s for s in grown.grown(plain[0]).sides}["user"]
         assert user.rows == 256
         assert not Layout(128, grown.sides, grown.form).fits(recd[0])  # another batch size
-    finally:
-        env_cm.__exit__(None, None, None)
 
 
 def test_the_row_tracker_learns_every_step_s_ids(datasets):
     """Checkpoints' deltas: the rows GraphSteps' steps looked up, as under the pipeline."""
     got = {}
     for how in ("pipeline", "local"):
-        env_cm, env, model, dmp, opt, step_fn, *_ = _build(datasets["sessions"], "student")
-        try:
+        with _build(datasets["sessions"], "student") as (env, model, dmp, opt, step_fn, *_):
             tracker = RowTracker(dmp)
             batches = _batches(datasets["sessions"], model, True)
             if how == "pipeline":
@@ -204,15 +201,12 @@ def test_the_row_tracker_learns_every_step_s_ids(datasets):
             got[how] = {k: v.tolist() for k, v in tracker.take(
                 table_shards(state["model"], state["optim"])).items()}
             tracker.close()
-        finally:
-            env_cm.__exit__(None, None, None)
     assert got["local"] == got["pipeline"]
     assert sum(len(v) for v in got["local"].values()) > 100
 
 
 def test_whole_step_graphs_apply_to_one_gpu_process_only(datasets):
-    env_cm, env, model, dmp, *_ = _build(datasets["sessions"], "student")
-    try:
+    with _build(datasets["sessions"], "student") as (env, model, dmp, *_):
         assert unsupported(dmp, 1, torch.device("cpu")) == "not on a GPU"
         assert "2 processes" in unsupported(dmp, 2, torch.device("cuda"))
         assert unsupported(dmp, 1, torch.device("cuda")) is None
@@ -229,8 +223,6 @@ def test_whole_step_graphs_apply_to_one_gpu_process_only(datasets):
             device_type="cpu")})
         cw = parallel.shard(unsharded, env, embedding_lr=0.05, seed=0, plan=plan)
         assert unsupported(cw, 1, torch.device("cuda")) == "column_wise shards in the sharding plan"
-    finally:
-        env_cm.__exit__(None, None, None)
 
 
 def _unsharded(datasets):
@@ -251,9 +243,8 @@ def test_replayed_steps_train_as_uncaptured_ones(datasets, recd):
     the last digits)."""
     runs = {}
     for eager in (3, 10**9):
-        env_cm, env, model, dmp, opt, step_fn, meter, losses = _build(
-            datasets["sessions"], "student", "cuda")
-        try:
+        with _build(datasets["sessions"], "student", "cuda") as (env, model, dmp, opt,
+                                                                 step_fn, meter, _):
             steps = GraphSteps(dmp, opt, env.device, step_fn, batch=256, eager_steps=eager)
             batches = [b.pin_memory() for b in _batches(datasets["sessions"], model, recd, 12)]
             it = iter(batches)
@@ -261,8 +252,6 @@ def test_replayed_steps_train_as_uncaptured_ones(datasets, recd):
                 pass
             torch.cuda.synchronize()
             runs[eager] = (steps.replays, steps.captures, meter.sums.cpu())
-        finally:
-            env_cm.__exit__(None, None, None)
     assert runs[3][0] == 9 and runs[3][1] >= 1 and runs[10**9][:2] == (0, 0)
     graphed, eager = runs[3][2], runs[10**9][2]
     assert graphed[1:].tolist() == eager[1:].tolist()  # clicks, rows
@@ -292,9 +281,8 @@ def test_train_on_one_gpu_replays_whole_steps_and_scores_as_the_pipeline(dataset
 def test_a_step_that_cannot_be_captured_trains_uncaptured(datasets, caplog):
     """A loss that reads a value on the host (a capture forbids it): the capture fails, a
     warning says so, and every step still trains, uncaptured."""
-    env_cm, env, model, dmp, opt, step_fn, meter, _ = _build(datasets["sessions"], "student",
-                                                             "cuda")
-    try:
+    with _build(datasets["sessions"], "student", "cuda") as (env, model, dmp, opt, step_fn,
+                                                             meter, _):
         def host_reading(b):
             loss, none = step_fn(b)
             if float(loss) < 0:  # a host read: illegal while a stream captures
@@ -311,8 +299,6 @@ def test_a_step_that_cannot_be_captured_trains_uncaptured(datasets, caplog):
         assert "the capture failed" in caplog.text
         assert meter.sums[2].item() == 8 * 256
         torch.rand(4, device="cuda")  # the device's random generator still draws
-    finally:
-        env_cm.__exit__(None, None, None)
 
 
 @GPU
@@ -329,18 +315,17 @@ def test_the_capture_lets_other_threads_use_cuda(datasets):
             torch.empty(1 << 14).pin_memory()
             empty_host_cache()
 
-    env_cm, env, model, dmp, opt, step_fn, meter, _ = _build(datasets["sessions"], "student",
-                                                             "cuda")
-    pinning = threading.Thread(target=pin, daemon=True)
-    pinning.start()
-    try:
-        steps = GraphSteps(dmp, opt, env.device, step_fn, batch=256)
-        it = iter(_batches(datasets["sessions"], model, True, 12))
-        while steps.step(it):
-            pass
-        torch.cuda.synchronize()
-        assert steps.captures >= 1 and steps.replays == 9
-    finally:
-        stop.set()
-        pinning.join()
-        env_cm.__exit__(None, None, None)
+    with _build(datasets["sessions"], "student", "cuda") as (env, model, dmp, opt, step_fn,
+                                                             *_):
+        pinning = threading.Thread(target=pin, daemon=True)
+        pinning.start()
+        try:
+            steps = GraphSteps(dmp, opt, env.device, step_fn, batch=256)
+            it = iter(_batches(datasets["sessions"], model, True, 12))
+            while steps.step(it):
+                pass
+            torch.cuda.synchronize()
+            assert steps.captures >= 1 and steps.replays == 9
+        finally:
+            stop.set()
+            pinning.join()
