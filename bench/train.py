@@ -7,6 +7,8 @@ train.vs_plain_pytorch   the project's student step vs the same student in plain
 train.scaling            lrm.train.train under torchrun with 2 processes vs 1 (CPU, gloo)
 train.collections        the tables' lookup step in lrm's two collections vs one (ms, and the
                          pooled rows the output dist carries)
+train.end_to_end         lrm.train.train's steady samples/s (loader and loop included) vs the
+                         step alone on batches built beforehand
 --quick: small sizes and a few steps (vs_torchrec: ~40k rows).
 --batch B: every case's batch size (defaults: vs_torchrec 1024, the peers' benchmark; the
 others 2048, TrainConfig's); the days grow to hold enough batches of B. vs_torchrec's GPU
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 from bench.cases import train_collections, train_common, train_dedup, train_plain, \
-    train_scaling, train_vs_torchrec  # noqa: E402
+    train_e2e, train_scaling, train_vs_torchrec  # noqa: E402
 from bench.cases.train_common import dataset  # noqa: E402
 
 
@@ -34,7 +36,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     ap.add_argument("--only", default=None,
-                    choices=["vs_torchrec", "dedup", "plain", "scaling", "collections"])
+                    choices=["vs_torchrec", "dedup", "plain", "scaling", "collections",
+                             "end_to_end"])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--batch", type=int, default=None,
                     help="every case's batch size (default: vs_torchrec 1024, the others "
@@ -61,7 +64,9 @@ def main() -> None:
                               batch=args.batch or train_vs_torchrec.BATCH)
     cases = {"dedup": train_dedup.run, "plain": train_plain.run, "scaling": train_scaling.run,
              "collections": train_collections.run}
-    if args.only == "vs_torchrec":
+    if args.only in (None, "end_to_end"):  # its own days: one pass over them
+        train_e2e.run(quick=args.quick)
+    if args.only in ("vs_torchrec", "end_to_end"):
         return
     with dataset(args.quick) as data:  # one dataset for the other cases
         for name, fn in cases.items():

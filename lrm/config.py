@@ -281,8 +281,8 @@ class TrainConfig:
     compile: bool = False
     # CUDA graphs on a GPU (not with compile). One process: the whole step, one replay a
     # step after the learning-rate warm-up (lrm.train.step_graph; vs_torchrec's student on an
-    # H100, ms a step in one run: batch 2048 0.82 against torchrec's DLRM example 5.84,
-    # 16384 1.71 vs 5.94). Several processes, or shared-history batches: the dense MLPs' forward and
+    # H100, ms a step in one run: batch 2048 0.87 against torchrec's DLRM example 6.85,
+    # 16384 1.75 vs 6.33). Several processes, or shared-history batches: the dense MLPs' forward and
     # backward (lrm.train.graphs; batch 2048 9.16 -> 8.14 ms a step)
     cuda_graphs: bool = True  # CUDA graphs on a GPU: the whole step in one process
     lr: float = 1e-3  # dense part: AdamW

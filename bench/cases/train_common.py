@@ -83,9 +83,10 @@ def sessions_per_day(quick: bool) -> int:
 
 
 @contextmanager
-def dataset(quick: bool) -> Iterator[dict[str, Any]]:
-    """{"raw": impressions layout, "sessions": its dedup, "rows": day 0 impressions, ...}."""
-    cfg = GenerateConfig(days=2, sessions_per_day=sessions_per_day(quick))
+def dataset(quick: bool, days: int = 2) -> Iterator[dict[str, Any]]:
+    """{"raw": impressions layout, "sessions": its dedup, "rows": day 0 impressions, ...};
+    the last of `days` is the held-out day."""
+    cfg = GenerateConfig(days=days, sessions_per_day=sessions_per_day(quick))
     with tempfile.TemporaryDirectory(prefix="lrm-bench-train-") as tmp:
         root = Path(tmp)
         synthetic.generate(cfg, root / "raw")

@@ -12,13 +12,16 @@ before it sends the ids, so it cannot be captured. With one process the dists mo
 local lookups (torchrec's fused TBE modules, whose backward applies fbgemm's row-wise
 Adagrad) and the KeyedTensor is assembled from their output, as its output dist would for
 one rank. torchrec has no such path (its CUDA-graph helpers cover an unsharded model's
-inference), so it is written here. Measured on an H100 (same bench): 0.82-0.92 ms a step
-at batch 2048 (0.57-0.82 ms of it the host's) against torchrec's example at 5.8-7.4 ms.
+inference), so it is written here. Measured on an H100 (same bench, batch 2048): 0.87-0.88 ms
+a step, 0.12-0.20 ms of it the host's, against torchrec's example at 4.8-6.8 ms.
 
 A graph needs static shapes. A batch has B impressions (fixed), but its ids per feature
 and its sessions (RecD) vary. `Layout` fixes a capacity per feature and for the session
-rows, a little above the batch the capture sees (`slack`); `StaticBatch` copies each batch
-into buffers of those sizes:
+rows, a little above the batch the capture sees (`slack`). `StaticBatch` copies each batch
+to the device whole (a few copies: the host's only work for a step besides the replay) and
+the graph's first kernels lay it out in buffers of those sizes. (Laying it out on the host,
+a copy and two small ops per feature, cost the main thread ~1 ms a step on an H100 end to
+end, where the loader's thread competes for the interpreter; whole, 0.4 ms.) In them:
 
 * each feature's ids fill its first `n` slots; the rest are padding, owned by `PAD_ROWS`
   extra bags after the real rows (spread over several bags: fbgemm pools one bag per warp,
@@ -178,8 +181,69 @@ def unsupported(model: nn.Module, world_size: int, device: torch.device,
     return None
 
 
+class _SideBuffers:
+    """One side's buffers: what the model reads (`values`, `lengths`: each key's ids in
+    its first slots, its padding bags after the real rows) and where a batch lands as it
+    is (`in_values`, `in_lengths`), with the slot constants `unpack` maps them by."""
+
+    def __init__(self, s: Side, like: KeyedJaggedTensor, device: torch.device) -> None:
+        self.side = s
+        K, C = len(s.keys), sum(s.caps)
+        self.values = torch.zeros(C, dtype=like.values().dtype, device=device)
+        self.lengths = torch.zeros((K, s.stride), dtype=like.lengths().dtype, device=device)
+        # sized so that every index `unpack` forms is in bounds without a clamp: a key's
+        # slot p < cap reads off + p < 2C (off <= C), a real row r of key block k reads
+        # k * R + r < K * rows (R <= rows)
+        self.in_values = torch.zeros(max(2 * C, 1), dtype=self.values.dtype, device=device)
+        self.in_lengths = torch.zeros(max(K * s.rows, 1), dtype=self.lengths.dtype,
+                                      device=device)
+        caps = torch.tensor(s.caps, dtype=torch.int64, device=device)
+        self.caps = caps
+        self.slot_key = torch.repeat_interleave(torch.arange(K, device=device), caps)
+        self.slot_pos = torch.arange(C, device=device) - \
+            (torch.cumsum(caps, 0) - caps)[self.slot_key]
+        self.row = torch.arange(s.rows, device=device)
+        self.pad_bag = torch.arange(PAD_ROWS, device=device)
+
+    def meta(self, src: KeyedJaggedTensor) -> list[int]:
+        """The batch's side as the unpack reads it: per key (layout order) its ids and
+        their offset in `src`'s values, its row block in `src`'s lengths; then the rows."""
+        have = src.keys()
+        order = [have.index(k) for k in self.side.keys]
+        lpk, opk = src.length_per_key(), src.offset_per_key()
+        return [*(lpk[i] for i in order), *(opk[i] for i in order), *order, src.stride()]
+
+    def stage(self, src: KeyedJaggedTensor) -> None:
+        v, ln = src.values(), src.lengths()
+        if v.numel():
+            self.in_values[:v.numel()].copy_(v, non_blocking=True)
+        if ln.numel():
+            self.in_lengths[:ln.numel()].copy_(ln, non_blocking=True)
+
+    def unpack(self, meta: torch.Tensor) -> None:
+        """`values` and `lengths` from the staged batch and its `meta` (device ops only)."""
+        K = len(self.side.keys)
+        n, off, order, rows = meta[:K], meta[K:2 * K], meta[2 * K:3 * K], meta[3 * K]
+        if self.values.numel():  # few kernels: at batch 16384 these run over ~300k slots
+            key = self.slot_key
+            src = off[key].add_(self.slot_pos)
+            torch.where(self.slot_pos < n[key], self.in_values[src], self.values,
+                        out=self.values)
+        at = order[:, None] * rows + self.row
+        real = torch.where(self.row < rows, self.in_lengths[at], 0)
+        # the padding ids, spread evenly over the padding bags
+        q, r = torch.div(self.caps - n, PAD_ROWS, rounding_mode="floor"), \
+            torch.remainder(self.caps - n, PAD_ROWS)
+        pad = q[:, None] + (self.pad_bag < r[:, None])
+        self.lengths.copy_(torch.cat([real, pad], 1))
+
+
 class StaticBatch:
-    """Device buffers of one Layout and the Batch over them (see the module docstring)."""
+    """Device buffers of one Layout and the Batch over them (see the module docstring).
+
+    A batch comes in as it is: `stage` copies its tensors whole (a few copies, the host's
+    only per-step work) and `unpack`, device ops a graph captures, lays its ids into the
+    capacities; `load` does both."""
 
     def __init__(self, layout: Layout, like: Batch, device: torch.device) -> None:
         self.layout = layout
@@ -190,19 +254,15 @@ class StaticBatch:
             torch.zeros(B, dtype=like.inverse.dtype, device=device)
         self.teacher = None if like.teacher_logits is None else \
             torch.zeros(B, dtype=like.teacher_logits.dtype, device=device)
-        self.values: dict[str, torch.Tensor] = {}
-        self.lengths: dict[str, torch.Tensor] = {}
+        self.sides = [_SideBuffers(s, getattr(like, s.attr), device) for s in layout.sides]
+        self.meta = torch.zeros(sum(3 * len(s.keys) + 1 for s in layout.sides),
+                                dtype=torch.int64, device=device)
         kjts = {}
-        for s in layout.sides:
-            src: KeyedJaggedTensor = getattr(like, s.attr)
-            self.values[s.attr] = torch.zeros(sum(s.caps), dtype=src.values().dtype,
-                                              device=device)
-            self.lengths[s.attr] = torch.zeros((len(s.keys), s.stride),
-                                               dtype=src.lengths().dtype, device=device)
+        for sb in self.sides:
+            s = sb.side
             kjts[s.attr] = KeyedJaggedTensor(
-                keys=list(s.keys), values=self.values[s.attr],
-                lengths=self.lengths[s.attr].view(-1), stride=s.stride,
-                length_per_key=list(s.caps),
+                keys=list(s.keys), values=sb.values, lengths=sb.lengths.view(-1),
+                stride=s.stride, length_per_key=list(s.caps),
                 offset_per_key=list(itertools.accumulate(s.caps, initial=0)))
         empty = KeyedJaggedTensor(keys=[], values=torch.zeros(0, dtype=torch.int64,
                                                               device=device),
@@ -212,40 +272,33 @@ class StaticBatch:
                            labels=self.labels, inverse=self.inverse,
                            teacher_logits=self.teacher)
 
-    def load(self, b: Batch) -> None:
-        """Copy `b` (host or device tensors; it must fit the layout) into the buffers."""
+    def stage(self, b: Batch) -> None:
+        """Copy `b` (host or device tensors; it must fit the layout) to the device."""
         self.dense.copy_(b.dense, non_blocking=True)
         self.labels.copy_(b.labels, non_blocking=True)
         if self.inverse is not None:
             self.inverse.copy_(b.inverse, non_blocking=True)  # type: ignore[arg-type]
         if self.teacher is not None:
             self.teacher.copy_(b.teacher_logits, non_blocking=True)  # type: ignore[arg-type]
-        for s in self.layout.sides:
-            src: KeyedJaggedTensor = getattr(b, s.attr)
-            have = src.keys()
-            R = src.stride()
-            lpk, opk = src.length_per_key(), src.offset_per_key()
-            values, lengths = self.values[s.attr], self.lengths[s.attr]
-            at = 0
-            pad = torch.zeros((len(s.keys), PAD_ROWS), dtype=lengths.dtype)
-            src_values = src.values()
-            for j, (key, cap) in enumerate(zip(s.keys, s.caps, strict=True)):
-                i = have.index(key)
-                n = lpk[i]
-                if n:
-                    values[at:at + n].copy_(src_values[opk[i]:opk[i] + n], non_blocking=True)
-                # the padding ids, spread evenly over the padding bags
-                q, r = divmod(cap - n, PAD_ROWS)
-                pad[j] = q
-                pad[j, :r] += 1
-                at += cap
-            order = [have.index(k) for k in s.keys]
-            src_lengths = src.lengths().view(len(have), R)
-            lengths[:, :R].copy_(src_lengths if order == list(range(len(have)))
-                                 else src_lengths[order], non_blocking=True)
-            if R < s.rows:
-                lengths[:, R:s.rows].zero_()
-            lengths[:, s.rows:].copy_(pad, non_blocking=True)
+        meta: list[int] = []
+        for sb in self.sides:
+            src: KeyedJaggedTensor = getattr(b, sb.side.attr)
+            if len(src.keys()) != len(sb.side.keys):  # keys no table of this side takes
+                src = select_keys(src, list(sb.side.keys))
+            sb.stage(src)
+            meta += sb.meta(src)
+        self.meta.copy_(torch.tensor(meta, dtype=torch.int64), non_blocking=True)
+
+    def unpack(self) -> None:
+        at = 0
+        for sb in self.sides:
+            k = 3 * len(sb.side.keys) + 1
+            sb.unpack(self.meta[at:at + k])
+            at += k
+
+    def load(self, b: Batch) -> None:
+        self.stage(b)
+        self.unpack()
 
 
 def _local_forward(sebc: nn.Module, rows: int) -> Callable[[KeyedJaggedTensor], KeyedTensor]:
@@ -318,7 +371,7 @@ class GraphSteps:
             base = g.layout if g is not None else self._empty
             g = self._capture(base.grown(b), b) or g
         if g is not None and g.layout.fits(b):
-            g.static.load(b)
+            g.static.stage(b)
             g.graph.replay()
             self.replays += 1
             self._track(b, replayed=True)
@@ -358,6 +411,7 @@ class GraphSteps:
             # a global capture would refuse (and so fail it) though it touches no stream
             with self._local(layout), _capturable(self.opt), \
                     torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                static.unpack()
                 loss, _ = self.step_fn(static.batch)
                 loss.backward()
                 self.opt.step()

@@ -6,6 +6,7 @@ uncaptured one, and `lrm.train.train` takes the graphs."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ import pytest
 import torch
 from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan
 from torchrec.distributed.types import ShardingPlan
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from lrm.checkpoint.tables import table_shards
 from lrm.checkpoint.tracker import RowTracker
@@ -132,6 +134,8 @@ def test_a_padded_static_batch_holds_each_batch_it_is_loaded_with(datasets):
         assert layout.fits(big) and layout.fits(small)
         static = StaticBatch(layout, big, env.device)
         static.load(big)
+        held = {side.attr: getattr(static.batch, side.attr).values().clone()
+                for side in layout.sides}
         static.load(small)
         for side in layout.sides:
             src = getattr(small, side.attr)
@@ -149,11 +153,35 @@ def test_a_padded_static_batch_holds_each_batch_it_is_loaded_with(datasets):
                 pad = lengths[j, side.rows:]
                 assert int(pad.max()) - int(pad.min()) <= 1 and pad.numel() == PAD_ROWS
                 assert torch.equal(kjt.values()[at:at + n], jt.values()), key
+                # the padding slots keep what they held: ids of the same table
+                assert torch.equal(kjt.values()[at + n:at + cap],
+                                   held[side.attr][at + n:at + cap]), key
                 at += cap
             assert kjt.values().numel() == at == sum(side.caps)
         assert torch.equal(static.batch.inverse, small.inverse)
         assert torch.equal(static.batch.labels, small.labels)
         assert torch.equal(static.batch.dense, small.dense)
+
+
+def test_a_static_batch_takes_only_its_sides_keys(datasets):
+    """A batch KJT with a feature no table of that side takes (first, so every offset
+    shifts) loads as the batch without it: the staging holds the side's keys only."""
+    with _build(datasets["sessions"], "student") as (env, model, dmp, *_):
+        b = _batches(datasets["sessions"], model, True, n=1)[0]
+        it = b.item
+        B = it.stride()
+        stray = KeyedJaggedTensor(
+            keys=["stray", *it.keys()], stride=B,
+            values=torch.cat([torch.arange(2 * B, dtype=it.values().dtype), it.values()]),
+            lengths=torch.cat([torch.full((B,), 2, dtype=it.lengths().dtype), it.lengths()]))
+        layout = empty_layout(dmp, B).grown(b)
+        plain, extra = StaticBatch(layout, b, env.device), StaticBatch(layout, b, env.device)
+        plain.load(b)
+        extra.load(dataclasses.replace(b, item=stray))
+        for side in layout.sides:
+            x, y = getattr(plain.batch, side.attr), getattr(extra.batch, side.attr)
+            assert torch.equal(x.values(), y.values()), side.attr
+            assert torch.equal(x.lengths(), y.lengths()), side.attr
 
 
 def test_capacities_fit_what_they_were_grown_from_and_refuse_more(datasets):
