@@ -135,6 +135,8 @@ class DedupConfig:
     """RecD dedup of impression rows into session rows (lrm.data.dedup)."""
 
     rows_per_file: int = 200_000  # sessions per output Parquet file
+    # lrm.data.items (measured on the default day: its sessions file 3.18 -> 2.50 MB)
+    item_table: bool = True  # store an ad's attributes once per ad in each file
 
     def __post_init__(self) -> None:
         _check(self.rows_per_file >= 1, "rows_per_file", "must be >= 1")

@@ -365,9 +365,11 @@ def _write_ledger(folder: Path, ledger: dict[str, dict[str, Any]]) -> None:
 
 
 def write_parquet(table: pa.Table, path: Path, *, stage: str | None = None, force: bool = False,
-                  **kwargs: Any) -> int:
+                  file_metadata: dict[bytes, bytes] | None = None, **kwargs: Any) -> int:
     """Write `table` to `path` atomically; return the bytes written.
 
+    file_metadata: key-value pairs for the file's footer only (not its Arrow schema's
+    metadata, which pyarrow also stores in the footer: a large value would be there twice).
     The footer is read back and its row count checked before the rename. An existing file is
     replaced only if lrm wrote it (see the module doc); inside an atomic_dir temporary folder
     there is no check and no hashing.
@@ -375,7 +377,13 @@ def write_parquet(table: pa.Table, path: Path, *, stage: str | None = None, forc
     kwargs.setdefault("compression", "zstd")
 
     def fill(tmp: Path) -> None:
-        pq.write_table(table, tmp, **kwargs)
+        if file_metadata:
+            with pq.ParquetWriter(tmp, table.schema, **{
+                    k: v for k, v in kwargs.items() if k != "row_group_size"}) as w:
+                w.write_table(table, row_group_size=kwargs.get("row_group_size"))
+                w.add_key_value_metadata(file_metadata)
+        else:
+            pq.write_table(table, tmp, **kwargs)
         rows = pq.read_metadata(tmp).num_rows
         if rows != table.num_rows:
             raise OSError(f"{tmp}: wrote {rows} rows, expected {table.num_rows}")

@@ -5,7 +5,8 @@ history is ~100 items (at the default 100 it is ~79). "default" is one day of th
 size (20,000 sessions, ~160k impressions), "10x" ten such days (skipped with --quick);
 "history_heavy" one day of bench.cases.data_profiles.history_heavy (histories of ~840 ads). The impression file is the generator's log: sessions
 in the order they happen. The sessions file is dedup's: a file's sessions sorted by user,
-a user's sliding history stored once per run.
+a user's sliding history stored once per run, an ad's attributes once per ad (the file's
+item table, lrm.data.items).
 
 Storage baselines, each written from the same rows: the impression file with the same
 writer rules (lrm.data.parquet.write_options); with its own best rules ("tuned": no
@@ -85,6 +86,7 @@ def _dataset(cfg: GenerateConfig, tuned: bool = False) -> Iterator[tuple[Path, d
                      "mean_session_length": round(rows / sessions, 3),
                      "mean_history_length": round(hist / sessions, 1),
                      "history_stored_once_per": round(m["history_ratio"], 2),
+                     "item_columns": m["item_columns"],
                      "dedup_s": round(seconds, 2)}
 
 
@@ -109,11 +111,14 @@ def run_storage(quick: bool = False) -> None:
 
 
 def _pyarrow_read(ld: BatchLoader) -> int:
-    """pyarrow's bare streaming read of the loader's files: same columns, same chunks."""
+    """pyarrow's bare streaming read of the loader's files: the same columns as stored
+    (an item table's stay in the footer), same chunks."""
     rows = loader.CHUNK_SESSIONS if ld.layout == "sessions" else loader.CHUNK_IMPRESSIONS
     n = 0
     for _, f in ld.files:
-        for rb in pq.ParquetFile(f).iter_batches(batch_size=rows, columns=ld.columns):
+        pf = pq.ParquetFile(f)
+        cols = [c for c in ld.columns if c in pf.schema_arrow.names]
+        for rb in pf.iter_batches(batch_size=rows, columns=cols):
             n += rb.num_rows
     return n
 

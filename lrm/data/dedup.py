@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from lrm import io
 from lrm.config import DedupConfig
-from lrm.data import histories, parquet
+from lrm.data import histories, items, parquet
 from lrm.data.schema import (
     DAY,
     LABEL,
@@ -368,6 +368,8 @@ class _PartWriter:
     bytes_out: int = 0
     history_values: int = 0  # sequence values of all sessions' windows
     history_stored: int = 0  # ... of the runs' items actually stored
+    item_table: bool = True  # see lrm.data.items
+    item_columns: set[str] = field(default_factory=set)  # stored once per item in a file
     _buf: list[pa.Table] = field(default_factory=list)
     _buffered: int = 0
 
@@ -391,7 +393,14 @@ class _PartWriter:
         for f in self.schema.user_seq:
             self.history_values += int(pc.sum(out.column(window_columns(f)[1])).as_py() or 0)
             self.history_stored += int(pc.sum(pc.list_value_length(out.column(f))).as_py() or 0)
+        kv: dict[bytes, bytes] = {}
+        if self.item_table:
+            before = out.column_names
+            out, kv = items.split(out, self.schema.item_key,
+                                  self.schema.item_sparse + self.schema.dense, opts)
+            self.item_columns |= set(before) - set(out.column_names)
         self.bytes_out += io.write_parquet(out, part_path(self.dst, self.day, self.parts),
+                                           file_metadata=kv,
                                            **parquet.write_options(out.schema, "sessions"))
         self.parts += 1
         self._buf = [rest] if rest.num_rows else []
@@ -477,10 +486,12 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
     schema, files = check_source(src)
     total = sum(parquet.read_metadata(f).num_rows for fs in files.values() for f in fs)
     rows = sessions = bytes_in = bytes_out = parts = hist_values = hist_stored = 0
+    item_columns: set[str] = set()
     with Reporter("dedup", total=total, unit="rows") as rep:
         for day, paths in files.items():
             bytes_in += sum(p.stat().st_size for p in paths)
-            writer = _PartWriter(Path(dst), day, cfg.rows_per_file, schema)
+            writer = _PartWriter(Path(dst), day, cfg.rows_per_file, schema,
+                                 item_table=cfg.item_table)
             ids: list[np.ndarray] = []  # session ids of the day, in order
             where: list[tuple[int, Path]] = []  # (index of the first session, file)
             day_start = sessions
@@ -499,6 +510,7 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
             _check_day_contiguous(ids, where)
             hist_values += writer.history_values
             hist_stored += writer.history_stored
+            item_columns |= writer.item_columns
     return {
         "rows": rows,
         "sessions": sessions,
@@ -511,6 +523,8 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
         "history_values": hist_values,  # sequence values the sessions' windows hold
         "history_values_stored": hist_stored,  # ... stored once per run
         "history_ratio": hist_values / hist_stored if hist_stored else 0.0,
+        # stored once per item in some file (lrm.data.items), in the schema's order
+        "item_columns": [c for c in schema.item_sparse + schema.dense if c in item_columns],
     }
 
 

@@ -168,7 +168,8 @@ class BatchLoader:
         if self.teacher_column is not None:
             cols.append(self.teacher_column)
         for _, f in self.files:
-            arrow = parquet.open_file(f).schema_arrow
+            pf = parquet.open_file(f)
+            arrow, names = pf.schema_arrow, parquet.column_names(pf)
             meta = arrow.metadata or {}
             layout = meta.get(b"lrm.layout", b"").decode()
             if layout != self.layout or (
@@ -179,7 +180,7 @@ class BatchLoader:
                     sessions_version(meta) >= 2) != self.runs:
                 raise DataError(f, None, None, f"sessions layout version differs from "
                                 f"{self.root}'s first file (re-run dedup on the whole dataset)")
-            missing = [c for c in cols if c not in arrow.names]
+            missing = [c for c in cols if c not in names]
             if missing:
                 raise DataError(f, None, missing[0], "column not found"
                                 + (" (teacher_column: is this augmented data?)"

@@ -1,5 +1,6 @@
 """Reading Parquet files: every reader in lrm opens and streams them through here; the
-writer settings of lrm's dataset files (`write_options`).
+writer settings of lrm's dataset files (`write_options`). A sessions file's item table
+(lrm.data.items) is put back into what every read returns.
 
 pyarrow reports a damaged file as `ArrowInvalid` or `OSError` ("ZSTD decompression failed",
 "Parquet magic bytes not found in footer", ...) without naming it, from deep inside a
@@ -19,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from lrm.data import items
 from lrm.errors import DataError
 
 REMEDY = "re-create it: rerun the stage that wrote it"
@@ -77,30 +79,42 @@ def iter_batches(path: Path | str, batch_size: int, columns: Sequence[str] | Non
     A batch never spans row groups: a row group's last batch may be short.
     """
     pf = open_file(path) if file is None else file
+    it = items.of(pf, path)
     cols = None if columns is None else list(columns)
+    read = it.physical(cols) if it is not None else cols
     for k in range(pf.num_row_groups):
         with reading(path, k):
-            batches = pf.iter_batches(batch_size=batch_size, row_groups=[k], columns=cols)
+            batches = pf.iter_batches(batch_size=batch_size, row_groups=[k], columns=read)
         while True:
             with reading(path, k):  # decoding happens on next(): errors surface here
                 rb = next(batches, None)
             if rb is None:
                 break
-            yield rb
+            yield rb if it is None else it.restore(rb, cols)
 
 
 def read_table(path: Path | str, columns: Sequence[str] | None = None) -> pa.Table:
     """The whole file (or `columns` of it) as one table, read row group by row group."""
     pf = open_file(path)
+    it = items.of(pf, path)
     cols = None if columns is None else list(columns)
+    read = it.physical(cols) if it is not None else cols
     parts = []
     for k in range(pf.num_row_groups):
         with reading(path, k):
-            parts.append(pf.read_row_group(k, columns=cols))
+            parts.append(pf.read_row_group(k, columns=read))
     if parts:
-        return pa.concat_tables(parts)
-    empty = pf.schema_arrow.empty_table()
-    return empty if cols is None else empty.select(cols)
+        table = pa.concat_tables(parts)
+    else:
+        empty = pf.schema_arrow.empty_table()
+        table = empty if read is None else empty.select(read)
+    return table if it is None else it.restore(table, cols)
+
+
+def column_names(pf: pq.ParquetFile) -> list[str]:
+    """The columns a read of the file gives: those stored, and those its item table holds
+    (lrm.data.items)."""
+    return [*pf.schema_arrow.names, *items.moved(pf)]
 
 
 # Parquet writer settings (see write_options). Measured on the synthetic log (mean session

@@ -53,6 +53,9 @@ class FeatureSchema:
     user_key: the user_sparse column naming the user: dedup sorts a file's sessions by it
         (stable), so a user's sessions lie together and share their history (None: kept
         in input order).
+    item_key: the item_sparse column naming the item (the ad): a sessions file stores the
+        item-side columns that are a function of it once per item (lrm.data.items; None:
+        every column per impression).
     """
 
     name: str
@@ -62,10 +65,13 @@ class FeatureSchema:
     dense: tuple[str, ...]
     vocab: dict[str, int] = field(default_factory=dict)
     user_key: str | None = None
+    item_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.user_key is not None and self.user_key not in self.user_sparse:
             raise ValueError(f"user_key {self.user_key!r} is not a user_sparse feature")
+        if self.item_key is not None and self.item_key not in self.item_sparse:
+            raise ValueError(f"item_key {self.item_key!r} is not an item_sparse feature")
         taken = set(self.sparse_features) | set(self.dense)
         clash = [c for f in self.user_seq for c in window_columns(f) if c in taken]
         if clash:
@@ -120,6 +126,7 @@ class FeatureSchema:
             dense=tuple(d["dense"]),
             vocab={k: int(v) for k, v in d.get("vocab", {}).items()},
             user_key=d.get("user_key"),
+            item_key=d.get("item_key"),
         )
 
 
@@ -144,6 +151,7 @@ def synthetic_schema(vocab: dict[str, int] | None = None) -> FeatureSchema:
         dense=("d_position", "d_user_activity", "d_ad_age", "d_bid"),
         vocab=dict(vocab or {}),
         user_key="user_id",
+        item_key="ad_id",
     )
 
 

@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from lrm import io
-from lrm.data import parquet
+from lrm.data import items, parquet
 from lrm.data.parquet import write_options
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import LABEL, day_files, read_schema
@@ -202,7 +202,10 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
             group = opts.pop("row_group_size")  # a chunk is (at most) one row group
             file_rows = 0
             with pq.ParquetWriter(tmp / f.name, schema, **opts) as writer:
-                for rb in parquet.iter_batches(f, group, file=pf):
+                if kv := items.file_metadata(pf):  # still true: the same impressions
+                    writer.add_key_value_metadata(kv)
+                # the stored columns (the item table goes over as it is)
+                for rb in parquet.iter_batches(f, group, pf.schema_arrow.names, file=pf):
                     labels = pc.list_flatten(rb.column(rb.schema.get_field_index(LABEL)))
                     n = len(labels)
                     logits = stream.take(n, str(f))

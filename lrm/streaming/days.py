@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from lrm import io
 from lrm.config import DedupConfig, TableConfig
-from lrm.data import collisions
+from lrm.data import collisions, parquet
 from lrm.data.schema import day_files, part_path, read_schema
 from lrm.errors import DataError
 from lrm.exfm.augment import read_manifest
@@ -102,11 +101,13 @@ def split_day(paths: StreamPaths, day: int, holdout: float) -> dict[str, Any]:
     if all(f.is_file() and json.loads(f.read_text()) == stamp for f in done):
         return {"skipped": True}
     files = day_files(paths.augmented)[day]
-    table = pa.concat_tables([pq.read_table(f) for f in files])
+    # read as the impressions' columns (item tables put back: each file has its own)
+    tables = [parquet.read_table(f) for f in files]
+    table = pa.concat_tables(tables)
     n = table.num_rows
     want = n - max(1, math.ceil(holdout * n)) if n > 1 else n
     cut = run_boundary(table, read_schema(files[0])[0].user_seq, want)
-    schema = pq.read_schema(files[0])  # keeps the lrm schema and teacher metadata
+    schema = tables[0].schema  # keeps the lrm schema and teacher metadata
     for out, part in ((fit, table.slice(0, cut)), (held, table.slice(cut))):
         with io.atomic_dir(out, stage=STAGE) as tmp:
             io.write_parquet(part.cast(schema), part_path(tmp, day))

@@ -190,7 +190,7 @@ def test_flatten_rejects_ragged_sessions():
 
 
 def _read_day(root, day, flatten=False):
-    tabs = [pq.read_table(f) for f in day_files(root)[day]]
+    tabs = [parquet.read_table(f) for f in day_files(root)[day]]
     if flatten:
         tabs = [dedup.flatten_sessions(t) for t in tabs]
     return pa.concat_tables(tabs)
@@ -240,9 +240,9 @@ def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
     write_dataset(tmp_path / "raw", {0: t}, rows_per_file=1000)
     m = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "s", DedupConfig(rows_per_file=40))
     (f0, f1) = day_files(tmp_path / "s")[0]
-    whole = dedup.expand_histories(pq.read_table(f0), SCHEMA)
+    whole = dedup.expand_histories(parquet.read_table(f0), SCHEMA)
     by_hand = _by_user(t, 40)
-    hist = dedup.flatten_sessions(pq.read_table(f0)).column("user_history").to_pylist()
+    hist = dedup.flatten_sessions(parquet.read_table(f0)).column("user_history").to_pylist()
     assert hist == by_hand.slice(0, len(hist)).column("user_history").to_pylist()
     carried = sum(len(h or []) for h in whole.column("user_history").to_pylist())
     pf = pq.ParquetFile(f0)
@@ -251,7 +251,7 @@ def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
         g = pf.read_row_group(k)
         assert dedup.expand_histories(g, SCHEMA).column("user_history").equals(
             whole.column("user_history").slice(7 * k, g.num_rows))
-    stored = pq.read_table(f0).column("user_history").to_pylist()
+    stored = parquet.read_table(f0).column("user_history").to_pylist()
     own = whole.column("user_history").to_pylist()
 
     def slides(prev, cur):  # cur = new items + prev's first len(cur) - s items, for some s
@@ -269,7 +269,7 @@ def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
             cut += i % 7 == 0 and i > 0 and bool(slides(own[i - 1], own[i]))
     assert shared >= 5 and cut >= 1  # (a row group cut a run at least once)
     assert sum(len(h) for h in stored if h) < carried
-    both = [pq.read_table(f) for f in (f0, f1)]
+    both = [parquet.read_table(f) for f in (f0, f1)]
     assert m["history_values"] == sum(
         len(h or []) for b in both
         for h in dedup.expand_histories(b, SCHEMA).column("user_history").to_pylist())

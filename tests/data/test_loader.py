@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lrm.config import DedupConfig, GenerateConfig
-from lrm.data import dedup, loader
+from lrm.data import dedup, loader, parquet
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import SESSION, part_path, read_schema, synthetic_schema
@@ -24,7 +24,7 @@ HASH = {"user_id": 7, "user_history": 5, "ad_id": 3, "advertiser_id": 11}
 
 def _rows_of(root) -> pa.Table:
     """A dataset's impressions in stream order (a sessions dataset flattened)."""
-    tabs = [pq.read_table(f) for f in sorted(root.rglob("*.parquet"))]
+    tabs = [parquet.read_table(f) for f in sorted(root.rglob("*.parquet"))]
     if read_schema(root)[1] == "sessions":
         tabs = [dedup.flatten_sessions(t) for t in tabs]
     return pa.concat_tables(tabs)
@@ -415,7 +415,7 @@ def test_round_trip_generate_dedup_load(tmp_path, monkeypatch):
         n_hist_plain += bp.user["user_history"].values().numel()
     assert n_user_rows < m["rows"] / 2  # user features really were carried once per session
     assert n_hist < n_hist_plain / 5  # ... and a user's history once per batch
-    raw = pa.concat_tables(pq.read_table(f) for f in sorted((tmp_path / "raw").rglob("*.parquet")))
+    raw = pa.concat_tables(parquet.read_table(f) for f in sorted((tmp_path / "raw").rglob("*.parquet")))
     ses = _rows_of(tmp_path / "sessions")
     assert_same(concat(got), reference(ses, hs))  # exactly the generated rows, reordered
     order = [("session_id", "ascending"), ("position", "ascending")]
@@ -461,13 +461,13 @@ def test_the_first_sessions_layout_still_reads(data, tmp_path):
     for f in files:
         out = tmp_path / "v1" / f.relative_to(root / "sessions")
         out.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(dedup.expand_histories(pq.read_table(f), SCHEMA), out)
+        pq.write_table(dedup.expand_histories(parquet.read_table(f), SCHEMA), out)
     old = list(BatchLoader(tmp_path / "v1", 16, hash_sizes=HASH))
     new = list(BatchLoader(root / "sessions", 16, hash_sizes=HASH))
     assert all(b.windows is None for b in old)
     for a, b in zip(old, new, strict=True):
         assert_same(plain_arrays(a), plain_arrays(b))
-    pq.write_table(pq.read_table(files[1]), tmp_path / "v1" / files[1].relative_to(
+    pq.write_table(parquet.read_table(files[1]), tmp_path / "v1" / files[1].relative_to(
         root / "sessions"))  # one file of the new layout among old ones
     with pytest.raises(DataError, match="re-run dedup"):
         BatchLoader(tmp_path / "v1", 16)
@@ -476,7 +476,7 @@ def test_the_first_sessions_layout_still_reads(data, tmp_path):
 def test_a_file_cut_inside_a_run_is_a_data_error(data, tmp_path):
     root, _ = data
     for f in sorted((root / "sessions").rglob("*.parquet")):  # a file with a shared history
-        t = pq.read_table(f)
+        t = parquet.read_table(f)
         members = np.flatnonzero(~t.column("user_history").is_valid().to_numpy(
             zero_copy_only=False) & (t.column("user_history_offset").to_numpy() >= 0))
         if len(members):

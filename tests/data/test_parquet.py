@@ -39,7 +39,7 @@ def tiny_world(root: Path) -> dict[str, Path]:
             for f in fs:
                 dst = root / name / f.relative_to(src)
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(pq.read_table(f), dst, row_group_size=ROW_GROUP[name],
+                pq.write_table(parquet.read_table(f), dst, row_group_size=ROW_GROUP[name],
                                compression="zstd")
         out[name] = root / name
     shutil.rmtree(root / "gen")

@@ -22,6 +22,7 @@ from lrm.exfm import augment
 from lrm.exfm.augment import MANIFEST, META_VERSION, TEACHER_COLUMN, augment_dataset, teacher_hash
 from lrm.train.evaluate import predict
 from lrm.train.export import load_model
+from lrm.data import parquet
 from tests.data.test_parquet import assert_names, corrupt
 from tests.exfm.conftest import random_teacher
 from tests.train.conftest import datasets  # noqa: F401  (session fixture)
@@ -33,11 +34,11 @@ def teacher(datasets, tmp_path_factory):  # noqa: F811
 
 
 def _table(path):
-    return pq.read_table(path)
+    return parquet.read_table(path)
 
 
 def _day(files):
-    return pa.concat_tables([pq.read_table(f) for f in files])
+    return pa.concat_tables([parquet.read_table(f) for f in files])
 
 
 def test_output_is_row_aligned_and_holds_the_teachers_prediction(datasets, teacher,  # noqa: F811
@@ -111,7 +112,7 @@ def test_another_teacher_or_changed_input_reaugments(datasets, teacher, tmp_path
     assert r["written"] == [1, 2]
     # a changed input day is redone, the others not
     f = day_files(src)[1][0]
-    t = pq.read_table(f)
+    t = parquet.read_table(f)
     pq.write_table(t.slice(0, t.num_rows - 1).replace_schema_metadata(t.schema.metadata), f)
     r = augment_dataset(other, src, dst, days=[1, 2])
     assert r["written"] == [1] and r["skipped"] == [2]

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from lrm import io
-from lrm.data import dedup
+from lrm.data import dedup, parquet
 from lrm.data.schema import day_files, read_schema, synthetic_schema
 from flows.cli import app
 from tests.conftest import REPO
@@ -52,7 +52,7 @@ def test_stage_writes_sessions_and_metrics(tmp_path, raw):
     assert read_schema(out) == (synthetic_schema(), "sessions")
     files = day_files(out)
     assert [pq.read_metadata(f).num_rows for f in files[0]] == [7, 7, 7, 7, 2]
-    flat = sum(dedup.flatten_sessions(pq.read_table(f)).num_rows for fs in files.values()
+    flat = sum(dedup.flatten_sessions(parquet.read_table(f)).num_rows for fs in files.values()
                for f in fs)
     assert flat == m["rows"]
     assert m["bytes_out"] == io.dir_bytes(out)
@@ -119,5 +119,7 @@ def test_stage_non_constant_user_field_exits_2_and_leaves_out_untouched(tmp_path
 
 
 def test_lrm_front_door_has_the_stage():
-    r = CliRunner().invoke(app, ["dedup", "--help"])
+    # wide enough that rich does not cut the option names (a bool param's two forms)
+    r = CliRunner().invoke(app, ["dedup", "--help"], env={"COLUMNS": "160"})
     assert r.exit_code == 0 and "--in" in r.output and "--dedup.rows_per_file" in r.output
+    assert "--no-dedup.item_table" in r.output

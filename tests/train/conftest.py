@@ -12,7 +12,7 @@ import pytest
 
 from lrm.config import DedupConfig, GenerateConfig, LoaderConfig, ModelConfig, StudentModelConfig, \
     TrainConfig
-from lrm.data import dedup, synthetic
+from lrm.data import dedup, parquet, synthetic
 from lrm.data.schema import day_files
 
 TINY = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=3,
@@ -62,7 +62,7 @@ def poison_day(src: Path, dst: Path, day: int, column: str = "d_bid") -> Path:
     """A copy of `src` whose `day` has NaN in a dense column (every impression)."""
     shutil.copytree(src, dst)
     for f in day_files(dst)[day]:
-        t = pq.read_table(f)
+        t = parquet.read_table(f)
         i = t.schema.get_field_index(column)
         col = t.column(column)
         if pa.types.is_list(col.type):  # sessions layout: a list per session

@@ -19,6 +19,7 @@ from lrm.metrics import normalized_entropy
 from lrm.train import NonFiniteLossError, evaluate, load_model, train
 from lrm.checkpoint import Store
 from lrm.config import CheckpointConfig, SplitConfig
+from lrm.data import parquet
 from tests.train.conftest import LOADER, SMALL_MODEL, poison_day, tiny_train
 
 
@@ -133,7 +134,7 @@ def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, say
         data = tmp_path / "changed"
         shutil.copytree(datasets["sessions"], data)
         f = sorted((data / "day=1").glob("*.parquet"))[0]
-        pq.write_table(pq.read_table(f).slice(0, 50), f)
+        pq.write_table(parquet.read_table(f).slice(0, 50), f)
     with pytest.raises(ConfigError, match=f"cannot resume .*{says}") as err:
         train(kind, cfg, model, data, loader_cfg=LOADER, checkpoints=ck, resume=True)
     assert "\n" not in str(err.value)  # one line
@@ -180,7 +181,7 @@ def test_warm_start_custom_loss_and_teacher_column(datasets, tmp_path):
     # a copy of the raw data with a teacher logit per impression (as augment writes it)
     aug = tmp_path / "aug"
     for f in sorted(datasets["raw"].rglob("*.parquet")):
-        t = pq.read_table(f)
+        t = parquet.read_table(f)
         t = t.append_column(pa.field("teacher_logit", pa.float32()),
                             pa.array(np.full(t.num_rows, -3.5, np.float32)))
         dst = aug / f.relative_to(datasets["raw"])
