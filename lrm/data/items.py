@@ -33,6 +33,7 @@ TABLE_KEY = b"lrm.items"  # Parquet bytes: the item key, then the moved columns
 COLUMNS_KEY = b"lrm.items.columns"  # JSON: the file's columns in their order before the move
 
 T = TypeVar("T", pa.Table, pa.RecordBatch)
+LUT_MIN, LUT_PER_KEY = 1 << 20, 16  # a lookup array when the largest key is below either
 
 
 def _flat(col: pa.ChunkedArray | pa.Array) -> pa.Array:
@@ -118,6 +119,14 @@ class ItemTable:
         self.columns = tuple(self.table.column_names[1:])
         self.keys = self.table.column(0).to_numpy()
         self._values = {c: self.table.column(c).combine_chunks() for c in self.columns}
+        # key -> row as an array where the keys are dense enough (ad ids are): a lookup
+        # costs a tenth of a binary search (measured: restoring a chunk of 65k impressions
+        # spent 4 ms in searchsorted)
+        self._lut: np.ndarray | None = None
+        if self.keys.size and self.keys[0] >= 0 and \
+                self.keys[-1] < max(LUT_MIN, LUT_PER_KEY * self.keys.size):
+            self._lut = np.full(int(self.keys[-1]) + 1, -1, dtype=np.int64)
+            self._lut[self.keys] = np.arange(self.keys.size)
         # a moved column as a read of the file would give it (Parquet names a list's
         # values "element")
         self._fields = {c: pa.field(c, pa.list_(pa.field("element", self._values[c].type)))
@@ -148,9 +157,15 @@ class ItemTable:
             if isinstance(keys, pa.ChunkedArray):
                 keys = keys.combine_chunks()
             flat = pc.list_flatten(keys).to_numpy(zero_copy_only=False)
-            idx = np.searchsorted(self.keys, flat)
-            bad = np.ones(flat.size, dtype=bool) if self.keys.size == 0 else \
-                (idx >= self.keys.size) | (self.keys[np.minimum(idx, self.keys.size - 1)] != flat)
+            if self._lut is not None:
+                inside = (flat >= 0) & (flat < self._lut.size)
+                idx = np.where(inside, self._lut[np.clip(flat, 0, self._lut.size - 1)], -1)
+                bad = idx < 0
+            else:
+                idx = np.searchsorted(self.keys, flat)
+                bad = np.ones(flat.size, dtype=bool) if self.keys.size == 0 else \
+                    (idx >= self.keys.size) | \
+                    (self.keys[np.minimum(idx, self.keys.size - 1)] != flat)
             if bad.any():
                 raise DataError(self.path, None, self.key, f"item {flat[bad][0]} is not in "
                                 "the file's item table; re-create it: rerun dedup")

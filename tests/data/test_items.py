@@ -137,7 +137,25 @@ def _rewrite(src: Path, dst: Path, table_bytes: bytes) -> Path:
     return dst
 
 
-def test_a_damaged_item_table_names_the_file(sets, tmp_path):
+@pytest.fixture(params=["lookup", "search"])
+def finder(request, monkeypatch):
+    """How a read finds an ad's row: a lookup array (dense keys, as ad ids are) or a
+    binary search (the keys forced sparse)."""
+    if request.param == "search":
+        monkeypatch.setattr(items, "LUT_MIN", 0)
+        monkeypatch.setattr(items, "LUT_PER_KEY", 0)
+    return request.param
+
+
+def test_either_finder_reads_back_the_same_rows(sets, finder):
+    root, _ = sets
+    for with_, without in _pairs(root):
+        it = items.of(pq.ParquetFile(with_), with_)
+        assert it is not None and (it._lut is not None) == (finder == "lookup")
+        assert parquet.read_table(with_).equals(parquet.read_table(without))
+
+
+def test_a_damaged_item_table_names_the_file(sets, tmp_path, finder):
     root, _ = sets
     src = _pairs(root)[0][0]
     bad = _rewrite(src, tmp_path / "garbage" / "day=0" / src.name, b"not parquet")
