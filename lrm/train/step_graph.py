@@ -4,10 +4,11 @@ non-finite guard, the meter, backward with the tables' fused update, AdamW) as o
 Why: on a GPU lrm's step is bound by the host. Measured on an H100 (bench vs_torchrec's
 student, batch 2048): the host spent 5.5 ms a step launching ~150 kernels and driving
 DMP's per-step machinery, while the GPU's own work was under 1 ms; torchrec's DLRM example
-spends 3.7-5.1 ms of host time the same way (every lease measured, two sessions). Graphing the MLPs alone
-(lrm.train.graphs) saves a ninth of that. A whole step is one graph only if nothing in it waits for the host:
-DMP's input dist sends its splits with an all-to-all and reads them back on the host
-before it sends the ids, so it cannot be captured. With one process the dists move nothing
+spends 3.3-5.1 ms of host time the same way (every lease measured, three sessions).
+Graphing the MLPs alone (lrm.train.graphs) saves a ninth of that. A whole step is one
+graph only if nothing in it waits for the host: DMP's input dist sends its splits with an
+all-to-all and reads them back on the host before it sends the ids, so it cannot be
+captured. With one process the dists move nothing
 (every table lives on rank 0), so here each sharded collection is called through its own
 local lookups (torchrec's fused TBE modules, whose backward applies fbgemm's row-wise
 Adagrad) and the KeyedTensor is assembled from their output, as its output dist would for
