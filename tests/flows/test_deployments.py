@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -65,10 +66,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _get(url: str, body: dict | None = None, timeout: float = 10) -> object:
+def _get(url: str, body: dict | None = None, timeout: float = 10, tries: int = 5) -> object:
+    """GET (or POST `body`) as JSON. A 503 is retried, as Prefect's own client does: the
+    server answers it while SQLite is locked by another writer (seen once in a CI run,
+    right after the deployment registered, while the runner polled)."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, timeout=timeout).read() or b"null")
+    for attempt in range(tries):
+        req = urllib.request.Request(url, data=data,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            return json.loads(urllib.request.urlopen(req, timeout=timeout).read() or b"null")
+        except urllib.error.HTTPError as e:
+            if e.code != 503 or attempt == tries - 1:
+                raise
+            time.sleep(float(e.headers.get("Retry-After") or 1))
+    raise AssertionError("unreachable")
 
 
 def _wait(what: str, check, timeout: float, proc: subprocess.Popen | None = None,
