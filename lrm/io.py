@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -421,34 +421,40 @@ def check_file_replaceable(path: Path, stage: Stage, *, force: bool = False) -> 
         _check_file(path, _names(stage), force)
 
 
-def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> bool:
+def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> list[Path]:
     """Make `path` a folder `stage` keeps and adds to run after run (checkpoints, the
     augmented days): created with a marker that names the stage and lists no files (the
     stage manages what is inside), or checked to be one already (check_replaceable).
-    Returns whether this call created the folder (see `release_claim`)."""
+    Returns the folders this call created, `path` first, then its new parents ([] when
+    `path` was there; see `release_claim`)."""
     path = Path(path)
     names = _names(stage)
     check_replaceable(path, names, force=force)
     marker = _read_marker(path) if path.is_dir() else None
     if marker is not None and (names is None or marker["stage"] in names):
-        return False  # already the stage's (what it adds later carries its own markers)
+        return []  # already the stage's (what it adds later carries its own markers)
     if path.is_symlink() or (path.exists() and not path.is_dir()):  # force: replace it
         _remove(path)
-    created = not path.exists()
+    created = [d for d in (path, *path.parents) if not d.exists()]  # innermost first
     path.mkdir(parents=True, exist_ok=True)
     _write_marker(path, names[0] if names else ANY_STAGE, None)
     return created
 
 
-def release_claim(path: Path) -> None:
-    """Undo a `claim_dir` that created `path`, when nothing but its marker is in it (a run
-    that failed before writing anything leaves no trace)."""
-    path = Path(path)
+def release_claim(created: Sequence[Path]) -> None:
+    """Undo a `claim_dir` that created these folders (its return), when nothing but its
+    marker is in the first and nothing else in the rest: a run that failed before writing
+    anything leaves no trace, not even the parent `checkpoints/` of `checkpoints/student`."""
+    if not created:
+        return
+    path = Path(created[0])
     with contextlib.suppress(OSError):
         if path.is_dir() and not path.is_symlink() and _listing(path) == [] \
                 and _read_marker(path) is not None:
             (path / MARKER).unlink()
             path.rmdir()
+            for parent in created[1:]:
+                Path(parent).rmdir()  # OSError when not empty: stop there
 
 
 def write_json(obj: Any, path: Path, *, stage: str | None = None, force: bool = False) -> None:

@@ -362,21 +362,21 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
     inputs = stage.paths(args, "in")
     outputs = stage.paths(args, "out", "metrics", "summary", "plot", "state")
     io.check_paths(inputs, outputs)
-    claimed: list[Path] = []
+    claimed: list[list[Path]] = []
     for k, a in stage.args.items():  # every output is lrm's to replace, before any work
         for p in stage.paths({k: args.get(k)}, "out", "metrics", "summary", "plot", "state"):
             if a.file or a.role in ("metrics", "summary", "plot"):
                 io.check_file_replaceable(p, stage.name, force=force)
             elif a.role == "state" or a.persist:  # kept and added to, run after run
-                if io.claim_dir(p, stage.name, force=force):
-                    claimed.append(p)
+                if made := io.claim_dir(p, stage.name, force=force):
+                    claimed.append(made)
             else:
                 io.check_replaceable(p, stage.name, force=force)
     try:
         return _run_logged(stage, args, params, configs, call, title, outputs, tags, force)
     except BaseException:
-        for p in claimed:  # a run that failed before writing leaves no empty folder behind
-            io.release_claim(p)
+        for made in claimed:  # a run that failed before writing leaves no empty folder
+            io.release_claim(made)
         raise
 
 

@@ -114,8 +114,7 @@ class ItemTable:
             self.table = pq.read_table(pa.BufferReader(meta[TABLE_KEY]))
             self.names: list[str] = json.loads(meta[COLUMNS_KEY])
         except (KeyError, ValueError, pa.ArrowException, OSError) as e:
-            raise DataError(path, None, None, f"the item table in the file's metadata is "
-                            f"unreadable ({e}); re-create it: rerun dedup") from e
+            raise _unreadable(path, e) from e
         self.key = self.table.column_names[0]
         self.columns = tuple(self.table.column_names[1:])
         self.keys = self.table.column(0).to_numpy()
@@ -194,9 +193,17 @@ def of(pf: pq.ParquetFile, path: Path | str) -> ItemTable | None:
     return ItemTable(meta, path) if meta else None
 
 
-def moved(pf: pq.ParquetFile) -> tuple[str, ...]:
-    """The columns the file stores in its item table."""
+def moved(pf: pq.ParquetFile, path: Path | str) -> tuple[str, ...]:
+    """The columns the file at `path` stores in its item table."""
     meta = file_metadata(pf)
-    if TABLE_KEY not in meta:
+    if not meta:
         return ()
-    return tuple(pq.read_schema(pa.BufferReader(meta[TABLE_KEY])).names[1:])
+    try:
+        return tuple(pq.read_schema(pa.BufferReader(meta[TABLE_KEY])).names[1:])
+    except (KeyError, ValueError, pa.ArrowException, OSError) as e:
+        raise _unreadable(path, e) from e
+
+
+def _unreadable(path: Path | str, err: BaseException) -> DataError:
+    return DataError(path, None, None, f"the item table in the file's metadata is "
+                     f"unreadable ({err}); re-create it: rerun dedup")

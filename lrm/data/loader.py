@@ -169,7 +169,7 @@ class BatchLoader:
             cols.append(self.teacher_column)
         for _, f in self.files:
             pf = parquet.open_file(f)
-            arrow, names = pf.schema_arrow, parquet.column_names(pf)
+            arrow, names = pf.schema_arrow, parquet.column_names(pf, f)
             meta = arrow.metadata or {}
             layout = meta.get(b"lrm.layout", b"").decode()
             if layout != self.layout or (

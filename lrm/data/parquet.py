@@ -111,10 +111,10 @@ def read_table(path: Path | str, columns: Sequence[str] | None = None) -> pa.Tab
     return table if it is None else it.restore(table, cols)
 
 
-def column_names(pf: pq.ParquetFile) -> list[str]:
-    """The columns a read of the file gives: those stored, and those its item table holds
-    (lrm.data.items)."""
-    return [*pf.schema_arrow.names, *items.moved(pf)]
+def column_names(pf: pq.ParquetFile, path: Path | str) -> list[str]:
+    """The columns a read of the file at `path` gives: those stored, and those its item
+    table holds (lrm.data.items)."""
+    return [*pf.schema_arrow.names, *items.moved(pf, path)]
 
 
 # Parquet writer settings (see write_options). Measured on the synthetic log (mean session

@@ -53,7 +53,7 @@ def test_ad_attributes_are_stored_once_per_ad_and_read_back_as_they_were(sets):
     pairs, seen = _pairs(root), set()
     assert len(pairs) == 4
     for with_, without in pairs:
-        moved = set(items.moved(pq.ParquetFile(with_)))
+        moved = set(items.moved(pq.ParquetFile(with_), with_))
         stored = pq.read_table(with_)  # the file as pyarrow sees it: the key, not those
         assert moved <= ATTRIBUTES and "ad_id" in stored.column_names
         assert not moved & set(stored.column_names)
@@ -159,9 +159,11 @@ def test_a_damaged_item_table_names_the_file(sets, tmp_path, finder):
     root, _ = sets
     src = _pairs(root)[0][0]
     bad = _rewrite(src, tmp_path / "garbage" / "day=0" / src.name, b"not parquet")
-    with pytest.raises(DataError) as e:
-        parquet.read_table(bad)
-    assert e.value.file == bad and "item table" in e.value.message
+    for read in (lambda: parquet.read_table(bad),  # a read, and the loader's first look
+                 lambda: BatchLoader(tmp_path / "garbage", 64)):
+        with pytest.raises(DataError) as e:
+            read()
+        assert e.value.file == bad and "item table" in e.value.message
 
     kv = items.file_metadata(pq.ParquetFile(src))
     table = pq.read_table(pa.BufferReader(kv[items.TABLE_KEY]))

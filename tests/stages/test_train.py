@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -96,6 +97,10 @@ def test_bad_input_exits_2_with_one_line(datasets, tmp_path):  # noqa: F811
         "one_day": (args("one_day", data=only_days(datasets["sessions"], tmp_path / "one",
                                                    [0]), checkpoints="ck-one"),
                     "--eval-data DIR"),
+        # found after the checkpoint folder (nested, as the default checkpoints/student) is
+        # claimed: the folder and its parent go again
+        "damaged": (args("damaged", data=_truncated(datasets["sessions"], tmp_path / "dmg"),
+                         checkpoints="ck-dmg/student"), "truncated, corrupt or not Parquet"),
     }
     procs = {name: subprocess.Popen(
         [sys.executable, "-m", "stages.train", *a,
@@ -112,6 +117,15 @@ def test_bad_input_exits_2_with_one_line(datasets, tmp_path):  # noqa: F811
         assert not (tmp_path / f"m-{name}").exists()
         assert not (tmp_path / f"metrics-{name}.json").exists()
     assert Store(tmp_path / "ck-nan").entries()
+    assert not (tmp_path / "ck-dmg").exists()  # nor the claimed folder's parent
+
+
+def _truncated(src, dst):  # noqa: ANN001, ANN202
+    """A copy of dataset `src` with its last file cut in half."""
+    shutil.copytree(src, dst)
+    f = sorted(dst.rglob("*.parquet"))[-1]
+    f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    return dst
 
 
 def test_two_runs_on_one_checkpoint_folder_the_second_fails_at_once(datasets, tmp_path):  # noqa: F811

@@ -58,7 +58,7 @@ def test_a_day_of_files_with_item_tables_splits_into_the_same_rows(tmp_path):
     synthetic.generate(world, tmp_path / "raw")
     dedup.dedup_dataset(tmp_path / "raw", paths.augmented, DedupConfig(rows_per_file=300))
     files = day_files(paths.augmented)[0]
-    assert len(files) == 2 and all(items.moved(pq.ParquetFile(f)) for f in files)
+    assert len(files) == 2 and all(items.moved(pq.ParquetFile(f), f) for f in files)
     (paths.augmented / "day=0" / MANIFEST).write_text(json.dumps({"teacher": {"hash": "t"}}))
     m = split_day(paths, 0, holdout=0.3)
     assert 0 < m["held_out_sessions"] < m["sessions"]
