@@ -376,14 +376,13 @@ def write_parquet(table: pa.Table, path: Path, *, stage: str | None = None, forc
     """
     kwargs.setdefault("compression", "zstd")
 
+    row_group_size = kwargs.pop("row_group_size", None)
+
     def fill(tmp: Path) -> None:
-        if file_metadata:
-            with pq.ParquetWriter(tmp, table.schema, **{
-                    k: v for k, v in kwargs.items() if k != "row_group_size"}) as w:
-                w.write_table(table, row_group_size=kwargs.get("row_group_size"))
+        with pq.ParquetWriter(tmp, table.schema, **kwargs) as w:  # pq.write_table's own path
+            w.write_table(table, row_group_size=row_group_size)
+            if file_metadata:
                 w.add_key_value_metadata(file_metadata)
-        else:
-            pq.write_table(table, tmp, **kwargs)
         rows = pq.read_metadata(tmp).num_rows
         if rows != table.num_rows:
             raise OSError(f"{tmp}: wrote {rows} rows, expected {table.num_rows}")

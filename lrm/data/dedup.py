@@ -397,7 +397,8 @@ class _PartWriter:
         if self.item_table:
             before = out.column_names
             out, kv = items.split(out, self.schema.item_key,
-                                  self.schema.item_sparse + self.schema.dense, opts)
+                                  self.schema.item_sparse + self.schema.dense,
+                                  lambda s: parquet.write_options(s, "sessions"))
             self.item_columns |= set(before) - set(out.column_names)
         self.bytes_out += io.write_parquet(out, part_path(self.dst, self.day, self.parts),
                                            file_metadata=kv,

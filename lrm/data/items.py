@@ -19,7 +19,7 @@ for bit, per file): a column that varies for one item in the file stays per impr
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,11 +43,13 @@ def _flat(col: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 
 def split(table: pa.Table, key: str | None, candidates: Sequence[str],
-          write_options: dict[str, Any]) -> tuple[pa.Table, dict[bytes, bytes]]:
+          write_options: Callable[[pa.Schema], dict[str, Any]]
+          ) -> tuple[pa.Table, dict[bytes, bytes]]:
     """(`table` (sessions layout) without each of `candidates` (per-impression list
     columns) that is a function of `key` throughout it, the file metadata holding them
     once per item): see the module docstring. `table` and {} when none is (or there is
-    no key)."""
+    no key). `write_options`: the file's writer rules for a schema
+    (lrm.data.parquet.write_options), used for the table and to weigh what it saves."""
     if key is None or key not in table.column_names or table.num_rows == 0:
         return table, {}
     keys = _flat(table.column(key))
@@ -85,17 +87,10 @@ def split(table: pa.Table, key: str | None, candidates: Sequence[str],
     return table.drop_columns(list(moved)), meta
 
 
-def _parquet_bytes(table: pa.Table, write_options: dict[str, Any]) -> bytes:
-    """`table` as a Parquet file's bytes, the writer rules of the file (a dictionary on
-    the integer columns, lists' values included)."""
-    def integer(t: pa.DataType) -> bool:
-        return pa.types.is_integer(t.value_type if pa.types.is_list(t) else t)
-
-    opts = {k: v for k, v in write_options.items() if k != "use_dictionary"}
+def _parquet_bytes(table: pa.Table,
+                   write_options: Callable[[pa.Schema], dict[str, Any]]) -> bytes:
     buf = pa.BufferOutputStream()
-    pq.write_table(table, buf, **opts, use_dictionary=[
-        f"{f.name}.list.element" if pa.types.is_list(f.type) else f.name
-        for f in table.schema if integer(f.type)])
+    pq.write_table(table, buf, **write_options(table.schema))
     return buf.getvalue().to_pybytes()
 
 

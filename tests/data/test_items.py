@@ -111,7 +111,9 @@ def test_a_column_that_varies_for_one_item_stays_per_impression(sets):
     keeps that column per impression; the others still move."""
     root, _ = sets
     t = parquet.read_table(_pairs(root)[0][1])
-    opts = parquet.write_options(t.schema, "sessions")
+    def opts(schema: pa.Schema) -> dict:
+        return parquet.write_options(schema, "sessions")
+
     ads = pc.list_flatten(t.column("ad_id")).to_numpy()
     _, first, counts = np.unique(ads, return_index=True, return_counts=True)
     at = int(first[np.flatnonzero(counts > 1)[0]])  # an ad shown more than once
