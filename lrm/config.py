@@ -148,11 +148,15 @@ class LoaderConfig:
 
     recd: bool = True  # user-side features once per session (RecD) vs once per impression
     prefetch: int = 4  # batches prepared ahead by background workers
-    num_workers: int = 1  # background threads preparing batches
+    # background threads preparing batches; auto: 2 on a GPU with 4 cores or more per
+    # process, else 1 (lrm.dist.loader_workers)
+    num_workers: int | str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.prefetch >= 0, "prefetch", "must be >= 0")
-        _check(self.num_workers >= 0, "num_workers", "must be >= 0")
+        _check(self.num_workers == "auto" or (isinstance(self.num_workers, int)
+                                              and self.num_workers >= 0),
+               "num_workers", f"must be auto or an integer >= 0, got {self.num_workers!r}")
 
 
 @dataclass(kw_only=True)

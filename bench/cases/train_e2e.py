@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import statistics
 
+import torch
+
 from bench.cases.train_common import MODEL, batch_size, batches, dataset, device, \
     project_step, student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.config import LoaderConfig, TrainConfig
+from lrm.dist import loader_workers
 from lrm.train import train
 
 DAYS = {True: 3, False: 4}  # days (the last held out), of the default size or --quick's
@@ -46,5 +49,6 @@ def run(quick: bool = False) -> None:
              baseline_is="the same step alone on RecD batches built beforehand",
              run_samples_per_s=round(r.samples_per_s), steps=r.steps,
              warmup_steps=r.schedule["warmup"], batch_size=batch_size(),
-             loader_workers=loader.num_workers, loader_prefetch=loader.prefetch,
+             loader_workers=loader_workers(loader.num_workers, torch.device(device())),
+             loader_prefetch=loader.prefetch,
              train_days=r.train_days, ne=round(r.eval["ne"], 5))

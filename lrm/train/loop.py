@@ -26,6 +26,7 @@ uninterrupted run bit for bit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -43,7 +44,7 @@ from lrm.checkpoint import CheckpointManager
 from lrm.config import CheckpointConfig, LoaderConfig, ModelConfig, SplitConfig, TrainConfig
 from lrm.data.batch import Batch
 from lrm.data.schema import read_schema
-from lrm.dist import Dist, intra_op_threads, process_group, quiet_libraries
+from lrm.dist import Dist, intra_op_threads, loader_workers, process_group, quiet_libraries
 from lrm.errors import ConfigError, DataError
 from lrm.models import build_model
 from lrm.progress import Reporter
@@ -131,10 +132,11 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
     """
     quiet_libraries()
     split, loader_cfg = split or SplitConfig(), loader_cfg or LoaderConfig()
-    torch.set_num_threads(intra_op_threads(cfg.threads,
-                                           loader_cfg.num_workers if loader_cfg.prefetch else 0))
     data = Path(data)
     with process_group(cfg.device) as env, contextlib.ExitStack() as cleanup:
+        workers = loader_workers(loader_cfg.num_workers, env.device)
+        loader_cfg = dataclasses.replace(loader_cfg, num_workers=workers)
+        torch.set_num_threads(intra_op_threads(cfg.threads, workers if loader_cfg.prefetch else 0))
         # -- the data decides: rows and CTR, hashed table sizes, the schedule ----------
         schema, _ = read_schema(data)
         train_days, eval_day = split_days(data, split, eval_from)
@@ -299,6 +301,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
             info = {"steps": state.step, "samples": state.samples, "train_days": train_days,
                     "eval_day": eval_day, "eval": final, "world_size": env.world_size,
                     "batch_size": sched.batch_size, "recd": loader_cfg.recd,
+                    "loader_workers": workers,
                     "schedule": sched.summary(), "validation": validation,
                     "init_from": str(init_from) if init_from else None, **(info or {})}
             save_model(Path(out), ModelCard(kind=kind, schema=schema, model=model_cfg,
