@@ -32,7 +32,7 @@ from lrm.data.loader import BatchLoader
 from lrm.data.schema import LABEL, FeatureSchema, day_files
 from lrm.errors import ConfigError, DataError
 from lrm.models import hash_sizes
-from lrm.dist import Dist
+from lrm.dist import Dist, loader_workers
 from lrm.train.evaluate import pick_day
 
 # the distinct ids of hashed features are counted over at most this many rows (a pass over
@@ -183,7 +183,8 @@ def loaders(data: Path, batch_size: int, train_days: list[int], eval_day: int,
     batch = per_rank_batch(batch_size, env.world_size)
     common: dict[str, Any] = dict(
         dedup=loader_cfg.recd, hash_sizes=sizes, rank=env.rank, world_size=env.world_size,
-        prefetch=loader_cfg.prefetch, num_workers=loader_cfg.num_workers)
+        prefetch=loader_cfg.prefetch,
+        num_workers=loader_workers(loader_cfg.num_workers, env.device))
     train = BatchLoader(data, batch, days=train_days, drop_last=True,
                         teacher_column=teacher_column, pin_memory=env.device.type == "cuda",
                         **common)

@@ -32,6 +32,8 @@ def _sample(key: str, tp: object, default: object) -> tuple[str | None, list[str
         return None, [f"--{key}" if not default else f"--no-{key}"]
     if tp is int:
         return str((default or 0) + 1), []
+    if tp == int | str and default == "auto":  # a count, or "auto"
+        return "3", []
     if tp is float:
         return str(default * 0.9 if default else 0.1), []
     if tp is str:
