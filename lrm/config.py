@@ -148,9 +148,8 @@ class LoaderConfig:
 
     recd: bool = True  # user-side features once per session (RecD) vs once per impression
     prefetch: int = 4  # batches prepared ahead by background workers
-    # background threads preparing batches; auto: 2 on a GPU with 4 cores or more per
-    # process, else 1 (lrm.dist.loader_workers)
-    num_workers: int | str = "auto"
+    # lrm.dist.loader_workers says why
+    num_workers: int | str = "auto"  # loader threads; auto: 2 on a GPU with 4+ cores, else 1
 
     def __post_init__(self) -> None:
         _check(self.prefetch >= 0, "prefetch", "must be >= 0")
