@@ -26,7 +26,6 @@ uninterrupted run bit for bit.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -134,8 +133,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
     split, loader_cfg = split or SplitConfig(), loader_cfg or LoaderConfig()
     data = Path(data)
     with process_group(cfg.device) as env, contextlib.ExitStack() as cleanup:
-        workers = loader_workers(loader_cfg.num_workers, env.device)
-        loader_cfg = dataclasses.replace(loader_cfg, num_workers=workers)
+        workers = loader_workers(loader_cfg.num_workers, env.device)  # as loaders() takes
         torch.set_num_threads(intra_op_threads(cfg.threads, workers if loader_cfg.prefetch else 0))
         # -- the data decides: rows and CTR, hashed table sizes, the schedule ----------
         schema, _ = read_schema(data)
