@@ -153,7 +153,7 @@ class LoaderConfig:
 
     def __post_init__(self) -> None:
         _check(self.prefetch >= 0, "prefetch", "must be >= 0")
-        _check(self.num_workers == "auto" or (isinstance(self.num_workers, int)
+        _check(self.num_workers == "auto" or (type(self.num_workers) is int  # not a bool
                                               and self.num_workers >= 0),
                "num_workers", f"must be auto or an integer >= 0, got {self.num_workers!r}")
 

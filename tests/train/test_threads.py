@@ -94,3 +94,5 @@ def test_auto_loader_threads_follow_the_device_and_cores(monkeypatch, device, co
 def test_loader_threads_must_be_auto_or_a_count(value):
     with pytest.raises(ConfigError, match="loader.num_workers"):
         from_dict(LoaderConfig, {"num_workers": value}, "loader")
+    with pytest.raises(ConfigError, match="num_workers"):  # built in code, not from params
+        LoaderConfig(num_workers=value)
