@@ -43,7 +43,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
     intercept = float(np.log(cfg.base_ctr / (1 - cfg.base_ctr))) - 0.5  # ~ the calibrated one
     rows = []
     for s in range(sessions):
-        rank = w.user_law.sample(rng, 1)
+        rank = w.users.sample(w.user_law, rng, 1, day)
         uid = w.users.ids(rank, day)
         user = w.user_attributes(uid)
         user["session_hour"] = (user["hour_pref"] + round(rng.normal(0, 2.5))) % 24
@@ -53,7 +53,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
         pos = base + np.floor(rate * (day + hour / 24)).astype(np.int64)
         hist, hist_cat, hist_adv = w.history(day, uid, user["user_age"], user["user_geo"],
                                              base, rate, pos, user["hist_len"])
-        arank = w.ad_law.sample(rng, n)
+        arank = w.ads.sample(w.ad_law, rng, n, day)
         aid = w.ads.ids(arank, day)
         ad = w.ad_attributes(aid)
         log_bid = 0.4 * ad["quality"] + rng.normal(0, 0.3, n)

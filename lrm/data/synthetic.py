@@ -21,10 +21,12 @@ of signed rows of a few small hashed tables: the hashing trick). So `users` and 
 be as large as 1e9 without a single per-id array.
 
 Popularity and churn: a popularity rank is drawn from a truncated power law by inverse CDF
-and mapped to an id by an affine permutation mod N. Each rank has a hashed phase phi; its
+and mapped to an id by an affine permutation of the id space. Each rank has a hashed phase phi; its
 occupant is replaced whenever `day * churn + phi` crosses an integer, so a fraction `churn`
-of the ranks gets a new id (a hashed jump) every day and the old id fades out. An ad's
-age is the time since its occupant arrived.
+of the ranks gets a new id every day and the old id leaves. With churn the id space is
+twice the live ids (`id_space`): a rank alternates between two slots, so an arrival is an
+id nobody held for 1/churn days, no two live ids are equal, and an ad's age (the time since
+its occupant arrived) is a function of its id.
 
 The click model, the hidden truth a model should learn, is a logit that sums
   a user x ad latent dot product: u = normalize(age, geo and individual parts),
@@ -85,17 +87,25 @@ HISTORY_BURST = 4  # consecutive history items of one category
 HISTORY_STEP = 2.0  # new history items between two sessions of a user, on average
 HISTORY_DAYS = 7  # the longest time a history spans (days)
 HISTORY_BASE = 1 << 24  # stream positions start here (so p - L is never negative)
+RAMP_DAYS = 3.0  # an arriving user or ad reaches its rank's full traffic over its first days
 _CACHED_DAYS = 16  # drifted tables and pools kept (a history reaches back HISTORY_DAYS + 1)
 _WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT = range(7)
 _MAX_LIST_VALUES = 2**31 - 1  # list<int64> offsets are int32
 
 
+def id_space(live: int, churn: float) -> int:
+    """The id space of `live` ids: with churn, two slots per id, so arrivals get new ids
+    (_Population)."""
+    return 2 * live if churn > 0 else live
+
+
 def vocab(cfg: GenerateConfig) -> dict[str, int]:
     """The id-space size of every sparse feature."""
+    users, ads = id_space(cfg.users, cfg.churn), id_space(cfg.ads, cfg.churn)
     return {
-        "user_id": cfg.users, "user_age": len(AGE_P), "user_gender": len(GENDER_P),
+        "user_id": users, "user_age": len(AGE_P), "user_gender": len(GENDER_P),
         "user_geo": GEOS, "user_device": len(DEVICE_P), "session_hour": HOURS,
-        "user_history": cfg.ads, "ad_id": cfg.ads, "advertiser_id": cfg.advertisers,
+        "user_history": ads, "ad_id": ads, "advertiser_id": cfg.advertisers,
         "ad_category": cfg.categories, "ad_format": len(FORMAT_P),
     }
 
@@ -189,36 +199,42 @@ class _Population:
     """Popularity rank -> id on a day, with churn; O(1) per lookup, no per-id state.
 
     Rank r has phase phi(r) in [0, 1); its generation on day d is floor(d * churn + phi).
-    Generation 0 sits at slot r, a later one at a hashed slot; slot -> id is the affine
-    permutation (mul * slot + add) mod n.
+    With churn, the id space holds two slots per rank and a rank's generations alternate
+    between them (slot r + n * (gen % 2)), so no two live ids are equal and a newcomer's id
+    is one nobody held for the last 1/churn days: an arrival is a new id to a model, as in
+    a real log, and an id's age is a function of the id. Slot -> id is the affine
+    permutation (mul * slot + add) mod space.
     """
 
-    n: int
+    n: int  # ranks (live ids)
     churn: float
     mul: int
     add: int
     salt: np.uint64
 
+    @property
+    def space(self) -> int:
+        return id_space(self.n, self.churn)
+
     @classmethod
     def make(cls, n: int, churn: float, rng: np.random.Generator, salt: np.uint64) -> _Population:
+        space = id_space(n, churn)
         mul = 1
-        if n > 2:
+        if space > 2:
             while True:
-                mul = int(rng.integers(max(2, n // 3), n))
-                if math.gcd(mul, n) == 1:
+                mul = int(rng.integers(max(2, space // 3), space))
+                if math.gcd(mul, space) == 1:
                     break
-        return cls(n=n, churn=churn, mul=mul, add=int(rng.integers(0, n)), salt=salt)
+        return cls(n=n, churn=churn, mul=mul, add=int(rng.integers(0, space)), salt=salt)
 
     def _phase(self, rank: np.ndarray) -> np.ndarray:
         return _unit(_hash(rank, self.salt))
 
     def ids(self, rank: np.ndarray, day: int) -> np.ndarray:
-        if self.n == 1:
-            return np.zeros_like(rank)
+        if self.churn == 0:
+            return (self.mul * rank + self.add) % self.space
         gen = np.floor(day * self.churn + self._phase(rank)).astype(np.int64)
-        jump = _bucket(_hash(rank * 1_048_576 + gen, self.salt ^ _GOLDEN), self.n - 1) + 1
-        slot = np.where(gen == 0, rank, (rank + jump) % self.n)
-        return (self.mul * slot + self.add) % self.n
+        return (self.mul * (rank + self.n * (gen % 2)) + self.add) % self.space
 
     def age_days(self, rank: np.ndarray, day: int) -> np.ndarray:
         """Days since the rank's current occupant arrived (ids alive at day 0: up to 1/churn)."""
@@ -227,6 +243,25 @@ class _Population:
             return day + 30.0 * phase
         t = day * self.churn + phase
         return (t - np.floor(t)) / self.churn
+
+    def exposure(self, rank: np.ndarray, day: int) -> np.ndarray:
+        """The share of its rank's traffic the occupant gets on `day`: an arrival ramps up
+        over RAMP_DAYS (an ad system explores a new ad before it serves it in full; a new
+        user comes back more often as she settles in), a third on the day it arrives."""
+        return np.minimum(1.0, (self.age_days(rank, day) + 0.5) / RAMP_DAYS)
+
+    def sample(self, law: _PowerLaw, rng: np.random.Generator, size: int, day: int
+               ) -> np.ndarray:
+        """`size` popularity ranks of `day`: drawn from `law`, a draw kept with its
+        occupant's exposure (else drawn again), so arrivals get less traffic."""
+        rank = law.sample(rng, size)
+        if self.churn == 0:
+            return rank
+        redo = np.flatnonzero(rng.random(size) >= self.exposure(rank, day))
+        while len(redo):  # exposure >= 0.5 / RAMP_DAYS: a few rounds
+            rank[redo] = law.sample(rng, len(redo))
+            redo = redo[rng.random(len(redo)) >= self.exposure(rank[redo], day)]
+        return rank
 
 
 # ------------------------------------------------------------------------------ world
@@ -356,7 +391,7 @@ class _World:
         """Popular ads of the day grouped by category: (ids, advertisers, start, count)."""
         if day not in self._pools:
             rng = _rng(self.cfg.seed, day, _POOL)
-            aid = self.ads.ids(self.ad_law.sample(rng, POOL), day)
+            aid = self.ads.ids(self.ads.sample(self.ad_law, rng, POOL, day), day)
             attrs = self.ad_attributes(aid)
             order = np.argsort(attrs["ad_category"], kind="stable")
             count = np.bincount(attrs["ad_category"], minlength=self.cfg.categories)
@@ -543,7 +578,7 @@ def _simulate(w: _World, day: int) -> _Day:
     cfg = w.cfg
     S = cfg.sessions_per_day
     rs = _rng(cfg.seed, day, _SESSIONS)
-    rank = w.user_law.sample(rs, S)
+    rank = w.users.sample(w.user_law, rs, S, day)
     uid = w.users.ids(rank, day)
     attrs = w.user_attributes(uid)
     hours = (attrs["hour_pref"] + 0.5 + rs.normal(0, 2.5, S)) % HOURS  # time of day (hours)
@@ -568,7 +603,7 @@ def _simulate(w: _World, day: int) -> _Day:
     imp_off = np.concatenate([[0], np.cumsum(n_imp)])
     n = int(imp_off[-1])
     seg = np.repeat(np.arange(S), n_imp)
-    arank = w.ad_law.sample(ri, n)
+    arank = w.ads.sample(w.ad_law, ri, n, day)
     aid = w.ads.ids(arank, day)
     ad = w.ad_attributes(aid)
     log_bid = (w.adv_bid[_bucket(_hash(ad["advertiser_id"], w.salt["bid"]), HASH_ROWS)]

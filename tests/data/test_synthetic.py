@@ -51,7 +51,9 @@ def test_schema_matches_exactly_and_ids_lie_in_their_vocab() -> None:
     t = synthetic.generate_day(cfg, 0)
     vocab = synthetic.vocab(cfg)
     assert t.schema.equals(synthetic_schema(vocab).arrow("impressions"), check_metadata=True)
-    assert vocab["user_id"] == cfg.users and vocab["ad_id"] == vocab["user_history"] == cfg.ads
+    # with churn, two slots per live id (arrivals get new ids)
+    assert vocab["user_id"] == 2 * cfg.users and vocab["ad_id"] == vocab["user_history"] == 2 * cfg.ads
+    assert synthetic.vocab(tiny(churn=0.0))["ad_id"] == cfg.ads
     assert vocab["advertiser_id"] == cfg.advertisers and vocab["ad_category"] == cfg.categories
     for name, size in vocab.items():
         arr = t.column(name).combine_chunks()
@@ -121,8 +123,9 @@ def test_degenerate_id_spaces_still_work() -> None:
     cfg = tiny(users=1, ads=1, advertisers=1, categories=3, churn=0.5)
     t = synthetic.generate_day(cfg, 2)
     assert t.num_rows > cfg.sessions_per_day
-    assert set(col(t, "user_id")) == set(col(t, "ad_id")) == {0}
-    assert set(pc.list_flatten(t.column("user_history")).to_numpy()) == {0}
+    # one live user and one live ad (two slots each: one id or the other, by generation)
+    assert len(set(col(t, "user_id"))) == len(set(col(t, "ad_id"))) == 1
+    assert set(pc.list_flatten(t.column("user_history")).to_numpy()) <= {0, 1}
 
 
 def test_user_and_ad_popularity_is_skewed() -> None:
@@ -159,6 +162,40 @@ def test_churn_replaces_a_fraction_of_ids_per_day() -> None:
     assert ad_age(0.0, 1) > ad_age(0.0, 0)  # without churn every ad grows older
 
 
+def test_arrivals_are_new_ids_and_ramp_up() -> None:
+    """No two live ids are equal, an arrival's id was held by nobody in the days before it,
+    an ad's age is a function of its id, and an arrival gets a fraction of its rank's
+    traffic on its first day (synthetic.RAMP_DAYS)."""
+    cfg = tiny(users=10**6, ads=20_000, churn=0.3)
+    w, ranks = synthetic._World(cfg), np.arange(cfg.ads)
+    ids = [w.ads.ids(ranks, d) for d in range(8)]  # generations 0-3
+    space, rest = synthetic.vocab(cfg)["ad_id"], int(1 / cfg.churn)
+    for d in range(8):
+        assert len(np.unique(ids[d])) == cfg.ads and ids[d].max() < space
+    for d in range(1, 8):
+        arrived = ids[d] != ids[d - 1]
+        assert arrived.mean() == pytest.approx(cfg.churn, abs=0.02)
+        assert not np.isin(ids[d][arrived], np.concatenate(ids[max(0, d - rest):d])).any()
+    t = synthetic.generate_day(cfg, 3)
+    pairs = np.unique(np.c_[col(t, "ad_id"), col(t, "d_ad_age")], axis=0)
+    assert len(pairs) == len(np.unique(col(t, "ad_id")))  # one age per ad on a day
+
+    def first_day_share(draw) -> float:  # share of draws on ranks that arrived today
+        rank = draw(np.random.default_rng(0))
+        return float((w.ads.age_days(rank, 3) < 1).mean())
+
+    law = w.ad_law
+    plain = first_day_share(lambda rng: law.sample(rng, 200_000))
+    ramped = first_day_share(lambda rng: w.ads.sample(law, rng, 200_000, 3))
+    weight = law.mass(ranks) * w.ads.exposure(ranks, 3)  # the ramped draw's distribution
+    expected = weight[w.ads.age_days(ranks, 3) < 1].sum() / weight.sum()
+    assert plain > 0.2 and ramped < 0.55 * plain, (plain, ramped)
+    assert ramped == pytest.approx(expected, rel=0.05)
+    still = synthetic._World(tiny(churn=0.0)).ads  # without churn nothing arrives
+    assert (still.sample(law, np.random.default_rng(0), 100, 3)
+            == law.sample(np.random.default_rng(0), 100)).all()
+
+
 def test_drift_moves_the_click_model_and_zero_drift_does_not() -> None:
     for drift in (0.0, 0.3):
         cfg = tiny(drift=drift, churn=0.0)
@@ -177,7 +214,7 @@ def test_a_huge_id_space_is_fast_and_small() -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert seconds < 5 and peak < 64 * 2**20, (seconds, peak)
-    assert col(t, "user_id").max() < 10**8 and col(t, "user_id").max() > 10**7
+    assert col(t, "user_id").max() < synthetic.vocab(cfg)["user_id"] and col(t, "user_id").max() > 10**7
 
 
 def test_labels_are_learnable() -> None:

@@ -34,7 +34,7 @@ def test_cli_writes_day_partitions_and_metrics(tmp_path: Path) -> None:
     assert sorted(files) == [0, 1]
     sch, layout = read_schema(tmp_path / "raw")
     assert (sch.name, layout, sch.vocab["user_id"], sch.vocab["user_history"]) == (
-        "synthetic", "impressions", 1_000, 300)
+        "synthetic", "impressions", 2_000, 600)  # 1,000 users, 300 ads: two id slots each
     metrics = json.loads((tmp_path / "m/generate.json").read_text())
     rows = sum(pq.read_metadata(p).num_rows for f in files.values() for p in f)
     assert metrics["rows"] == rows and metrics["days"] == 2 and metrics["sessions"] == 400

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from lrm.config import TrainConfig, from_dict
+from lrm.data import synthetic
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, DataError
 from lrm.train import load_model
 from lrm.train.export import CARD, read_card
 from lrm.serving.pyfunc import OUTPUT, example_frame, input_columns, predict_frame, signature
-from tests.train.conftest import SMALL_MODEL
+from tests.train.conftest import SMALL_MODEL, TINY
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,9 @@ def model_dir(student_dir):  # noqa: F811
 def test_card_round_trips_and_rejects_other_formats(model_dir, tmp_path):
     card = read_card(model_dir)
     assert card.kind == "student" and card.model == SMALL_MODEL
-    assert card.hash_sizes["user_id"] == 2000 and card.info["steps"] == 6
+    # the user table is as large as the tiny world's user id space
+    assert card.hash_sizes["user_id"] == synthetic.vocab(TINY)["user_id"] == 4000
+    assert card.info["steps"] == 6
     (tmp_path / CARD).write_text(json.dumps({**json.loads(card.to_json()), "format": 99}))
     with pytest.raises(DataError, match="format 99"):
         read_card(tmp_path)
