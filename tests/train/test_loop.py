@@ -17,6 +17,7 @@ from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, LrmError
 from lrm.metrics import normalized_entropy
 from lrm.train import NonFiniteLossError, evaluate, load_model, train
+from lrm.train.evaluate import predict
 from lrm.checkpoint import Store
 from lrm.config import CheckpointConfig, SplitConfig
 from lrm.data import parquet
@@ -48,6 +49,17 @@ def test_short_run_lowers_ne_and_saves_a_loadable_model(datasets, tmp_path):
     assert ev["rows"] == r.eval["rows"] and ev["day"] == 2
     assert ev["ne"] == pytest.approx(r.eval["ne"], abs=1e-5)
     assert ev["auc"] == pytest.approx(r.eval["auc"], abs=1e-5)
+
+    # cold ids: the held-out day's impressions of ads that no train day showed (the world's
+    # arrivals) are still scored better than their own base rate
+    ads = {d: pa.concat_tables(parquet.read_table(f) for f in sorted(
+        (datasets["raw"] / f"day={d}").glob("*.parquet"))).column("ad_id").to_numpy()
+        for d in (0, 1, 2)}
+    cold = torch.from_numpy(~np.isin(ads[2], np.concatenate([ads[0], ads[1]])))
+    logits, labels = predict(model, BatchLoader(datasets["raw"], 4096, days=[2], dedup=False,
+                                                hash_sizes=card.hash_sizes), torch.device("cpu"))
+    assert len(labels) == len(cold) and 0.02 < cold.float().mean() < 0.2
+    assert normalized_entropy(logits[cold], labels[cold]) < 1.0
 
 
 def _steps(ck):
