@@ -21,12 +21,13 @@ of signed rows of a few small hashed tables: the hashing trick). So `users` and 
 be as large as 1e9 without a single per-id array.
 
 Popularity and churn: a popularity rank is drawn from a truncated power law by inverse CDF
-and mapped to an id by an affine permutation of the id space. Each rank has a hashed phase phi; its
-occupant is replaced whenever `day * churn + phi` crosses an integer, so a fraction `churn`
-of the ranks gets a new id every day and the old id leaves. With churn the id space is
-twice the live ids (`id_space`): a rank alternates between two slots, so an arrival is an
-id nobody held for 1/churn days, no two live ids are equal, and an ad's age (the time since
-its occupant arrived) is a function of its id.
+and mapped to an id by an affine permutation of the id space. Each rank has a hashed phase
+phi; its occupant is replaced whenever `day * churn + phi` crosses an integer, so a fraction
+`churn` of the ranks gets a new id every day and the old id leaves. With churn the id space
+is twice the live ids (`id_space`): a rank alternates between two slots, so an arrival is
+an id nobody held for 1/churn days, no two live ids are equal, and an ad's age (the time
+since its occupant arrived) is a function of its id. An arrival's traffic ramps up: a draw
+of its rank is kept with probability min(1, (age + 0.5) / RAMP_DAYS), else drawn again.
 
 The click model, the hidden truth a model should learn, is a logit that sums
   a user x ad latent dot product: u = normalize(age, geo and individual parts),
@@ -247,7 +248,7 @@ class _Population:
     def exposure(self, rank: np.ndarray, day: int) -> np.ndarray:
         """The share of its rank's traffic the occupant gets on `day`: an arrival ramps up
         over RAMP_DAYS (an ad system explores a new ad before it serves it in full; a new
-        user comes back more often as she settles in), a third on the day it arrives."""
+        user comes back more often as she settles in): 1/6 to 1/2 on the day it arrives."""
         return np.minimum(1.0, (self.age_days(rank, day) + 0.5) / RAMP_DAYS)
 
     def sample(self, law: _PowerLaw, rng: np.random.Generator, size: int, day: int
