@@ -21,6 +21,7 @@ from lrm.train.evaluate import predict
 from lrm.checkpoint import Store
 from lrm.config import CheckpointConfig, SplitConfig
 from lrm.data import parquet
+from lrm.data.schema import day_files
 from tests.train.conftest import LOADER, SMALL_MODEL, poison_day, tiny_train
 
 
@@ -52,9 +53,8 @@ def test_short_run_lowers_ne_and_saves_a_loadable_model(datasets, tmp_path):
 
     # cold ids: the held-out day's impressions of ads that no train day showed (the world's
     # arrivals) are still scored better than their own base rate
-    ads = {d: pa.concat_tables(parquet.read_table(f) for f in sorted(
-        (datasets["raw"] / f"day={d}").glob("*.parquet"))).column("ad_id").to_numpy()
-        for d in (0, 1, 2)}
+    ads = {d: pa.concat_tables(parquet.read_table(f, columns=["ad_id"]) for f in files)
+           .column("ad_id").to_numpy() for d, files in day_files(datasets["raw"]).items()}
     cold = torch.from_numpy(~np.isin(ads[2], np.concatenate([ads[0], ads[1]])))
     logits, labels = predict(model, BatchLoader(datasets["raw"], 4096, days=[2], dedup=False,
                                                 hash_sizes=card.hash_sizes), torch.device("cpu"))
