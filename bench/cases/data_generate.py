@@ -43,7 +43,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
     intercept = float(np.log(cfg.base_ctr / (1 - cfg.base_ctr))) - 0.5  # ~ the calibrated one
     rows = []
     for s in range(sessions):
-        rank = w.users.sample(w.user_law, rng, 1, day)
+        rank = w.users.sample(rng, 1, day)
         uid = w.users.ids(rank, day)
         user = w.user_attributes(uid)
         user["session_hour"] = (user["hour_pref"] + round(rng.normal(0, 2.5))) % 24
@@ -53,7 +53,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
         pos = base + np.floor(rate * (day + hour / 24)).astype(np.int64)
         hist, hist_cat, hist_adv = w.history(day, uid, user["user_age"], user["user_geo"],
                                              base, rate, pos, user["hist_len"])
-        arank = w.ads.sample(w.ad_law, rng, n, day)
+        arank = w.ads.sample(rng, n, day)
         aid = w.ads.ids(arank, day)
         ad = w.ad_attributes(aid)
         log_bid = 0.4 * ad["quality"] + rng.normal(0, 0.3, n)
@@ -63,7 +63,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
              POSITION: np.arange(n), "ad_id": aid[order],
              **{c: ad[c][order] for c in ("advertiser_id", "ad_category", "ad_format")},
              "d_position": np.log1p(np.arange(n)),
-             "d_user_activity": np.repeat((np.log(cfg.users * w.user_law.mass(rank)) - 3.9) / 3.5,
+             "d_user_activity": np.repeat((np.log(cfg.users * w.users.law.mass(rank)) - 3.9) / 3.5,
                                           n),
              "d_ad_age": (np.log1p(w.ads.age_days(arank[order], day)) - 2) / 0.8,
              "d_bid": log_bid[order] / 0.8}

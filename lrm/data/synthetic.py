@@ -207,34 +207,37 @@ class _Population:
     permutation (mul * slot + add) mod space.
     """
 
-    n: int  # ranks (live ids)
+    law: _PowerLaw  # popularity of the ranks 0..n-1 (n live ids)
     churn: float
     mul: int
     add: int
     salt: np.uint64
 
     @property
+    def n(self) -> int:
+        return self.law.n
+
+    @property
     def space(self) -> int:
         return id_space(self.n, self.churn)
 
     @classmethod
-    def make(cls, n: int, churn: float, rng: np.random.Generator, salt: np.uint64) -> _Population:
-        space = id_space(n, churn)
+    def make(cls, law: _PowerLaw, churn: float, rng: np.random.Generator, salt: np.uint64
+             ) -> _Population:
+        space = id_space(law.n, churn)
         mul = 1
         if space > 2:
             while True:
                 mul = int(rng.integers(max(2, space // 3), space))
                 if math.gcd(mul, space) == 1:
                     break
-        return cls(n=n, churn=churn, mul=mul, add=int(rng.integers(0, space)), salt=salt)
+        return cls(law=law, churn=churn, mul=mul, add=int(rng.integers(0, space)), salt=salt)
 
     def _phase(self, rank: np.ndarray) -> np.ndarray:
         return _unit(_hash(rank, self.salt))
 
     def ids(self, rank: np.ndarray, day: int) -> np.ndarray:
-        if self.churn == 0:
-            return (self.mul * rank + self.add) % self.space
-        gen = np.floor(day * self.churn + self._phase(rank)).astype(np.int64)
+        gen = np.floor(day * self.churn + self._phase(rank)).astype(np.int64)  # 0 if no churn
         return (self.mul * (rank + self.n * (gen % 2)) + self.add) % self.space
 
     def age_days(self, rank: np.ndarray, day: int) -> np.ndarray:
@@ -251,16 +254,16 @@ class _Population:
         user comes back more often as she settles in): 1/6 to 1/2 on the day it arrives."""
         return np.minimum(1.0, (self.age_days(rank, day) + 0.5) / RAMP_DAYS)
 
-    def sample(self, law: _PowerLaw, rng: np.random.Generator, size: int, day: int
-               ) -> np.ndarray:
-        """`size` popularity ranks of `day`: drawn from `law`, a draw kept with its
-        occupant's exposure (else drawn again), so arrivals get less traffic."""
-        rank = law.sample(rng, size)
+    def sample(self, rng: np.random.Generator, size: int, day: int) -> np.ndarray:
+        """`size` popularity ranks of `day`: drawn from the law, a draw kept with its
+        occupant's exposure (else drawn again), so arrivals get less traffic. Without
+        churn nothing arrives: the law's draws as they come (no extra draws from `rng`)."""
+        rank = self.law.sample(rng, size)
         if self.churn == 0:
             return rank
         redo = np.flatnonzero(rng.random(size) >= self.exposure(rank, day))
         while len(redo):  # exposure >= 0.5 / RAMP_DAYS: a few rounds
-            rank[redo] = law.sample(rng, len(redo))
+            rank[redo] = self.law.sample(rng, len(redo))
             redo = redo[rng.random(len(redo)) >= self.exposure(rank[redo], day)]
         return rank
 
@@ -280,10 +283,10 @@ class _World:
             "light", "user_bias", "advertiser", "category", "own_category", "format",
             "ad_bias", "adv_bias", "bid", "geo_adv", "user_row0", "user_row1", "ad_row0",
             "ad_row1", "adv_row", "user_sign", "ad_sign", "stream", "burst", "item")}
-        self.user_law = _PowerLaw(cfg.users, cfg.zipf_users)
-        self.ad_law = _PowerLaw(cfg.ads, cfg.zipf_ads)
-        self.users = _Population.make(cfg.users, cfg.churn, rng, self.salt["user_pop"])
-        self.ads = _Population.make(cfg.ads, cfg.churn, rng, self.salt["ad_pop"])
+        self.users = _Population.make(_PowerLaw(cfg.users, cfg.zipf_users), cfg.churn, rng,
+                                      self.salt["user_pop"])
+        self.ads = _Population.make(_PowerLaw(cfg.ads, cfg.zipf_ads), cfg.churn, rng,
+                                    self.salt["ad_pop"])
 
         def unit(*shape: int) -> np.ndarray:
             return _unit_rows(rng.standard_normal(shape)).astype(np.float32)
@@ -392,7 +395,7 @@ class _World:
         """Popular ads of the day grouped by category: (ids, advertisers, start, count)."""
         if day not in self._pools:
             rng = _rng(self.cfg.seed, day, _POOL)
-            aid = self.ads.ids(self.ads.sample(self.ad_law, rng, POOL, day), day)
+            aid = self.ads.ids(self.ads.sample(rng, POOL, day), day)
             attrs = self.ad_attributes(aid)
             order = np.argsort(attrs["ad_category"], kind="stable")
             count = np.bincount(attrs["ad_category"], minlength=self.cfg.categories)
@@ -406,7 +409,7 @@ class _World:
         """(base, rate) of each user's history stream: p(T) = base + floor(rate * T)."""
         cfg = self.cfg
         base = HISTORY_BASE + _bucket(_hash(uid, self.salt["stream"]), HISTORY_BASE)
-        sessions_a_day = cfg.sessions_per_day * self.user_law.mass(rank)
+        sessions_a_day = cfg.sessions_per_day * self.users.law.mass(rank)
         floor = (cfg.max_history + HISTORY_BURST) / HISTORY_DAYS
         return base, np.maximum(HISTORY_STEP * sessions_a_day, floor)
 
@@ -579,11 +582,11 @@ def _simulate(w: _World, day: int) -> _Day:
     cfg = w.cfg
     S = cfg.sessions_per_day
     rs = _rng(cfg.seed, day, _SESSIONS)
-    rank = w.users.sample(w.user_law, rs, S, day)
+    rank = w.users.sample(rs, S, day)
     uid = w.users.ids(rank, day)
     attrs = w.user_attributes(uid)
     hours = (attrs["hour_pref"] + 0.5 + rs.normal(0, 2.5, S)) % HOURS  # time of day (hours)
-    activity = np.log(cfg.users * w.user_law.mass(rank)) + rs.normal(0, 0.3, S)
+    activity = np.log(cfg.users * w.users.law.mass(rank)) + rs.normal(0, 0.3, S)
     n_imp = 1 + rs.poisson(cfg.mean_session_length - 1, S)
     # The log is written in the order sessions happen.
     t = np.argsort(hours, kind="stable")
@@ -604,7 +607,7 @@ def _simulate(w: _World, day: int) -> _Day:
     imp_off = np.concatenate([[0], np.cumsum(n_imp)])
     n = int(imp_off[-1])
     seg = np.repeat(np.arange(S), n_imp)
-    arank = w.ads.sample(w.ad_law, ri, n, day)
+    arank = w.ads.sample(ri, n, day)
     aid = w.ads.ids(arank, day)
     ad = w.ad_attributes(aid)
     log_bid = (w.adv_bid[_bucket(_hash(ad["advertiser_id"], w.salt["bid"]), HASH_ROWS)]

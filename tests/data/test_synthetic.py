@@ -185,16 +185,16 @@ def test_arrivals_are_new_ids_and_ramp_up() -> None:
         rank = draw(np.random.default_rng(0))
         return float((w.ads.age_days(rank, 3) < 1).mean())
 
-    law = w.ad_law
+    law = w.ads.law
     plain = first_day_share(lambda rng: law.sample(rng, 200_000))
-    ramped = first_day_share(lambda rng: w.ads.sample(law, rng, 200_000, 3))
+    ramped = first_day_share(lambda rng: w.ads.sample(rng, 200_000, 3))
     weight = law.mass(ranks) * w.ads.exposure(ranks, 3)  # the ramped draw's distribution
     expected = weight[w.ads.age_days(ranks, 3) < 1].sum() / weight.sum()
     assert plain > 0.2 and ramped < 0.55 * plain, (plain, ramped)
     assert ramped == pytest.approx(expected, rel=0.05)
     still = synthetic._World(tiny(churn=0.0)).ads  # without churn nothing arrives
-    assert (still.sample(law, np.random.default_rng(0), 100, 3)
-            == law.sample(np.random.default_rng(0), 100)).all()
+    assert (still.sample(np.random.default_rng(0), 100, 3)
+            == still.law.sample(np.random.default_rng(0), 100)).all()
 
 
 def test_drift_moves_the_click_model_and_zero_drift_does_not() -> None:

@@ -53,12 +53,15 @@ def test_short_run_lowers_ne_and_saves_a_loadable_model(datasets, tmp_path):
 
     # cold ids: the held-out day's impressions of ads that no train day showed (the world's
     # arrivals) are still scored better than their own base rate
-    ads = {d: pa.concat_tables(parquet.read_table(f, columns=["ad_id"]) for f in files)
-           .column("ad_id").to_numpy() for d, files in day_files(datasets["raw"]).items()}
+    days = {d: pa.concat_tables(parquet.read_table(f, columns=["ad_id", "label"]) for f in files)
+            for d, files in day_files(datasets["raw"]).items()}
+    ads = {d: t.column("ad_id").to_numpy() for d, t in days.items()}
     cold = torch.from_numpy(~np.isin(ads[2], np.concatenate([ads[0], ads[1]])))
     logits, labels = predict(model, BatchLoader(datasets["raw"], 4096, days=[2], dedup=False,
                                                 hash_sizes=card.hash_sizes), torch.device("cpu"))
-    assert len(labels) == len(cold) and 0.02 < cold.float().mean() < 0.2
+    # the loader's rows are the files' rows, in order (so `cold` marks the scored rows)
+    assert (labels.numpy() == days[2].column("label").to_numpy()).all()
+    assert 0.02 < cold.float().mean() < 0.2
     assert normalized_entropy(logits[cold], labels[cold]) < 1.0
 
 
