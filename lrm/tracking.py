@@ -26,6 +26,38 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def artifact_root(uri: str) -> str | None:
+    """Where a new experiment of a local SQLite store keeps its artifacts: `mlruns/` beside
+    the database file (a file URI); None where MLflow's default is that already (the store
+    is in this folder) and for any other store."""
+    from pathlib import Path
+
+    prefix = "sqlite:///"
+    db = uri[len(prefix):] if uri.startswith(prefix) else ""
+    if not db or db.startswith(":memory:"):
+        return None
+    folder = Path(db).resolve().parent
+    return None if folder == Path.cwd().resolve() else (folder / "mlruns").as_uri()
+
+
+def _use_experiment(name: str, uri: str) -> None:
+    """Make `name` the active experiment, creating it with its artifacts beside a SQLite
+    store. MLflow's own default is ./mlruns of whatever folder the creating process runs in,
+    so a store used from another folder (a test suite, a flow started elsewhere) scattered
+    its models there (the default ./mlflow.db keeps MLflow's own layout)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    root = artifact_root(uri)
+    if root is not None and mlflow.get_experiment_by_name(name) is None:
+        try:
+            mlflow.create_experiment(name, artifact_location=root)
+        except MlflowException as e:  # another process created it meanwhile: use theirs
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+    mlflow.set_experiment(name)
+
+
 @contextlib.contextmanager
 def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig | None = None,
         tags: Mapping[str, str] | None = None) -> Iterator[Any]:
@@ -41,8 +73,9 @@ def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig 
     for noisy in ("mlflow", "alembic"):  # per-run INFO chatter: keep warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
     cfg = cfg or TrackingConfig()
-    mlflow.set_tracking_uri(tracking_uri(cfg))
-    mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment)
+    uri = tracking_uri(cfg)
+    mlflow.set_tracking_uri(uri)
+    _use_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment, uri)
     nested = mlflow.active_run() is not None
     with mlflow.start_run(run_name=name, nested=nested, tags=dict(tags or {})) as active:
         if params:

@@ -77,7 +77,7 @@ def test_train_runs_with_the_plan_and_refuses_a_plan_for_other_ranks(tiny_data, 
 
     plans = tmp_path / "plan1.json"
     execute(shard_plan.STAGE, {"data": tiny_data, "calibration": CALIBRATIONS, "out": plans,
-                               "stats": tmp_path / "s1.json", "metrics": None},
+                               "stats": tmp_path / "s1.json", "metrics": tmp_path / "m1.json"},
             _params(**{"sharding.topology.world_size": 1, "model.student.embedding_dim": 8}))
     over = {"train.steps": 2, "train.batch_size": 256, "train.threads": 1,
             "loader.prefetch": 0, "model.student.embedding_dim": 8}
@@ -88,9 +88,9 @@ def test_train_runs_with_the_plan_and_refuses_a_plan_for_other_ranks(tiny_data, 
     assert m["steps"] == 2
     two = tmp_path / "plan2.json"
     execute(shard_plan.STAGE, {"data": tiny_data, "calibration": CALIBRATIONS, "out": two,
-                               "stats": tmp_path / "s2.json", "metrics": None},
+                               "stats": tmp_path / "s2.json", "metrics": tmp_path / "m2.json"},
             _params(**{"model.student.embedding_dim": 8}))
     with pytest.raises(ConfigError, match="the plan is for 2 ranks; this run has 1"):
         execute(train.STAGE, {"kind": "student", "data": tiny_data, "plan": two,
                               "out": tmp_path / "model2", "checkpoints": tmp_path / "ck2",
-                              "metrics": None, "plot": None}, load_params([], over))
+                              "metrics": tmp_path / "t2.json", "plot": None}, load_params([], over))

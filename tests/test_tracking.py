@@ -1,0 +1,42 @@
+"""lrm.tracking: a run's artifacts stay with its SQLite store, wherever the run starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import pytest
+
+from lrm import tracking
+
+
+def _log_from(folder: Path, store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(folder)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)  # the params' "lrm"
+    with tracking.run("probe"):
+        mlflow.log_text("logged", "note.txt")
+
+
+def test_artifacts_go_beside_a_store_used_from_another_folder(tmp_path, monkeypatch):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "work").mkdir()
+    _log_from(tmp_path / "work", tmp_path / "store" / "mlflow.db", monkeypatch)
+    _log_from(tmp_path / "work", tmp_path / "store" / "mlflow.db", monkeypatch)  # it exists now
+    notes = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("note.txt"))
+    assert len(notes) == 2 and all(p.parts[:2] == ("store", "mlruns") for p in notes), notes
+    assert not any((tmp_path / "work").iterdir())  # nothing left where the runs started
+
+
+def test_a_store_in_this_folder_keeps_mlflows_own_layout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert tracking.artifact_root("sqlite:///mlflow.db") is None  # ./mlruns/<experiment id>
+    assert tracking.artifact_root(f"sqlite:///{tmp_path}/mlflow.db") is None
+    assert tracking.artifact_root(f"sqlite:///{tmp_path}/a/mlflow.db") == \
+        (tmp_path / "a" / "mlruns").as_uri()
+    assert tracking.artifact_root("http://127.0.0.1:5000") is None  # a server has its own
+    assert tracking.artifact_root("sqlite:///:memory:") is None
+    _log_from(tmp_path, tmp_path / "mlflow.db", monkeypatch)
+    (note,) = tmp_path.rglob("note.txt")
+    experiment = mlflow.get_experiment_by_name("lrm")
+    assert note.relative_to(tmp_path).parts[:2] == ("mlruns", experiment.experiment_id)
