@@ -150,17 +150,17 @@ def ne_bound(name: str, cfg: GenerateConfig, small: TableConfig, steps: int) -> 
     """Train the same student on hashed tables and on collision-free ones; NE on the last day."""
     from lrm.config import DedupConfig, LoaderConfig, ModelConfig, SplitConfig, TrainConfig
     from lrm.data import dedup
-    from lrm.train import train
+    from lrm.train import TrainJob, train
 
     with tempfile.TemporaryDirectory() as tmp:
         synthetic.generate(cfg, Path(tmp) / "raw")
         dedup.dedup_dataset(Path(tmp) / "raw", Path(tmp) / "sessions", DedupConfig())
         ne = {}
         for label, tables in (("hashed", small), ("free", TableConfig(max_rows=10**9))):
-            r = train("student", TrainConfig(batch_size=1024, steps=steps, lr=3e-3, threads=0,
-                                             log_every=10**6),
-                      ModelConfig(tables=tables), Path(tmp) / "sessions",
-                      split=SplitConfig(eval_day=-1), loader_cfg=LoaderConfig())
+            cfg = TrainConfig(batch_size=1024, steps=steps, lr=3e-3, threads=0, log_every=10**6)
+            r = train(TrainJob(kind="student", train=cfg, model=ModelConfig(tables=tables),
+                               data=Path(tmp) / "sessions", split=SplitConfig(eval_day=-1),
+                               loader=LoaderConfig()))
             ne[label] = r.eval["ne"]
     emit("collisions.ne_bound", name, "NE", round(ne["free"], 5), round(ne["hashed"], 5),
          "lower", rows=small.max_rows, ids={"users": cfg.users, "ads": cfg.ads}, steps=steps)

@@ -67,10 +67,10 @@ from lrm.fp8.mods import bf16_residual, fuse_norm  # noqa: E402
 from lrm.fp8.norm import fused_bytes_saved, ln_bound  # noqa: E402
 from lrm.fp8.probe import error_metrics  # noqa: E402
 from lrm.fp8.speed import bytes_moved, median_ms  # noqa: E402
-from lrm.train import train  # noqa: E402
+from lrm.train import TrainJob, train  # noqa: E402
 from lrm.train.data import model_hash_sizes  # noqa: E402
 from lrm.train.export import load_model  # noqa: E402
-from stages._common import load_params  # noqa: E402
+from stagekit import load_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADER = LoaderConfig(prefetch=2, num_workers=1)
@@ -86,8 +86,9 @@ def world(quick: bool, root: Path) -> Path:
 
 def _train(kind: str, model: ModelConfig, data: Path, cfg: TrainConfig, out: Path | None,
            fp8: str = "") -> Any:
-    return train(kind, cfg, model, data, split=SplitConfig(eval_day=2), loader_cfg=LOADER,
-                 out=out, transform=transform(fp8, kind))
+    return train(TrainJob(kind=kind, train=cfg, model=model, data=data,
+                          split=SplitConfig(eval_day=2), loader=LOADER, out=out,
+                          transform=transform(fp8, kind)))
 
 
 def paired_throughput(base: torch.nn.Module, fp8: torch.nn.Module, batches: list[Any],

@@ -19,8 +19,9 @@ from flows.dag import STAGES
 from lrm.checkpoint import listing
 from lrm.config import ParamsConfig
 from lrm.errors import LrmError
-from stages._common import app as stage_app
-from stages._common import command, fail, load_params, setup_logging
+from stagekit import load_params
+from stagekit.cli import app as stage_app
+from stagekit.cli import command, fail, setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lrm: train and keep retraining large recommendation models.")
@@ -138,9 +139,8 @@ def promote(name: str = typer.Argument(..., help="registered model, e.g. lrm-stu
     """Promote VERSION to @champion through the same check as the flow: its NE and the
     champion's on the same day; exit 1 when it does not beat the champion by the margin."""
     from lrm import registry
-    from lrm.data.schema import day_files
+    from lrm.data.schema import day_files, pick_day
     from lrm.streaming.layout import StreamPaths
-    from lrm.train.evaluate import pick_day
 
     setup_logging()
     try:

@@ -8,7 +8,7 @@ From this table come both front doors:
   metrics and plots. tests/flows/test_dag.py fails when a committed dvc.yaml differs from
   the rendering, so neither can drift;
 * the Prefect flows (flows/pipeline.py), which call each node's stage through
-  `stages._common.execute` with exactly these arguments, as a task named after the node.
+  `stagekit.execute` with exactly these arguments, as a task named after the node.
 
 A node's arguments are its stage's `run` arguments (paths as strings). Nodes are listed in
 an order where every input is produced by an earlier node or exists before the pipeline.
@@ -40,7 +40,7 @@ from stages import (
     teacher,
     train,
 )
-from stages._common import Stage
+from stagekit import Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES: dict[str, Stage] = {s.name: s for s in (
@@ -162,7 +162,7 @@ def _imports(path: Path) -> set[str]:
                 base = ".".join([p for p in parts if p] + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names}
-    return {m for m in found if m.split(".")[0] in ("lrm", "stages")}
+    return {m for m in found if m.split(".")[0] in ("lrm", "stagekit", "stages")}
 
 
 def code_deps(stage: Stage) -> list[str]:

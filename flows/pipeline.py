@@ -20,7 +20,7 @@ from flows.dag import PIPELINES
 from flows.tasks import stage_task
 from lrm import tracking
 from lrm.errors import LrmError
-from stages._common import load_params
+from stagekit import load_params
 
 SUMMARY = Path("metrics/summary.md")
 

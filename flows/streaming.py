@@ -3,11 +3,14 @@
 
 One run processes the stream's next days (`streaming.days`, or --days; --day D: that day
 only), each as a subflow `day D` whose steps are tasks: get the day, dedup, collisions,
-teacher (on its own cadence), augment (the `augment` stage, through `execute`), the
-evaluation split, one task per student, the report. The work is lrm.streaming's (the
-library); this module orders it, names it for the Prefect UI, opens one MLflow parent run
-per day (`stream_day_D`, a nested run per step), publishes the day's report as a markdown
-artifact (`lrm-stream-day-D`) and writes the day's record last.
+teacher (on its own cadence), augment, the evaluation split, one task per student, the
+report. Dedup, teacher, augment and students (with register) are their stages, run through
+the stage runner as every stage is (stagekit.execute: outputs checked and locked, one-line
+errors, an MLflow run each, nested under the day's `stream_day_D`); the teacher and the
+students are carried from day to day by the one procedure (lrm.train.days) the ExFM stage
+uses too. The params are loaded once per run and passed to every task. This module orders
+the steps, names them for the Prefect UI, publishes the day's report as a markdown artifact
+(`lrm-stream-day-D`) and writes the day's record last.
 
 A day already done (its record holds the same key: the content of its raw days and the
 params) is a no-op: no MLflow run, no artifact, nothing written. A failed day's next run
@@ -20,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +32,16 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Failed
 
-from lrm import io, lock, tracking
+from lrm import io, lock, registry, tracking
 from lrm.config import ParamsConfig
 from lrm.errors import ConfigError, LrmError
 from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
 from lrm.streaming.layout import STAGE, StreamPaths
-from stages import augment
-from stages._common import PARAMS, execute, load_params
+from stagekit import PARAMS, Stage, execute, load_params
+from stages import augment, dedup, register
+from stages import student as student_stage
+from stages import teacher as teacher_stage
 
 ARTIFACT = "lrm-stream-day-{day}"
 
@@ -49,19 +53,19 @@ def settings(params: list[str] | None, root: str | None) -> tuple[ParamsConfig, 
     return cfg, StreamPaths(Path(cfg.streaming.root))
 
 
-def _step(cfg: ParamsConfig, name: str, day: int) -> AbstractContextManager[Any]:
-    """The nested MLflow run of one step of a day."""
-    return tracking.run(name.replace(" ", "_"), cfg=cfg.tracking,
-                        tags={"lrm.stage": name, "lrm.stream.day": str(day)})
+def _stage(stage: Stage, args: dict[str, Any], cfg: ParamsConfig, day: int) -> dict[str, Any]:
+    """Run a stage for day `day` through the stage runner (its checks, locks, MLflow run
+    nested under the day's, one-line errors)."""
+    return execute(stage, args, cfg, tags={"lrm.stream.day": str(day)})
 
 
 # ---------------------------------------------------------------------------- tasks
+# Every task takes the params loaded once by the flow (`cfg`) and the stream's folders.
 
 @task(task_run_name="get day {day}", cache_policy=NO_CACHE)
-def get_day(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
+def get_day(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
     """Raw days 0..D: the synthetic source makes the missing ones; the folder source's are
     there already (ingested when the run started)."""
-    cfg, paths = settings(params, root)
     made = []
     for d in range(day + 1):
         if sources.read_source(paths.raw, d) is not None:
@@ -75,69 +79,85 @@ def get_day(params: list[str] | None, root: str | None, day: int) -> dict[str, A
 
 
 @task(task_run_name="dedup day {day}", cache_policy=NO_CACHE)
-def dedup_days(params: list[str] | None, root: str | None, day: int, next_day: bool
+def dedup_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool
                ) -> dict[str, Any]:
-    """sessions/day=d for every raw day up to D (and D + 1 when it is there)."""
-    cfg, paths = settings(params, root)
-    with _step(cfg, "dedup", day):
-        out = {}
-        for d in range(day + 2 if next_day else day + 1):
-            out[str(d)] = sdays.dedup_day(paths, d, cfg.dedup)
-        tracking.log_metrics({"sessions_days": len(out)})
-        return out
+    """sessions/day=d for every raw day up to D (and D + 1 when it is there): the dedup
+    stage, which skips the days it made from the same raw files."""
+    return _stage(dedup.STAGE, {
+        "src": paths.raw, "out": paths.sessions,
+        "days": list(range(day + 2 if next_day else day + 1)),
+        "metrics": paths.reports / f"dedup_day={day}.json"}, cfg, day)
 
 
 @task(task_run_name="collisions day {day}", cache_policy=NO_CACHE)
-def collisions(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
-    cfg, paths = settings(params, root)
+def collisions(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
     return sdays.collision_report(paths, day, cfg.model.tables)
 
 
 @task(task_run_name="teacher day {day}", cache_policy=NO_CACHE)
-def teacher(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
-    cfg, paths = settings(params, root)
-    with _step(cfg, "teacher", day):
-        return models.teacher_step(paths, cfg, day)
+def teacher(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
+    """When due: the teacher stage carries the teacher on over the days since its last window,
+    scores it on day D, registers it and promotes it on NE."""
+    name = models.registry_name(cfg)
+    window = models.teacher_due(paths, cfg, day)
+    if window is None:
+        return models.not_due(paths, cfg)
+    m = _stage(teacher_stage.STAGE, {
+        "data": paths.sessions, "days": window, "eval_day": day, "carry": True,
+        "checkpoints": paths.teacher_chain(), "out": paths.teacher_model(day),
+        "metrics": paths.reports / f"teacher_day={day}.json", "plot": None}, cfg, day)
+    decision = m["registry"]
+    models.record_teacher(paths, day, window, decision["version"])
+    return {"due": True, "window": window, "train": m["train"], "decision": decision,
+            "champion": registry.alias_version(name, registry.CHAMPION, cfg.tracking)}
 
 
 @task(task_run_name="augment day {day}", cache_policy=NO_CACHE)
-def augment_days(params: list[str] | None, root: str | None, day: int, next_day: bool
+def augment_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool
                  ) -> dict[str, Any]:
     """Day D (and D + 1) augmented by the teacher's champion: the augment stage itself."""
-    cfg, paths = settings(params, root)
     version, folder = models.teacher_champion(paths, cfg)
     want = [day, day + 1] if next_day else [day]
     run_cfg = dataclasses.replace(cfg, augment=dataclasses.replace(cfg.augment, days=want))
-    metrics = execute(augment.STAGE, {
+    metrics = _stage(augment.STAGE, {
         "data": paths.sessions, "teacher": folder, "out": paths.augmented,
-        "metrics": paths.reports / f"augment_day={day}.json"}, run_cfg,
-        tags={"lrm.stream.day": str(day)})
+        "metrics": paths.reports / f"augment_day={day}.json"}, run_cfg, day)
     return {"teacher": f"{cfg.teacher.registry_name} v{version}", "written": metrics["written"],
             "skipped": metrics["skipped"]}
 
 
 @task(task_run_name="evaluation data day {day}", cache_policy=NO_CACHE)
-def evaluation_data(params: list[str] | None, root: str | None, day: int) -> dict[str, Any]:
+def evaluation_data(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
     """Day D + 1, or D cut into its fit part and its held-out last slice."""
-    cfg, paths = settings(params, root)
     p = sdays.plan(paths, day, cfg.streaming.holdout)
     split = {} if p.next_day else sdays.split_day(paths, day, cfg.streaming.holdout)
     return {"label": p.label, "next_day": p.next_day, "split": split}
 
 
 @task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
-def student(params: list[str] | None, root: str | None, name: str, day: int) -> dict[str, Any]:
-    cfg, paths = settings(params, root)
-    with _step(cfg, f"student {name}", day):
-        return models.student_step(paths, cfg, name, day,
-                                   sdays.plan(paths, day, cfg.streaming.holdout))
+def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> dict[str, Any]:
+    """The student stage carries `name` on to day D (its serving variant); the register
+    stage registers it and promotes it on NE."""
+    plan = sdays.plan(paths, day, cfg.streaming.holdout)
+    out = paths.student_models(day)
+    m = _stage(student_stage.STAGE, {
+        "data": plan.train_data, "out": out, "checkpoints": paths.student_chains(),
+        "day": day, "name": name, "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
+        "metrics": paths.reports / f"student_{name}_day={day}.json", "table": None,
+        "plot": None}, cfg, day)
+    r = _stage(register.STAGE, {
+        "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
+        "evaluated_on": plan.label,
+        "metrics": paths.reports / f"register_{name}_day={day}.json"}, cfg, day)
+    decision = r["students"][name]
+    return {"train": m["students"][name], "decision": decision,
+            "champion": registry.alias_version(decision["name"], registry.CHAMPION,
+                                               cfg.tracking)}
 
 
 @task(task_run_name="report day {day}", cache_policy=NO_CACHE)
-def publish(params: list[str] | None, root: str | None, day: int, record: dict[str, Any]
-            ) -> str:
+def publish(paths: StreamPaths, day: int, record: dict[str, Any]) -> str:
     """The day's report: a file under reports/ and the Prefect markdown artifact."""
-    _, paths = settings(params, root)
     md = report.markdown(record)
     io.write_text(md, paths.report(day), stage=STAGE)
     decisions = [s["decision"] for s in record["students"].values()]
@@ -151,11 +171,9 @@ def publish(params: list[str] | None, root: str | None, day: int, record: dict[s
 # ---------------------------------------------------------------------------- flows
 
 @flow(name="lrm-stream-day", flow_run_name="day {day}", log_prints=True)
-def stream_day(day: int, params: list[str] | None = None, root: str | None = None
-               ) -> dict[str, Any]:
+def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any]:
     """Process day `day` of the stream (a no-op when it is done with the same key)."""
-    cfg, paths = settings(params, root)
-    get_day(params, root, day)
+    get_day(cfg, paths, day)
     params_digest = ledger.digest(cfg)
     key = ledger.day_key(paths, day, params_digest)
     found = ledger.done(paths, day, key, params_digest)
@@ -166,19 +184,19 @@ def stream_day(day: int, params: list[str] | None = None, root: str | None = Non
     next_day = sdays.has_next_day(paths, day)
     with tracking.run(f"stream_day_{day}", cfg=cfg.tracking,
                       tags={"lrm.pipeline": "stream", "lrm.stream.day": str(day)}):
-        dedup_days(params, root, day, next_day)
-        coll = collisions(params, root, day)
+        dedup_days(cfg, paths, day, next_day)
+        coll = collisions(cfg, paths, day)
         tracking.log_metrics({f"collisions/{f}": c["lookup_collisions"] for f, c in coll.items()})
-        t = teacher(params, root, day)
-        aug = augment_days(params, root, day, next_day)
-        ev = evaluation_data(params, root, day)
-        students = {name: student(params, root, name, day) for name in cfg.students.models}
+        t = teacher(cfg, paths, day)
+        aug = augment_days(cfg, paths, day, next_day)
+        ev = evaluation_data(cfg, paths, day)
+        students = {name: student(cfg, paths, name, day) for name in cfg.students.models}
         record = {"day": day, "key": key, "params": params_digest,
                   "evaluated_on": ev["label"], "next_day": ev["next_day"], "split": ev["split"],
                   "teacher": t, "augmented_by": aug["teacher"], "augment": aug,
                   "students": students, "collisions": coll,
                   "seconds": round(time.perf_counter() - t0, 2)}
-        record["report"] = publish(params, root, day, record)
+        record["report"] = publish(paths, day, record)
         for name, s in students.items():
             tracking.log_metrics({f"{name}/challenger_ne": s["decision"]["challenger"]["ne"],
                                   f"{name}/promoted": float(s["decision"]["promoted"])})
@@ -214,7 +232,7 @@ def streaming(days: int | None = None, day: int | None = None,
                 paths, first, cfg.streaming.days if days is None else days, available)
             if not todo:
                 print("no new day to process (the inbox holds no new file)")
-            return [stream_day(d, params, root) for d in todo]
+            return [stream_day(d, cfg, paths) for d in todo]
     except LrmError as e:
         return Failed(message=f"{e}")  # type: ignore[return-value]
 

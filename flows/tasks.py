@@ -18,7 +18,7 @@ from prefect.tasks import Task
 
 from flows.dag import PIPELINES, Node
 from lrm.errors import LrmError
-from stages._common import execute, load_params
+from stagekit import execute, load_params
 
 
 def node(pipeline: str, name: str) -> Node:

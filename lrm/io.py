@@ -289,6 +289,13 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def source_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:
+    """[{file, bytes, sha256}] of a day's input files: what a derived day records it was
+    made from (augment's manifest, dedup's stamp), to redo it when they change."""
+    return [{"file": Path(f).name, "bytes": Path(f).stat().st_size, "sha256": sha256_file(f)}
+            for f in files]
+
+
 def _signature(path: Path) -> tuple[int, int, int] | None:
     try:
         st = os.lstat(path)

@@ -163,10 +163,10 @@ def register(model_dir: Path, name: str, *, example_data: Path, example_day: int
     """
     import mlflow
 
-    from lrm.exfm.augment import teacher_hash  # the content hash of any saved model folder
+    from lrm.train.export import model_hash  # the content hash of a saved model folder
     from lrm.serving import pyfunc
 
-    content = teacher_hash(model_dir)
+    content = model_hash(model_dir)
     found = find_model_version(name, HASH_TAG, content, cfg)
     if found is not None:
         return found, False

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lrm.config import AugmentConfig, ExFMConfig, TrackingConfig
-from stages._common import Arg, Stage, main
+from stagekit import Arg, Stage, main
 
 NAME = "augment"
 log = logging.getLogger("lrm")
@@ -32,10 +32,11 @@ def run(*, cfg: AugmentConfig, exfm: ExFMConfig, registry_name: str,
     """Log the teacher's prediction beside every impression of the students' days."""
     from lrm import registry
     from lrm.data.schema import day_files
-    from lrm.exfm.augment import augment_dataset, teacher_hash
+    from lrm.exfm.augment import augment_dataset
+    from lrm.train.export import model_hash
 
     days = list(cfg.days) or [d for d in day_files(data) if d >= exfm.teacher_days]
-    content = teacher_hash(teacher)  # hashed once: the registry lookup and the manifests
+    content = model_hash(teacher)  # hashed once: the registry lookup and the manifests
     version = None
     if registry_name:
         try:

@@ -22,7 +22,7 @@ from typing import Any
 from lrm import io
 from lrm.config import EvalConfig
 from lrm.errors import ConfigError, DataError
-from stages._common import Arg, Stage, main, split_named
+from stagekit import Arg, Stage, main, split_named
 
 NAME = "evaluate"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from lrm import io
 from lrm.config import GenerateConfig
-from stages._common import Arg, Stage, main
+from stagekit import Arg, Stage, main
 
 NAME = "generate"
 

@@ -15,7 +15,7 @@ from typing import Any
 from lrm import io
 from lrm.config import IngestConfig
 from lrm.errors import ConfigError
-from stages._common import Arg, Stage, main
+from stagekit import Arg, Stage, main
 
 NAME = "ingest"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lrm.config import ShardingConfig, StudentModelConfig, TableConfig
-from stages._common import Arg, Stage, main
+from stagekit import Arg, Stage, main
 
 NAME = "shard_plan"
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from lrm import io
 from lrm.errors import DataError
-from stages._common import Arg, Stage, main
+from stagekit import Arg, Stage, main
 
 NAME = "summary"
 

@@ -25,17 +25,20 @@ from lrm.config import (
     TableConfig,
     TeacherModelConfig,
     TeacherStageConfig,
+    TrackingConfig,
     TrainConfig,
     with_overrides,
 )
-from stages._common import Arg, Stage, main
+from stagekit import Arg, Stage, main
 
 NAME = "teacher"
 
 
 def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
-        model: TeacherModelConfig, margin: float, data: Path = Path("data/sessions"),
+        model: TeacherModelConfig, margin: float, tracking_cfg: TrackingConfig,
+        data: Path = Path("data/sessions"),
+        days: list[int] | None = None, eval_day: int | None = None, carry: bool = False,
         plan: Path | None = None,
         out: Path = Path("models/teacher"), checkpoints: Path = Path("checkpoints/teacher"),
         metrics: Path | None = Path("metrics/teacher.json"),
@@ -43,35 +46,39 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         ) -> dict[str, Any]:
     """Train the ExFM teacher (Wukong) on days [0, T) and register it as lrm-teacher."""
     from lrm import registry
-    from lrm.exfm.augment import teacher_hash
-    from lrm.fp8.dispatch import transform
     from lrm.serving import pyfunc
-    from lrm.sharding.plan import training_plan
-    from lrm.train import train
+    from lrm.train import build_job, train
+    from lrm.train import days as carried
+    from lrm.train.export import CARD, model_hash
 
-    T = exfm.teacher_days
-    train_cfg, model_cfg = with_overrides(base, cfg.train), ModelConfig(tables=tables,
-                                                                        teacher=model)
-    sharding = None if plan is None else training_plan(
-        plan, "teacher", kind="teacher", model_cfg=model_cfg, data=data,
-        device=train_cfg.device)
-    result = train("teacher", train_cfg, model_cfg, data,
-                   split=SplitConfig(days=list(range(T)), eval_day=T), loader_cfg=loader,
-                   checkpoint=checkpoint, checkpoints=checkpoints, out=out, plan=sharding,
-                   transform=transform(train_cfg.fp8, "teacher"),
-                   log_fn=tracking.log_metrics if tracking.active() else None)
-    m = result.summary("teacher")
-    m["content_hash"] = teacher_hash(out)
-    if plot is not None and result.history:
-        plots.write_lines(result.history, "step", ["loss", "ne_window", "eval_ne"], plot,
+    train_days = list(days) if days else list(range(exfm.teacher_days))
+    held = exfm.teacher_days if eval_day is None else eval_day
+    job = build_job("teacher", train=with_overrides(base, cfg.train),
+                    model=ModelConfig(tables=tables, teacher=model), data=data,
+                    split=SplitConfig(days=train_days, eval_day=held), loader=loader,
+                    checkpoint=checkpoint, checkpoints=checkpoints, out=out, plan=plan,
+                    info={"stream_day": held} if carry else None)
+    log_fn = tracking.log_metrics if tracking.active() else None
+    if not carry:
+        r = train(job, log_fn=log_fn)
+    elif held in carried.finished(checkpoints) and (out / CARD).is_file():
+        r = None  # trained by a run that stopped after it: registered below
+    else:  # day `held` of the teacher carried from day to day
+        r = carried.train_day(job, checkpoints, held, owner=NAME, log_fn=log_fn)
+    m = r.summary("teacher") if r is not None else {"kind": "teacher", "skipped": True}
+    if carry:
+        m["train"] = carried.trained(r) if r is not None else {"skipped": True}
+    m["content_hash"] = model_hash(out)
+    if plot is not None and r is not None and r.history:
+        plots.write_lines(r.history, "step", ["loss", "ne_window", "eval_ne"], plot,
                           title="teacher: per logged step", stage=NAME, force=force)
     if tracking.active():
         if cfg.registry_name:
             m["registry"] = registry.challenge(
-                out, cfg.registry_name, eval_data=data, eval_day=result.eval_day,
-                margin=margin, evaluated_on=f"day {result.eval_day}").as_dict()
+                out, cfg.registry_name, eval_data=data, eval_day=held, margin=margin,
+                evaluated_on=f"day {held}", cfg=tracking_cfg).as_dict()
         else:
-            pyfunc.log_model(out, data, result.eval_day)
+            pyfunc.log_model(out, data, held)
     return m
 
 
@@ -79,12 +86,17 @@ STAGE = Stage(
     name=NAME, run=run, short=("teacher", "exfm"),
     reads={"cfg": "teacher", "base": "train", "exfm": "exfm", "checkpoint": "checkpoint",
            "loader": "loader", "tables": "model.tables", "model": "model.teacher",
-           "margin": "registry.margin"},
+           "margin": "registry.margin", "tracking_cfg": "tracking"},
     args={"data": Arg("--data", "dataset folder", "in"),
+          "days": Arg("--days", "train days (repeat for more) [default: [0, T)]"),
+          "eval_day": Arg("--eval-day", "the day it is scored on [default: T]"),
+          "carry": Arg("--carry", "carry the teacher from day to day: --checkpoints holds "
+                       "its per-day folders (lrm.train.days), --eval-day is the day"),
           "plan": Arg("--plan", "sharding plan (lrm shard-plan, its entry teacher) "
                       "[default: torchrec's planner]", "in"),
           "out": Arg("--out", "the teacher's model folder", "out"),
-          "checkpoints": Arg("--checkpoints", "checkpoint folder", "state"),
+          "checkpoints": Arg("--checkpoints", "checkpoint folder (with --carry: one "
+                             "folder per day)", "state"),
           "metrics": Arg("--metrics", "stage metrics file", "metrics"),
           "plot": Arg("--plot", "loss and NE per logged step (CSV; a PNG beside it)", "plot")},
 )

@@ -30,7 +30,7 @@ from lrm.config import (
     TeacherModelConfig,
     TrainConfig,
 )
-from stages._common import Arg, Stage, main
+from stagekit import Arg, Stage, main
 
 NAME = "train"
 
@@ -43,18 +43,14 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> dict[str, Any]:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
-    from lrm.fp8.dispatch import transform  # torch/torchrec: only when the stage runs
-    from lrm.sharding.plan import training_plan
+    from lrm.train import build_job
     from lrm.train import train as train_model
 
-    model_cfg = ModelConfig(tables=tables, **{kind: model})
-    sharding = None if plan is None else training_plan(
-        plan, kind, kind=kind, model_cfg=model_cfg, data=data, device=train.device)
-    result = train_model(
-        kind, train, model_cfg, data, split=split, loader_cfg=loader, checkpoint=checkpoint,
-        checkpoints=checkpoints, resume=resume, out=out, plan=sharding,
-        transform=transform(train.fp8, kind),
-        log_fn=tracking.log_metrics if tracking.active() else None, eval_from=eval_data)
+    job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
+                    data=data, split=split, loader=loader, checkpoint=checkpoint,
+                    checkpoints=checkpoints, start="resume" if resume else "fresh",
+                    eval_data=eval_data, out=out, plan=plan)
+    result = train_model(job, log_fn=tracking.log_metrics if tracking.active() else None)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc
 

@@ -63,7 +63,7 @@ def _leaves(obj, prefix=""):
 def test_params_yaml_states_every_value_and_agrees_with_the_defaults():
     """One set of defaults: params.yaml holds every value a run uses, equal to lrm.config's
     built-in ones (so a library caller and a pipeline run train the same thing)."""
-    from stages._common import load_params
+    from stagekit import load_params
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     from_file, built_in = load_params([REPO / "params.yaml"]), ParamsConfig()

@@ -25,7 +25,7 @@ from lrm import registry
 from lrm.config import SplitConfig
 from lrm.errors import ConfigError
 from lrm.serving import pyfunc
-from lrm.train import train
+from lrm.train import TrainJob, train
 from lrm.train.export import WEIGHTS, load_model, read_card, save_model
 from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
 
@@ -56,8 +56,9 @@ def _scrambled(good: Path, out: Path, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def folders(store, datasets):  # noqa: F811
     good = store / "good"
-    train("student", tiny_train(), SMALL_MODEL, datasets["sessions"],
-          split=SplitConfig(days=[0, 1], eval_day=EVAL_DAY), loader_cfg=LOADER, out=good)
+    train(TrainJob(kind="student", train=tiny_train(), model=SMALL_MODEL,
+                   data=datasets["sessions"], split=SplitConfig(days=[0, 1], eval_day=EVAL_DAY),
+                   loader=LOADER, out=good))
     # two scrambles of it; which is the worse one is measured, not assumed of a seed
     noisy = [_scrambled(good, store / f"scrambled-{seed}", seed) for seed in (1, 2)]
     bad, worse = sorted(noisy, key=lambda m: registry.scores(m, datasets["sessions"],

@@ -31,7 +31,7 @@ from lrm.data import dedup, synthetic
 from lrm.data.loader import BatchLoader
 from lrm.exfm import students as S
 from lrm.exfm.augment import augment_dataset, teacher_logits
-from lrm.train import train
+from lrm.train import TrainJob, train
 from lrm.dist import quiet_libraries
 from lrm.train.export import load_model
 
@@ -80,9 +80,10 @@ def world(quick: bool) -> Iterator[dict[str, Any]]:
         dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
         T = exfm.teacher_days
         t0 = time.perf_counter()
-        res = train("teacher", teacher_train, mcfg, root / "sessions",
-                    split=SplitConfig(days=list(range(T)), eval_day=T), loader_cfg=loader,
-                    out=root / "teacher")
+        res = train(TrainJob(kind="teacher", train=teacher_train, model=mcfg,
+                             data=root / "sessions",
+                             split=SplitConfig(days=list(range(T)), eval_day=T), loader=loader,
+                             out=root / "teacher"))
         teacher_s = time.perf_counter() - t0
         days = [d for d in range(gen.days) if d >= T]
         aug = augment_dataset(root / "teacher", root / "sessions", root / "augmented", days,

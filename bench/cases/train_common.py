@@ -38,7 +38,7 @@ from lrm.train.data import model_hash_sizes
 from lrm.train.graphs import graph_mlps
 from lrm.train.precision import autocast
 from lrm.train.guard import NonFiniteGuard
-from lrm.train.loop import bce_loss
+from lrm.train.job import bce_loss
 from lrm.train.meter import Meter
 from lrm.train.step_graph import GraphSteps, unsupported
 from lrm.train.steps import Steps, dense_optimizer

@@ -34,7 +34,7 @@ from lrm.config import DedupConfig, LoaderConfig, TrainConfig
 from lrm.data import dedup, synthetic
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
-from lrm.train import train
+from lrm.train import TrainJob, train
 
 
 def _info(forms: dict[str, list[Batch]], steps: int) -> dict[str, Any]:
@@ -99,8 +99,8 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
         rates = {}
         for dedup_ in (True, False):
             cfg = TrainConfig(batch_size=batch_size(), steps=2 * steps, log_every=steps)
-            r = train("student", cfg, MODEL, d["sessions"],
-                      loader_cfg=LoaderConfig(recd=dedup_))
+            r = train(TrainJob(kind="student", train=cfg, model=MODEL, data=d["sessions"],
+                               loader=LoaderConfig(recd=dedup_)))
             rates[dedup_] = r.samples_per_s
         emit("train.dedup", "student_end_to_end", "samples/s", rates[True], rates[False],
              "higher", candidate_is="lrm.train.train, loader.dedup=true",

@@ -20,7 +20,7 @@ from bench.cases.train_common import MODEL, batch_size, batches, dataset, device
 from bench.common import emit
 from lrm.config import LoaderConfig, TrainConfig
 from lrm.dist import loader_workers
-from lrm.train import train
+from lrm.train import TrainJob, train
 
 DAYS = {True: 3, False: 4}  # days (the last held out), of the default size or --quick's
 
@@ -38,7 +38,8 @@ def run(quick: bool = False) -> None:
         cfg = TrainConfig(batch_size=batch_size(), steps=0, epochs=1, val_fraction=0.0,
                           log_every=log_every, device=device())
         loader = LoaderConfig()
-        r = train("student", cfg, MODEL, d["sessions"], loader_cfg=loader)
+        r = train(TrainJob(kind="student", train=cfg, model=MODEL, data=d["sessions"],
+                           loader=loader))
         rates = [p["samples_per_s"] for p in r.history if "samples_per_s" in p]
         if len(rates) < 2:
             raise ValueError(f"{r.steps} steps gave {len(rates)} log points; more wanted")

@@ -30,11 +30,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def worker(spec_file: Path) -> None:
     """One process of a scaling run: train, then rank 0 writes the result."""
-    from lrm.train import train
+    from lrm.train import TrainJob, train
 
     spec = json.loads(Path(spec_file).read_text())
-    r = train("student", from_dict(TrainConfig, spec["train"], "train"), MODEL,
-              Path(spec["data"]), loader_cfg=from_dict(LoaderConfig, spec["loader"], "loader"))
+    r = train(TrainJob(kind="student", train=from_dict(TrainConfig, spec["train"], "train"),
+                       model=MODEL, data=Path(spec["data"]),
+                       loader=from_dict(LoaderConfig, spec["loader"], "loader")))
     if int(os.environ.get("RANK", "0")) == 0:
         Path(spec["result"]).write_text(json.dumps(
             {"samples_per_s": r.samples_per_s, "world_size": r.world_size,

@@ -20,8 +20,11 @@ first row, and list columns are built from the run offsets without copying value
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+import contextlib
+import json
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +47,11 @@ from lrm.data.schema import (
     sessions_version,
     window_columns,
 )
-from lrm.errors import DataError
+from lrm.errors import ConfigError, DataError
 from lrm.progress import Reporter
 
 READ_CHUNK_ROWS = 64 * 1024  # impressions per streamed input chunk (bounds memory)
+FROM = "_from.json"  # in a day's folder: the input files and settings it was made from
 
 
 def session_columns(schema: FeatureSchema) -> tuple[str, ...]:
@@ -357,10 +361,10 @@ def cluster(table: pa.Table, schema: FeatureSchema) -> pa.Table:
 
 @dataclass
 class _PartWriter:
-    """Buffers session rows of one day and writes exactly `rows_per_file` per part file,
-    each clustered by user with its histories shared."""
+    """Buffers session rows of one day and writes exactly `rows_per_file` per part file
+    into the day's folder, each clustered by user with its histories shared."""
 
-    dst: Path
+    folder: Path  # the day's folder (day=D)
     day: int
     rows_per_file: int
     schema: FeatureSchema
@@ -400,7 +404,8 @@ class _PartWriter:
                                   self.schema.item_sparse + self.schema.dense,
                                   lambda s: parquet.write_options(s, "sessions"))
             self.item_columns |= set(before) - set(out.column_names)
-        self.bytes_out += io.write_parquet(out, part_path(self.dst, self.day, self.parts),
+        name = part_path(Path(), self.day, self.parts).name
+        self.bytes_out += io.write_parquet(out, self.folder / name,
                                            file_metadata=kv,
                                            **parquet.write_options(out.schema, "sessions"))
         self.parts += 1
@@ -476,6 +481,67 @@ def _whole_sessions(chunks: Iterator[Located]) -> Iterator[Located]:
         yield pa.concat_tables(carry), *carry_at
 
 
+@dataclass
+class _Totals:
+    """What dedup wrote, summed over days (the stage's metrics)."""
+
+    rows: int = 0
+    sessions: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    parts: int = 0
+    hist_values: int = 0
+    hist_stored: int = 0
+    days: int = 0
+    item_columns: set[str] = field(default_factory=set)
+
+    def metrics(self, schema: FeatureSchema) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "sessions": self.sessions,
+            "dedup_ratio": self.rows / self.sessions if self.sessions else 0.0,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "storage_ratio": self.bytes_in / self.bytes_out if self.bytes_out else 0.0,
+            "days": self.days,
+            "files": self.parts,
+            "history_values": self.hist_values,  # sequence values the sessions' windows hold
+            "history_values_stored": self.hist_stored,  # ... stored once per run
+            "history_ratio": self.hist_values / self.hist_stored if self.hist_stored else 0.0,
+            # stored once per item in some file (lrm.data.items), in the schema's order
+            "item_columns": [c for c in schema.item_sparse + schema.dense
+                             if c in self.item_columns],
+        }
+
+
+def _dedup_day(schema: FeatureSchema, day: int, paths: list[Path], folder: Path,
+               cfg: DedupConfig, chunk_rows: int, totals: _Totals, rep: Reporter) -> None:
+    """Day `day`'s impression files -> `folder/part-NNNNN.parquet` (sessions layout)."""
+    totals.bytes_in += sum(p.stat().st_size for p in paths)
+    writer = _PartWriter(folder, day, cfg.rows_per_file, schema, item_table=cfg.item_table)
+    ids: list[np.ndarray] = []  # session ids of the day, in order
+    where: list[tuple[int, Path]] = []  # (index of the first session, file)
+    day_sessions = 0
+    chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
+    for table, source, row0 in _whole_sessions(chunks):
+        s = _session_rows(table, schema, source, row0)
+        where.append((day_sessions, source))
+        ids.append(s.column(SESSION).to_numpy())
+        writer.add(s)
+        totals.rows += table.num_rows
+        day_sessions += s.num_rows
+        rep.update(table.num_rows)
+    writer.close()
+    _check_day_contiguous(ids, where)
+    totals.sessions += day_sessions
+    totals.parts += writer.parts
+    totals.bytes_out += writer.bytes_out
+    totals.hist_values += writer.history_values
+    totals.hist_stored += writer.history_stored
+    totals.item_columns |= writer.item_columns
+    totals.days += 1
+
+
 def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
                   chunk_rows: int = READ_CHUNK_ROWS) -> dict[str, Any]:
     """Dedup every day of `src` into `dst/day=D/part-NNNNN.parquet` (sessions layout).
@@ -486,47 +552,56 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
     """
     schema, files = check_source(src)
     total = sum(parquet.read_metadata(f).num_rows for fs in files.values() for f in fs)
-    rows = sessions = bytes_in = bytes_out = parts = hist_values = hist_stored = 0
-    item_columns: set[str] = set()
+    totals = _Totals()
     with Reporter("dedup", total=total, unit="rows") as rep:
         for day, paths in files.items():
-            bytes_in += sum(p.stat().st_size for p in paths)
-            writer = _PartWriter(Path(dst), day, cfg.rows_per_file, schema,
-                                 item_table=cfg.item_table)
-            ids: list[np.ndarray] = []  # session ids of the day, in order
-            where: list[tuple[int, Path]] = []  # (index of the first session, file)
-            day_start = sessions
-            chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
-            for table, source, row0 in _whole_sessions(chunks):
-                s = _session_rows(table, schema, source, row0)
-                where.append((sessions - day_start, source))
-                ids.append(s.column(SESSION).to_numpy())
-                writer.add(s)
-                rows += table.num_rows
-                sessions += s.num_rows
-                rep.update(table.num_rows)
-            writer.close()
-            parts += writer.parts
-            bytes_out += writer.bytes_out
-            _check_day_contiguous(ids, where)
-            hist_values += writer.history_values
-            hist_stored += writer.history_stored
-            item_columns |= writer.item_columns
-    return {
-        "rows": rows,
-        "sessions": sessions,
-        "dedup_ratio": rows / sessions if sessions else 0.0,
-        "bytes_in": bytes_in,
-        "bytes_out": bytes_out,
-        "storage_ratio": bytes_in / bytes_out if bytes_out else 0.0,
-        "days": len(files),
-        "files": parts,
-        "history_values": hist_values,  # sequence values the sessions' windows hold
-        "history_values_stored": hist_stored,  # ... stored once per run
-        "history_ratio": hist_values / hist_stored if hist_stored else 0.0,
-        # stored once per item in some file (lrm.data.items), in the schema's order
-        "item_columns": [c for c in schema.item_sparse + schema.dense if c in item_columns],
-    }
+            _dedup_day(schema, day, paths, Path(dst) / f"day={day}", cfg, chunk_rows, totals,
+                       rep)
+    return totals.metrics(schema)
+
+
+def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = None, *,
+           chunk_rows: int = READ_CHUNK_ROWS) -> dict[str, Any]:
+    """Bring `out` up to date with `src`, day by day: `days` (default: every day of `src`).
+
+    A day whose output was made from the same input files (their hashes, recorded in the
+    day's `_from.json`) with the same settings is kept; every other is deduplicated again,
+    each into a temporary folder of its own, and they replace their days only once every
+    one is written (a failure, bad input included, leaves `out` as it was). With every day
+    asked for, the day folders of days `src` no longer has are removed, so `out` is what
+    dedup of `src` is. Returns the metrics of the days written, and which were skipped.
+    """
+    schema, files = check_source(src)
+    wanted = sorted(files) if days is None else sorted(set(days))
+    missing = [d for d in wanted if d not in files]
+    if missing:
+        raise ConfigError(f"dedup: no raw data for days {missing} in {src} "
+                          f"(days: {sorted(files)})")
+    stamps = {d: {"source": io.source_fingerprint(files[d]), "settings": asdict(cfg)}
+              for d in wanted}
+    todo = [d for d in wanted if _stamp(out / f"day={d}") != stamps[d]]
+    totals = _Totals()
+    total = sum(parquet.read_metadata(f).num_rows for d in todo for f in files[d])
+    with Reporter("dedup", total=total, unit="rows") as rep, \
+            contextlib.ExitStack() as commit:  # every day's rename, once all are written
+        for d in todo:
+            tmp = commit.enter_context(io.atomic_dir(out / f"day={d}"))
+            _dedup_day(schema, d, files[d], tmp, cfg, chunk_rows, totals, rep)
+            io.write_json(stamps[d], tmp / FROM)
+    if days is None:  # out holds exactly src's days
+        for p in out.glob("day=*"):
+            if p.is_dir() and p.name[4:].isdigit() and int(p.name[4:]) not in files \
+                    and io.owned_by_lrm(p):
+                shutil.rmtree(p)
+    return {**totals.metrics(schema), "written": todo,
+            "skipped": [d for d in wanted if d not in todo]}
+
+
+def _stamp(day_dir: Path) -> Any:
+    try:
+        return json.loads((day_dir / FROM).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _check_day(chunk: pa.Table, day: int, path: Path) -> None:

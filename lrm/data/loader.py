@@ -37,13 +37,12 @@ import pyarrow.compute as pc
 from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.chunks import Chunk, ChunkSpec, assemble, normalize
+from lrm.data.dataset import Dataset
 from lrm.data.schema import (
     LABEL,
     META_KEY,
     SESSION,
     FeatureSchema,
-    day_files,
-    read_schema,
     sessions_version,
     window_columns,
 )
@@ -97,6 +96,8 @@ class _Pending:
 class BatchLoader:
     """Iterable of `Batch` over a dataset folder in either layout (see the module docstring).
 
+    root: the folder, or its `Dataset` (lrm.data.dataset) when the caller has looked at it.
+
     dedup: user-side features once per session in the batch (`user` stride U, `inverse`)
         or once per impression (stride B, inverse None).
     hash_sizes: feature -> table size; its ids are mapped into [0, size) (floor modulo, so
@@ -115,7 +116,7 @@ class BatchLoader:
         average.
     """
 
-    def __init__(self, root: Path, batch_size: int, *, days: Sequence[int] | None = None,
+    def __init__(self, root: Path | Dataset, batch_size: int, *, days: Sequence[int] | None = None,
                  dedup: bool = True, hash_sizes: Mapping[str, int] | None = None,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, num_workers: int = 1,
                  drop_last: bool = False, teacher_column: str | None = None,
@@ -127,12 +128,12 @@ class BatchLoader:
                              f"world_size={world_size}")
         if prefetch < 0 or num_workers < 0:
             raise ValueError("prefetch and num_workers must be >= 0")
-        self.root = Path(root)
+        ds = Dataset.open(root)  # a Dataset given is not looked at again
+        self.root, self.schema, self.layout = ds.root, ds.schema, ds.layout
         self.batch_size, self.dedup, self.drop_last = batch_size, dedup, drop_last
         self.rank, self.world_size = rank, world_size
         self.prefetch, self.num_workers = prefetch, num_workers
-        self.schema, self.layout = read_schema(self.root)
-        files = day_files(self.root)
+        files = ds.files
         if days is not None:
             missing = sorted(set(days) - set(files))
             if missing:

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
 from lrm.data.parquet import open_file
-from lrm.errors import DataError
+from lrm.errors import ConfigError, DataError
 
 DAY, SESSION, POSITION, LABEL = "day", "session_id", "position", "label"
 META_KEY = b"lrm.schema"
@@ -184,6 +185,18 @@ def day_files(root: Path) -> dict[int, list[Path]]:
     if not out:
         raise DataError(root, None, None, "no day=D/*.parquet partitions found")
     return dict(sorted(out.items()))
+
+
+def pick_day(available: Sequence[int], day: int, key: str = "day") -> int:
+    """`day` itself, or counted from the end when negative (-1: the last day)."""
+    days = sorted(available)
+    if day < 0:
+        if -day > len(days):
+            raise ConfigError(f"{key}: {day} counts back past the first of {len(days)} days")
+        return days[day]
+    if day not in days:
+        raise ConfigError(f"{key}: no day {day} in the data (days: {days})")
+    return day
 
 
 def read_schema(root_or_file: Path) -> tuple[FeatureSchema, str]:

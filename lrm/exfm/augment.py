@@ -27,7 +27,6 @@ the chunks into each file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -52,7 +51,7 @@ from lrm.data.schema import LABEL, day_files, read_schema
 from lrm.errors import ConfigError, DataError
 from lrm.metrics import StreamingMetrics
 from lrm.progress import Reporter
-from lrm.train.export import CARD, WEIGHTS, ModelCard, load_model, read_card
+from lrm.train.export import ModelCard, load_model, model_hash, read_card
 
 log = logging.getLogger("lrm")
 
@@ -65,35 +64,13 @@ META_VERSION = b"lrm.teacher_version"
 class TeacherVersion:
     """Which teacher produced the logits: its content hash, and its registry version."""
 
-    hash: str  # "sha256:<hex>" of the saved model (see `teacher_hash`)
+    hash: str  # "sha256:<hex>" of the saved model (lrm.train.export.model_hash)
     registry: str | None = None  # e.g. "lrm-teacher/3" when known
 
     @property
     def label(self) -> str:
         short = self.hash.removeprefix("sha256:")[:12]
         return short + (f" ({self.registry})" if self.registry else "")
-
-
-def teacher_hash(model_dir: Path) -> str:
-    """Content hash of a saved model: its card without the training summary, its weights.
-
-    Two folders hash alike exactly when they predict alike (same architecture, schema,
-    hash sizes and weights), whatever their training logs say.
-    """
-    model_dir = Path(model_dir)
-    card = json.loads((model_dir / CARD).read_text()) if (model_dir / CARD).is_file() else None
-    if card is None or not (model_dir / WEIGHTS).is_file():
-        raise DataError(model_dir, None, None, f"not a model folder (needs {CARD} and {WEIGHTS})")
-    card.pop("info", None)
-    h = hashlib.sha256(json.dumps(card, sort_keys=True).encode())
-    h.update(io.sha256_file(model_dir / WEIGHTS).encode())
-    return "sha256:" + h.hexdigest()
-
-
-def source_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:
-    """[{file, bytes, sha256}] of a day's input files: what the manifest pins."""
-    return [{"file": Path(f).name, "bytes": Path(f).stat().st_size, "sha256": io.sha256_file(f)}
-            for f in files]
 
 
 def read_manifest(day_dir: Path) -> dict[str, Any] | None:
@@ -186,7 +163,7 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
     """
     files = day_files(src)[day]
     if fingerprint is None:
-        fingerprint = source_fingerprint(files)
+        fingerprint = io.source_fingerprint(files)
     loader = BatchLoader(src, batch_size, days=[day], dedup=True, hash_sizes=card.hash_sizes)
     stream = _Take(teacher_logits(model, loader))
     meter = StreamingMetrics(window=1)
@@ -244,7 +221,7 @@ def augment_dataset(teacher_dir: Path, src: Path, dst: Path, days: Sequence[int]
     """Augment `days` of `src` (default: every day) into `dst`; skip days already current.
 
     registry: the teacher's registry version ("lrm-teacher/3"), recorded when given.
-    content_hash: `teacher_hash(teacher_dir)`, when the caller already computed it.
+    content_hash: `model_hash(teacher_dir)`, when the caller already computed it.
     Returns metrics: the teacher version, days written and skipped, rows, rows/s, and the
     per-day manifests' teacher NE/AUC.
     """
@@ -255,10 +232,10 @@ def augment_dataset(teacher_dir: Path, src: Path, dst: Path, days: Sequence[int]
     if missing:
         raise ConfigError(f"augment.days: no data for days {missing} in {src} "
                           f"(days: {sorted(available)})")
-    version = TeacherVersion(hash=content_hash or teacher_hash(teacher_dir), registry=registry)
+    version = TeacherVersion(hash=content_hash or model_hash(teacher_dir), registry=registry)
     card = read_card(teacher_dir)
     _check_teacher(card, src)
-    prints = {d: source_fingerprint(available[d]) for d in days}  # hashed once per day
+    prints = {d: io.source_fingerprint(available[d]) for d in days}  # hashed once per day
     todo = [d for d in days
             if force or not is_current(dst / f"day={d}", version, prints[d])]
     skipped = [d for d in days if d not in todo]

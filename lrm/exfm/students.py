@@ -1,11 +1,12 @@
 """Students trained day by day on augmented data, and the table that compares them.
 
 Streaming: a student trains on one day at a time after the teacher's cut-off T, each day
-going on from the previous day's model (`init_from`), and is evaluated on the next day
-with its serving head. Every student size runs every configuration ("variant": labels
-only, distillation on the serving head, auxiliary head, auxiliary head + adapter), each
-from the same initialization, so the variants differ only in how they learn from the
-teacher. The training itself is lrm.train.loop.train with ExFM's loss (lrm.exfm.distill).
+carried on from the day before (lrm.train.days: the model and the optimizers' state, the
+procedure the stream's students follow too), and is evaluated on the next day with its
+serving head. Every student size runs every configuration ("variant": labels only,
+distillation on the serving head, auxiliary head, auxiliary head + adapter), each from the
+same initialization, so the variants differ only in how they learn from the teacher. A
+day's training is a job (lrm.train.job) with ExFM's loss (lrm.exfm.distill).
 
 The teacher's NE on each day needs no model run: the augmented data holds its logit for
 every impression, and the augment manifest of the day already carries its NE and AUC.
@@ -22,21 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from lrm import progress
-from lrm.config import (
-    DistillConfig,
-    LoaderConfig,
-    ModelConfig,
-    SplitConfig,
-    StudentModelConfig,
-    TableConfig,
-    TrainConfig,
-    default_variants,
-)
+from lrm.config import SplitConfig, default_variants
 from lrm.data.schema import day_files
 from lrm.errors import ConfigError
-from lrm.exfm.augment import TEACHER_COLUMN, read_manifest
-from lrm.exfm.distill import ExFMLoss, student_config
-from lrm.train.loop import LogFn, Transform, train
+from lrm.exfm.augment import read_manifest
+from lrm.train.days import train_day
+from lrm.train.job import TrainJob
+from lrm.train.loop import LogFn
 
 log = logging.getLogger("lrm")
 
@@ -71,31 +64,20 @@ def student_days(data: Path, teacher_days: int, days: Sequence[int] = ()) -> lis
     return chosen
 
 
-def stream_student(size: StudentModelConfig, variant: DistillConfig, train_cfg: TrainConfig,
-                   data: Path, days: Sequence[int], out: Path, *,
-                   tables: TableConfig | None = None, loader_cfg: LoaderConfig | None = None,
-                   log_fn: LogFn | None = None, transform: Transform | None = None,
-                   plan: Any = None) -> list[dict[str, Any]]:
-    """Train one student configuration day by day; `out` ends as the last day's model.
+def stream_student(job: TrainJob, days: Sequence[int], chain: Path, *, owner: str,
+                   log_fn: LogFn | None = None) -> list[dict[str, Any]]:
+    """Train one student configuration (`job`: its model, loss, data and out) day by day
+    as a model carried through `chain`; `job.out` ends as the last day's model.
 
-    Day d trains on d (from the model of day d - 1, from scratch on the first) and is
-    evaluated on d + 1. Returns one row per day: {train_day, day, ne, auc, ...}.
-    transform: applied to each day's model before sharding (FP8 dispatch, `train.fp8`).
+    Day d trains on d and is evaluated on d + 1. Returns one row per day:
+    {train_day, day, steps, seconds, ne, auc, calibration, rows}.
     """
-    model_cfg = ModelConfig(tables=tables or TableConfig(), student=student_config(size, variant))
-    column = TEACHER_COLUMN if variant.distill else None
     rows: list[dict[str, Any]] = []
-    init: Path | None = None
-    prev = None
     for d in days:
         t0 = time.perf_counter()
         with progress.context(day=d):
-            res = train("student", train_cfg, model_cfg, data,
-                        split=SplitConfig(days=[d], eval_day=d + 1), loader_cfg=loader_cfg,
-                        out=out, init_from=init, loss_fn=ExFMLoss(variant), plan=plan,
-                        teacher_column=column, log_fn=log_fn, transform=transform,
-                        info={"init_from": f"this stream's day-{prev} model" if init else None})
-        init, prev = out, d
+            res = train_day(job.but(split=SplitConfig(days=[d], eval_day=d + 1)), chain, d,
+                            owner=owner, log_fn=log_fn)
         rows.append({"train_day": d, "day": d + 1, "steps": res.steps,
                      "seconds": round(time.perf_counter() - t0, 2),
                      **{k: res.eval[k] for k in ("ne", "auc", "calibration", "rows")}})

@@ -133,6 +133,13 @@ def shard(model: nn.Module, env: Dist, *, embedding_lr: float, seed: int,
     return dmp
 
 
+def sharding_types(dmp: DistributedModelParallel) -> dict[str, str]:
+    """table -> how the run placed it ("table_wise on ranks [0]"): what the plan did."""
+    return {name: f"{ps.sharding_type} on ranks {list(ps.ranks or [])}"
+            for module_plan in dmp.plan.plan.values()
+            for name, ps in module_plan.items()}  # type: ignore[attr-defined]
+
+
 def _block_seed(seed: int, key: str, block: int) -> int:
     h = hashlib.blake2b(f"{seed}:{key}:{block}".encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & ((1 << 63) - 1)

@@ -5,7 +5,7 @@
     ROOT/augmented/day=D/    + the teacher champion's logit (stage augment's folder)
     ROOT/work/day=D/         D's fit and held-out parts, when D + 1 is not there yet
     ROOT/checkpoints/        one chain per model: teacher/, students/NAME/
-    ROOT/models/             teacher/until=D/, students/NAME/day=D/, registry/NAME/vN/
+    ROOT/models/             teacher/until=D/, students/day=D/NAME/VARIANT/, registry/NAME/vN/
     ROOT/reports/day=D.md    the day's report (also the Prefect artifact)
     ROOT/days/day=D.json     the day's record: written last, it says the day is done
     ROOT/incoming/           the folder source's default inbox (files the user drops)
@@ -59,16 +59,17 @@ class StreamPaths:
     def incoming(self) -> Path:
         return self.root / "incoming"
 
-    # the folders the stream writes and claims (the augment stage claims `augmented`)
+    # the folders the stream writes and claims (the stages claim theirs: `sessions` dedup's,
+    # `augmented` augment's, the models' folders and chains their stage's)
     def owned(self) -> list[Path]:
-        return [self.raw, self.sessions, self.work, self.checkpoints, self.models,
-                self.reports, self.days]
+        return [self.raw, self.work, self.reports, self.days]
 
     def teacher_chain(self) -> Path:
         return self.checkpoints / "teacher"
 
-    def student_chain(self, name: str) -> Path:
-        return self.checkpoints / "students" / name
+    def student_chains(self) -> Path:
+        """The students' chains (NAME/: the student stage's --checkpoints with --day)."""
+        return self.checkpoints / "students"
 
     def teacher_model(self, until: int) -> Path:
         return self.models / "teacher" / f"until={until}"
@@ -76,8 +77,9 @@ class StreamPaths:
     def teacher_state(self) -> Path:
         return self.models / "teacher" / "state.json"
 
-    def student_model(self, name: str, day: int) -> Path:
-        return self.models / "students" / name / f"day={day}"
+    def student_models(self, day: int) -> Path:
+        """Day D's student models (NAME/VARIANT/, the student stage's --out)."""
+        return self.models / "students" / f"day={day}"
 
     def registered(self, name: str, version: str) -> Path:
         return self.models / "registry" / name / f"v{version}"

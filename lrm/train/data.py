@@ -29,45 +29,45 @@ from lrm.config import LoaderConfig, SplitConfig, TrainConfig
 from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
-from lrm.data.schema import LABEL, FeatureSchema, day_files
+from lrm.data.dataset import Dataset
+from lrm.data.schema import LABEL, FeatureSchema, pick_day
 from lrm.errors import ConfigError, DataError
 from lrm.models import hash_sizes
 from lrm.dist import Dist, loader_workers
-from lrm.train.evaluate import pick_day
+
 
 # the distinct ids of hashed features are counted over at most this many rows (a pass over
 # a few million rows takes seconds); a larger dataset keeps model.tables.hash_size
 SCAN_ROWS = 4_000_000
 
 
-def split_days(data: Path, cfg: SplitConfig, eval_from: Path | None = None
+def split_days(data: Dataset, cfg: SplitConfig, held: Dataset | None = None
                ) -> tuple[list[int], int]:
     """(train days, eval day): `cfg.days` or every day before the eval day.
 
-    eval_from: the held-out day is read from this dataset instead (e.g. the held-out last
+    held: the held-out day is read from this dataset instead (e.g. the held-out last
     sessions of the train day itself, when the next day is not there yet, or a test file
     ingested on its own); then every day of `data` trains unless `cfg.days` says otherwise.
     """
-    if eval_from is not None and Path(eval_from).resolve() == Path(data).resolve():
-        raise ConfigError(f"train: the held-out dataset is the train data ({data}): every day "
-                          f"of it would train, the held-out one too; leave it out to hold out "
-                          f"the data's own split.eval_day")
-    available = list(day_files(data))
-    held = available if eval_from is None else list(day_files(eval_from))
-    eval_day = pick_day(held, cfg.eval_day, "split.eval_day")
-    days = list(cfg.days) or [d for d in available if eval_from is not None or d < eval_day]
+    if held is not None and held.root.resolve() == data.root.resolve():
+        raise ConfigError(f"train: the held-out dataset is the train data ({data.root}): every "
+                          f"day of it would train, the held-out one too; leave it out to hold "
+                          f"out the data's own split.eval_day")
+    available = data.days
+    eval_day = pick_day((held or data).days, cfg.eval_day, "split.eval_day")
+    days = list(cfg.days) or [d for d in available if held is not None or d < eval_day]
     missing = sorted(set(days) - set(available))
     if missing:
-        raise ConfigError(f"split.days: no data for days {missing} in {data} "
+        raise ConfigError(f"split.days: no data for days {missing} in {data.root} "
                           f"(days: {available})")
-    if eval_from is None and eval_day in days:
+    if held is None and eval_day in days:
         raise ConfigError(f"split.days: {days} include the held-out eval_day {eval_day}")
     if not days:
         raise ConfigError(
-            f"train: no train days before the held-out eval_day {eval_day} in {data} (days: "
-            f"{available}); hold out another dataset instead (lrm train --eval-data DIR, e.g. "
-            f"a test file ingested on its own), or give the data a later day to hold out "
-            f"(lrm ingest criteo TRAIN.tsv TEST.tsv: a day per file)")
+            f"train: no train days before the held-out eval_day {eval_day} in {data.root} "
+            f"(days: {available}); hold out another dataset instead (lrm train --eval-data "
+            f"DIR, e.g. a test file ingested on its own), or give the data a later day to "
+            f"hold out (lrm ingest criteo TRAIN.tsv TEST.tsv: a day per file)")
     return sorted(days), eval_day
 
 
@@ -91,11 +91,11 @@ def _flat(col: pa.ChunkedArray) -> pa.Array:
     return pc.list_flatten(arr) if pa.types.is_list(arr.type) else arr
 
 
-def scan_days(data: Path, days: Sequence[int], hashed: Sequence[str] = (),
+def scan_days(data: Path | Dataset, days: Sequence[int], hashed: Sequence[str] = (),
               cap: int = 0) -> DataStats:
     """Rows and clicks of `days` (the label column only), and the distinct ids of each
     `hashed` feature while it has at most `cap` (each stops being counted past that)."""
-    files = day_files(data)
+    files = Dataset.open(data).files
     rows = positives = 0
     seen: dict[str, np.ndarray] = {f: np.empty(0, np.int64) for f in hashed}
     for d in days:
@@ -126,6 +126,33 @@ def fit_tables(schema: FeatureSchema, stats: DataStats) -> FeatureSchema:
 def hashed_features(schema: FeatureSchema) -> list[str]:
     """Sparse features without a known vocab (their ids are hashed into a table)."""
     return [f for f in schema.sparse_features if f not in schema.vocab]
+
+
+@dataclass(frozen=True)
+class TrainData:
+    """A run's data, looked at once: the dataset, where the held-out day is read, the
+    split, and what the train days hold (rows, clicks, distinct hashed ids)."""
+
+    data: Dataset  # the train days' dataset
+    held: Dataset  # the held-out day's (`data` itself unless another one is held out)
+    train_days: list[int]
+    eval_day: int
+    stats: DataStats
+
+    @classmethod
+    def open(cls, data: Path, split: SplitConfig, eval_from: Path | None = None, *,
+             fit: bool = False, cap: int = 0) -> TrainData:
+        """fit: count the distinct ids of the hashed features (up to `cap` each), for
+        `fit_tables`."""
+        ds = Dataset.open(data)
+        held = Dataset.open(eval_from) if eval_from is not None else None
+        train_days, eval_day = split_days(ds, split, held)
+        stats = scan_days(ds, train_days, hashed_features(ds.schema) if fit else (), cap)
+        return cls(ds, held or ds, train_days, eval_day, stats)
+
+    @property
+    def schema(self) -> FeatureSchema:
+        return self.data.schema
 
 
 def per_rank_batch(batch_size: int, world_size: int) -> int:
@@ -173,31 +200,28 @@ def seek(loader: BatchLoader, batch: int) -> None:
                             "world_size": loader.world_size})
 
 
-def loaders(data: Path, batch_size: int, train_days: list[int], eval_day: int,
-            val_batches: int, loader_cfg: LoaderConfig, env: Dist, sizes: dict[str, int],
-            teacher_column: str | None = None, eval_from: Path | None = None) -> Loaders:
+def loaders(data: TrainData, batch_size: int, val_batches: int, loader_cfg: LoaderConfig,
+            env: Dist, sizes: dict[str, int], teacher_column: str | None = None) -> Loaders:
     """This rank's loaders, at a global `batch_size`, the last `val_batches` (per rank) of
     the train days held out for validation; `teacher_column` is read for training only
-    (the held-out eval and validation score the serving head alone); the held-out day
-    comes from `eval_from` when given (see `split_days`)."""
+    (the held-out eval and validation score the serving head alone)."""
     batch = per_rank_batch(batch_size, env.world_size)
     common: dict[str, Any] = dict(
         dedup=loader_cfg.recd, hash_sizes=sizes, rank=env.rank, world_size=env.world_size,
         prefetch=loader_cfg.prefetch,
         num_workers=loader_workers(loader_cfg.num_workers, env.device))
-    train = BatchLoader(data, batch, days=train_days, drop_last=True,
+    train = BatchLoader(data.data, batch, days=data.train_days, drop_last=True,
                         teacher_column=teacher_column, pin_memory=env.device.type == "cuda",
                         **common)
     if len(train) - val_batches < 1:
-        raise DataError(data, None, None, f"days {train_days} hold fewer than one batch of "
-                                          f"{batch_size} impressions to train on")
-    validation = (BatchLoader(data, batch, days=train_days, drop_last=True, **common)
+        raise DataError(data.data.root, None, None, f"days {data.train_days} hold fewer than "
+                        f"one batch of {batch_size} impressions to train on")
+    validation = (BatchLoader(data.data, batch, days=data.train_days, drop_last=True, **common)
                   if val_batches else None)
-    held = data if eval_from is None else eval_from
-    rows = BatchLoader(held, batch, days=[eval_day]).num_rows()
-    held_out = BatchLoader(held, eval_batch(rows, env.world_size, batch), days=[eval_day],
-                           **common)
-    return Loaders(train, len(train) - val_batches, validation, held_out)
+    rows = BatchLoader(data.held, batch, days=[data.eval_day]).num_rows()
+    held = BatchLoader(data.held, eval_batch(rows, env.world_size, batch), days=[data.eval_day],
+                       **common)
+    return Loaders(train, len(train) - val_batches, validation, held)
 
 
 class EpochStream:
@@ -245,21 +269,19 @@ class EpochStream:
 
 
 def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainConfig,
-                 batch_size: int, epoch_batches: int, env: Dist, data: Path,
-                 train_days: list[int], loader_cfg: LoaderConfig) -> dict[str, Any]:
+                 batch_size: int, epoch_batches: int, env: Dist, data: TrainData,
+                 loader_cfg: LoaderConfig) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it: the model, its tables, the
     batch cut (the batch size the schedule chose, the batches an epoch trains on) and the
     data's shape (rows of every file of the train days: the same rows cut the same batches;
     values may differ, e.g. after fixing a NaN), as JSON-able values."""
-    import pyarrow.parquet as pq
-
-    files = day_files(data)
+    files = data.data.files
     return {
         "kind": kind, "model": dataclasses.asdict(getattr(model_cfg, kind)),
         "tables": dataclasses.asdict(model_cfg.tables), "table_rows": sizes,
         "batch_size": batch_size, "epoch_batches": epoch_batches,
         "world_size": env.world_size, "seed": cfg.seed,
-        "recd": loader_cfg.recd, "train_days": train_days,
-        "data": {str(d): [[f.name, pq.read_metadata(f).num_rows] for f in files[d]]
-                 for d in train_days},
+        "recd": loader_cfg.recd, "train_days": data.train_days,
+        "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows] for f in files[d]]
+                 for d in data.train_days},
     }

@@ -21,23 +21,11 @@ from torch import nn
 from lrm import metrics
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
-from lrm.data.schema import day_files
+from lrm.data.schema import day_files, pick_day
 from lrm.errors import ConfigError
 from lrm.progress import Reporter
 from lrm.dist import quiet_libraries
 from lrm.train.export import load_model
-
-
-def pick_day(available: Sequence[int], day: int, key: str = "day") -> int:
-    """`day` itself, or counted from the end when negative (-1: the last day)."""
-    days = sorted(available)
-    if day < 0:
-        if -day > len(days):
-            raise ConfigError(f"{key}: {day} counts back past the first of {len(days)} days")
-        return days[day]
-    if day not in days:
-        raise ConfigError(f"{key}: no day {day} in the data (days: {days})")
-    return day
 
 
 @torch.no_grad()

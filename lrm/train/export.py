@@ -10,6 +10,7 @@ The folder is written atomically (lrm.io.atomic_dir) and read back with
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,22 @@ def read_card(path: Path) -> ModelCard:
     if not f.is_file():
         raise DataError(path, None, None, f"not a model folder (no {CARD})")
     return ModelCard.from_json(f.read_text(), f)
+
+
+def model_hash(model_dir: Path) -> str:
+    """Content hash of a saved model: its card without the training summary, its weights.
+
+    Two folders hash alike exactly when they predict alike (same architecture, schema,
+    hash sizes and weights), whatever their training logs say.
+    """
+    model_dir = Path(model_dir)
+    card = json.loads((model_dir / CARD).read_text()) if (model_dir / CARD).is_file() else None
+    if card is None or not (model_dir / WEIGHTS).is_file():
+        raise DataError(model_dir, None, None, f"not a model folder (needs {CARD} and {WEIGHTS})")
+    card.pop("info", None)
+    h = hashlib.sha256(json.dumps(card, sort_keys=True).encode())
+    h.update(io.sha256_file(model_dir / WEIGHTS).encode())
+    return "sha256:" + h.hexdigest()
 
 
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelCard]:

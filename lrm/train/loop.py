@@ -1,26 +1,30 @@
-"""The training loop: one process or `torchrun --nproc_per_node=N`, CPU (gloo) or GPU (nccl).
+"""Training a job: one process or `torchrun --nproc_per_node=N`, CPU (gloo) or GPU (nccl).
 
-    read the train days (rows, CTR, distinct ids) -> fit the schedule and hashed tables
-    -> build the model (tables on meta), head bias at logit(train CTR) -> [transform it]
-    -> shard it (DMP) -> fused Adagrad (tables) + fused AdamW (dense) -> [resume]
-    -> steps through torchrec's TrainPipelineSparseDist: forward, loss, guard, backward, step
-       (one process on a GPU: each step one CUDA graph replay, lrm.train.step_graph)
-    -> every log_every steps: loss, windowed NE, samples/s (progress, log_fn)
-    -> every val_every steps: NE on the validation slice; stop when it stops improving
-    -> every eval_every steps: NE/AUC on the held-out day; the checkpoint manager each step
-    -> final checkpoint, restore the best validated state, final eval (with confidence
-       intervals), unsharded model to `out` (rank 0)
+`train(job)` runs a `TrainJob` (lrm.train.job: what to train on what, and how it starts) in
+three parts, read top to bottom:
 
-The loss is `loss_fn(model, batch)` (default: log loss of the logits; ExFM passes its
-distillation loss, lrm.exfm.distill); `init_from` warm-starts from a saved model folder.
-A step consumes the same impressions whatever the number of processes (lrm.train.data).
-Inside a step the host never waits for the device: the loss and the meters stay there, and
-a non-finite loss is caught on the device, its update skipped (lrm.train.guard); the run
-stops with NonFiniteLossError at the next log point (at most `log_every` steps later) or
-before anything is saved, so the model and the checkpoints keep their last good state.
-Deterministic on CPU: generators are seeded per step, tables are initialized independently
-of the plan, and a resume seeks the data to the checkpointed position, so it reproduces the
-uninterrupted run bit for bit.
+    build    look at the data once (rows and CTR, distinct hashed ids, the split) -> fit the
+             schedule and hashed tables -> the model (tables on meta), head bias at
+             logit(train CTR) -> [FP8 dispatch] -> shard it (DMP, the job's plan) -> fused
+             Adagrad (tables) + fused AdamW (dense) -> the loaders -> [the checkpoint it
+             starts from: resume or carry]
+    run      steps (torchrec's TrainPipelineSparseDist; one process on a GPU: each step one
+             CUDA graph replay, lrm.train.step_graph) in segments that end where it
+             evaluates: every log_every steps loss, windowed NE, samples/s; every val_every
+             steps NE on the validation slice, stopping when it stops improving; every
+             eval_every steps NE/AUC on the held-out day; the checkpoint manager each step
+    finish   final checkpoint, the best validated state restored, final eval (with
+             confidence intervals), the unsharded model to `job.out` (rank 0)
+
+The loss is `job.loss(model, batch)` (default: log loss of the logits; an ExFM student's is
+its distillation loss, lrm.exfm.distill). A step consumes the same impressions whatever the
+number of processes (lrm.train.data). Inside a step the host never waits for the device:
+the loss and the meters stay there, and a non-finite loss is caught on the device, its
+update skipped (lrm.train.guard); the run stops with NonFiniteLossError at the next log
+point (at most `log_every` steps later) or before anything is saved, so the model and the
+checkpoints keep their last good state. Deterministic on CPU: generators are seeded per
+step, tables are initialized independently of the plan, and a resume seeks the data to the
+checkpointed position, so it reproduces the uninterrupted run bit for bit.
 """
 
 from __future__ import annotations
@@ -28,54 +32,41 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torchrec.distributed.types import ShardingPlan
 
 from lrm.checkpoint import CheckpointManager
-from lrm.config import CheckpointConfig, LoaderConfig, ModelConfig, SplitConfig, TrainConfig
 from lrm.data.batch import Batch
-from lrm.data.schema import read_schema
 from lrm.dist import Dist, intra_op_threads, loader_workers, process_group, quiet_libraries
 from lrm.errors import ConfigError, DataError
 from lrm.models import build_model
 from lrm.progress import Reporter
 from lrm.sharding import parallel
 from lrm.train import schedule as schedules
-from lrm.train.data import EpochStream, fit_tables, hashed_features, loaders, \
-    model_hash_sizes, per_rank_batch, run_identity, scan_days, split_days
+from lrm.train.data import EpochStream, TrainData, fit_tables, loaders, model_hash_sizes, \
+    per_rank_batch, run_identity
 from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import predict, score
 from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
 from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
+from lrm.train.job import TrainJob, bce_loss
 from lrm.train.meter import Meter
 from lrm.train.precision import autocast
 from lrm.train.state import TrainState, seed_step
 from lrm.train.step_graph import EAGER_STEPS, GraphSteps, unsupported
-from lrm.train.steps import LrSchedule, StepFn, Steps, compile_dense, dense_optimizer
+from lrm.train.steps import LrSchedule, StepRunner, Steps, compile_dense, dense_optimizer
 
 log = logging.getLogger("lrm")
 LogFn = Callable[[Mapping[str, float], int], None]
-# (model, batch) -> (loss to minimize, serving-head log loss: what the meters report)
-LossFn = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
-# model -> model, between building it and sharding it (e.g. lrm.fp8's dispatch)
-Transform = Callable[[nn.Module], nn.Module]
 
-__all__ = ["NonFiniteLossError", "TrainResult", "bce_loss", "train"]
-
-
-def bce_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The default loss: log loss of the model's logits against the click labels."""
-    loss = F.binary_cross_entropy_with_logits(model(batch).float(), batch.labels)
-    return loss, loss
+__all__ = ["LogFn", "NonFiniteLossError", "TrainResult", "train"]
 
 
 @dataclass
@@ -86,6 +77,7 @@ class TrainResult:
     eval: dict[str, Any]  # final held-out metrics (the same dict on every rank)
     history: list[dict[str, float]] = field(default_factory=list)  # rank 0's log points
     resumed_from: int | None = None  # step of the checkpoint resumed from
+    start: str = "fresh"  # how it started: fresh | warm | resume | carry (lrm.train.job)
     checkpoint: Path | None = None  # the last checkpoint written
     out: Path | None = None  # the final model folder
     world_size: int = 1
@@ -93,230 +85,250 @@ class TrainResult:
     eval_day: int = -1
     schedule: dict[str, Any] = field(default_factory=dict)  # what the run took (lrm.train.schedule)
     validation: dict[str, Any] = field(default_factory=dict)  # best NE, its step, stopped early?
+    fp8: list[str] = field(default_factory=list)  # the layers that trained in FP8
+    sharding: dict[str, str] = field(default_factory=dict)  # table -> how it was sharded
 
     def summary(self, kind: str) -> dict[str, Any]:
         """The run's metrics as a stage reports them (JSON-able)."""
         return {"kind": kind, "steps": self.steps, "samples": self.samples,
                 "samples_per_s": self.samples_per_s, "world_size": self.world_size,
                 "train_days": self.train_days, "eval_day": self.eval_day,
-                "resumed_from": self.resumed_from, "eval": self.eval,
-                "schedule": self.schedule, "validation": self.validation}
+                "resumed_from": self.resumed_from, "start": self.start, "eval": self.eval,
+                "schedule": self.schedule, "validation": self.validation,
+                "fp8": self.fp8, "sharding": self.sharding}
 
 
-def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
-          split: SplitConfig | None = None, loader_cfg: LoaderConfig | None = None,
-          checkpoint: CheckpointConfig | None = None, checkpoints: Path | None = None,
-          resume: bool = False, out: Path | None = None, plan: ShardingPlan | None = None,
-          transform: Transform | None = None, log_fn: LogFn | None = None,
-          init_from: Path | None = None, loss_fn: LossFn = bce_loss,
-          teacher_column: str | None = None, info: Mapping[str, Any] | None = None,
-          new_data: bool = False, eval_from: Path | None = None) -> TrainResult:
-    """Train a `kind` model on `data` (see the module docstring); rank 0 writes `out`.
+def train(job: TrainJob, *, log_fn: LogFn | None = None) -> TrainResult:
+    """Run `job` (see the module docstring); rank 0 writes `job.out`.
 
-    split: which days train and which is held out (default: every day but the last).
-    checkpoints: the checkpoint folder (None: no checkpoints), saved per `checkpoint`;
-    resume: start from its newest checkpoint (a fresh run clears the folder instead).
-    plan: a torchrec ShardingPlan (None: lrm.sharding's default).
-    transform: applied to the built model before sharding (e.g. FP8 dispatch).
     log_fn(metrics, step): called on rank 0 at every log point and eval (e.g. MLflow).
-    init_from: a model folder whose weights start this run (a warm start: the optimizers
-    start fresh, the tables keep its sizes; a checkpoint resumed from wins over it).
-    loss_fn(model, batch) -> (loss, serving log loss); the held-out eval always scores
-    `model(batch)`. teacher_column: read into `batch.teacher_logits` (augmented data).
-    info: more entries for the saved model card's training summary.
-    new_data: with resume, the checkpoint is of other data (the streaming flow's previous
-    day): only the model and the optimizers come back; this run counts its own steps.
-    eval_from: read the held-out day from this dataset instead of `data` (e.g. the held-out
-    last slice of the train day, when the next day is not there yet).
     """
     quiet_libraries()
-    split, loader_cfg = split or SplitConfig(), loader_cfg or LoaderConfig()
-    data = Path(data)
-    with process_group(cfg.device) as env, contextlib.ExitStack() as cleanup:
-        workers = loader_workers(loader_cfg.num_workers, env.device)  # as loaders() takes
-        torch.set_num_threads(intra_op_threads(cfg.threads, workers if loader_cfg.prefetch else 0))
+    with process_group(job.train.device) as env, contextlib.ExitStack() as cleanup:
+        run = _Run(job, env, cleanup, log_fn)
+        stopped_early = run.loop()
+        return run.finish(stopped_early)
+
+
+class _Run:
+    """A job being run: built by the constructor, then `loop()`, then `finish()`."""
+
+    def __init__(self, job: TrainJob, env: Dist, cleanup: contextlib.ExitStack,
+                 log_fn: LogFn | None) -> None:
+        """Everything a run needs, from the job: data, schedule, model, optimizers, loaders,
+        and the checkpoint it starts from."""
+        self.job, self.env, self.log_fn = job, env, log_fn
+        cfg = self.cfg = job.train
+        kind = self.kind = job.kind
+        self.workers = loader_workers(job.loader.num_workers, env.device)  # as loaders() takes
+        torch.set_num_threads(intra_op_threads(cfg.threads,
+                                               self.workers if job.loader.prefetch else 0))
         # -- the data decides: rows and CTR, hashed table sizes, the schedule ----------
-        schema, _ = read_schema(data)
-        train_days, eval_day = split_days(data, split, eval_from)
-        fit = cfg.fit_tables and init_from is None  # a warm start keeps its tables (below)
-        stats = scan_days(data, train_days, hashed_features(schema) if fit else (),
-                          model_cfg.tables.hash_size)
-        if init_from is not None:  # a warm start keeps the tables it starts from
-            schema = read_card(Path(init_from)).schema
-        else:
-            schema = fit_tables(schema, stats)
-        sched = schedules.plan(cfg, stats.rows, env.world_size)
+        # a model started from another (warm, carry) keeps its tables; a resume fits them
+        fit = cfg.fit_tables and job.start in ("fresh", "resume")  # as its run first did
+        data = self.data = TrainData.open(job.data, job.split, job.eval_data, fit=fit,
+                                          cap=job.model.tables.hash_size)
+        self.schema = read_card(job.init_from).schema if job.init_from is not None else \
+            fit_tables(data.schema, data.stats)
+        sched = self.sched = schedules.plan(cfg, data.stats.rows, env.world_size)
         if env.is_main and sched.adapted:
-            log.info("train %s: the schedule fits %d rows: %s", kind, stats.rows,
+            log.info("train %s: the schedule fits %d rows: %s", kind, data.stats.rows,
                      "; ".join(sched.adapted))
         if env.is_main and cfg.steps and sched.epochs > 1:  # literal steps: no validation
             log.warning("train %s: train.steps=%d is %d passes over the train days' %d rows "
                         "at batch %d, with no validation slice to stop at the best state; "
                         "repeated passes can overfit (leave train.steps at 0: the schedule "
                         "then fits the data and validates)", kind, cfg.steps, sched.epochs,
-                        stats.rows, sched.batch_size)
+                        data.stats.rows, sched.batch_size)
 
-        # -- build: model, sharding, optimizers, data -----------------------------------
+        # -- the model, sharded, and its optimizers -----------------------------------
         torch.manual_seed(cfg.seed)
-        model = build_model(kind, schema, model_cfg, device="meta",  # type: ignore[arg-type]
-                            dense_device=env.device)
-        model.init_output_bias(stats.ctr)  # type: ignore[operator]
-        sizes = model_hash_sizes(model)
-        if transform is not None:
-            model = transform(model)
+        model = build_model(kind, self.schema, job.model,  # type: ignore[arg-type]
+                            device="meta", dense_device=env.device)
+        model.init_output_bias(data.stats.ctr)  # type: ignore[operator]
+        self.sizes = model_hash_sizes(model)
+        if job.transform is not None:
+            model = job.transform(model)
+        self.fp8 = _fp8_layers(model)
         if cfg.compile:
             log.info("train %s: compiled %s", kind, compile_dense(model, env.device))
         elif cfg.cuda_graphs and (graphed := graph_mlps(
                 model, per_rank_batch(sched.batch_size, env.world_size), env.device, cfg.amp)):
             log.info("train %s: CUDA graphs of %s", kind, graphed)
-        dmp = parallel.shard(model, env, embedding_lr=cfg.embedding_lr, seed=cfg.seed,
-                             plan=plan)
-        if init_from is not None:
-            _warm_start(dmp, Path(init_from), kind, model_cfg, sizes)
-        guard = NonFiniteGuard(env, lambda step, value: _non_finite(kind, step, value, state,
-                                                                     ckpt))
-        dense_opt, adamw = dense_optimizer(dmp, cfg.lr, cfg.weight_decay)
-        guard.gate(dmp, adamw)
-        opt = parallel.optimizer(dmp, dense_opt)
-        lrs = LrSchedule(opt)
-        ld = loaders(data, sched.batch_size, train_days, eval_day, sched.val_batches,
-                     loader_cfg, env, sizes, teacher_column, eval_from)
-        assert ld.train_batches == sched.epoch_batches, (ld.train_batches, sched)
-        state, stream = TrainState(guard=guard), EpochStream(ld.train, sched.epoch_batches)
-        stopper = EarlyStopping(dmp, state, cfg.patience)
+        self.dmp = parallel.shard(model, env, embedding_lr=cfg.embedding_lr, seed=cfg.seed,
+                                  plan=job.plan)
+        if job.init_from is not None:
+            _warm_start(self.dmp, job.init_from, kind, job.model, self.sizes)
+        self.state = TrainState()
+        self.ckpt: CheckpointManager | None = None
+        self.guard = NonFiniteGuard(env, self._non_finite)
+        self.state.guard = self.guard
+        dense_opt, adamw = dense_optimizer(self.dmp, cfg.lr, cfg.weight_decay)
+        self.guard.gate(self.dmp, adamw)
+        self.opt = parallel.optimizer(self.dmp, dense_opt)
+        self.lrs = LrSchedule(self.opt)
+        self.loaders = loaders(data, sched.batch_size, sched.val_batches, job.loader, env,
+                               self.sizes, job.teacher_column)
+        assert self.loaders.train_batches == sched.epoch_batches, (self.loaders, sched)
+        self.stream = EpochStream(self.loaders.train, sched.epoch_batches)
+        self.stopper = EarlyStopping(self.dmp, self.state, cfg.patience)
 
         # -- checkpoints: everything a resume needs is a stateful part -----------------
-        parts = {"model": dmp, "optim": opt, "train": state, "data": stream}
-        ckpt = None
-        resumed_from = None
-        if checkpoints is not None:
-            ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
-                checkpoints, env, checkpoint or CheckpointConfig(),
-                run_identity(kind, model_cfg, sizes, cfg, sched.batch_size,
-                             sched.epoch_batches, env, data, train_days, loader_cfg)))
+        self.parts = {"model": self.dmp, "optim": self.opt, "train": self.state,
+                      "data": self.stream}
+        self.resumed_from: int | None = None
+        if job.checkpoints is not None:
+            self.ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
+                job.checkpoints, env, job.checkpoint,
+                run_identity(kind, job.model, self.sizes, cfg, sched.batch_size,
+                             sched.epoch_batches, env, data, job.loader)))
             # AdamW's state is lazy: made (a dummy step) only when there is one to load
-            resumed_from = ckpt.start(parts, resume, new_data=new_data,
-                                      prepare=dense_opt.init_state)
-            opt.zero_grad(set_to_none=True)
-            guard.reset(state.step)
-            stopper.resumed(state.step)
+            self.resumed_from = self.ckpt.start(self.parts, job.resume, new_data=job.new_data,
+                                                prepare=dense_opt.init_state)
+            self.opt.zero_grad(set_to_none=True)
+            self.guard.reset(self.state.step)
+            self.stopper.resumed(self.state.step)
+        self.history: list[dict[str, float]] = []
+        self.meter = Meter(env, cfg.ne_window)
+        self.batch_rows = 0  # impressions of the latest step's batch (this rank)
+        self.steps = _steps(self.dmp, self.opt, env, self._step, cfg,
+                            self.loaders.train.windows, kind,
+                            per_rank_batch(sched.batch_size, env.world_size),
+                            max(sched.warmup - self.state.step, 0))
 
-        # -- the loop ---------------------------------------------------------------
+    # -- run -----------------------------------------------------------------------------
+    def loop(self) -> bool:
+        """The steps, in segments up to each evaluation; True when it stopped early."""
+        env, sched, state, cfg = self.env, self.sched, self.state, self.cfg
         total = sched.steps
-        meter, history = Meter(env, cfg.ne_window), []
-        reporter = Reporter(f"train {kind}", total=max(total - state.step, 0) * sched.batch_size,
-                            unit="samples") if env.is_main else None
-        sizes_seen: list[int] = [0]  # impressions of the step's batch (this rank)
-
-        def log_point(point: dict[str, float]) -> None:
-            if env.is_main:
-                history.append({"step": state.step, **point})
-                if log_fn is not None:
-                    log_fn(point, state.step)
-
-        def evaluate(max_batches: int | None, ci: bool = False) -> dict[str, Any]:
-            ev = _evaluate(dmp, ld.held_out, env, max_batches=max_batches, ci=ci)
-            log_point({f"eval_{k}": float(v) for k, v in ev.items() if _scalar(v)})
-            return ev
-
-        def validate() -> bool:
-            """Score the validation slice; True when training should stop."""
-            ev = _evaluate(dmp, ld.validation_batches(), env, max_batches=None)
-            stop = stopper.update(ev["ne"], state.step)
-            log_point({"val_ne": ev["ne"], "val_best_ne": state.best_ne})
-            return stop
-
-        def step_fn(b: Batch) -> tuple[torch.Tensor, None]:
-            """The step the pipeline runs: forward and loss; it then runs the backward and
-            the optimizer step (both gated by `ok`)."""
-            with autocast(env.device, cfg.amp):
-                loss, serving = loss_fn(dmp, b)
-            ok = guard.watch(loss)
-            meter.record(serving, b.labels, ok)
-            sizes_seen[0] = b.size
-            return loss, None
-
-        steps = _steps(dmp, opt, env, step_fn, cfg, ld.train.windows, kind,
-                       per_rank_batch(sched.batch_size, env.world_size),
-                       max(sched.warmup - state.step, 0))
+        reporter = Reporter(f"train {self.kind}", total=max(total - state.step, 0)
+                            * sched.batch_size, unit="samples") if env.is_main else None
         stopped_early = False
-        with contextlib.closing(iter(stream)) as it, \
+        with contextlib.closing(iter(self.stream)) as it, \
                 (reporter or contextlib.nullcontext(_Quiet())) as rep:
-            meter.resume_clock()
+            self.meter.resume_clock()
             while state.step < total and not stopped_early:
                 # a segment of steps up to the next evaluation: the pipeline drains at its end
                 end = _next_pause(state.step, total, sched, cfg.eval_every)
                 segment = islice(it, end - state.step)
                 while state.step < end:
-                    seed_step(cfg.seed, state.step, env.rank, env.device)
-                    lrs.set(sched.lr_factor(state.step))
-                    if not steps.step(segment):
-                        raise DataError(data, None, None, "the train days hold fewer batches "
-                                        "than the schedule counted (changed while training?)")
-                    state.step += 1
-                    state.samples += sizes_seen[0] * env.world_size
-                    stream.advance()
-                    meter.tick(sizes_seen[0])
-                    rep.update(sizes_seen[0] * env.world_size)
-                    logs = state.step % cfg.log_every == 0 or state.step == total
-                    if logs:  # the host reads the device's values here only
-                        guard.check()
-                        log_point(point := meter.point())
-                        rep.update(0, loss=point["loss"], ne=point["ne_window"])
-                    if ckpt is not None and ckpt.step(state.step, parts,  # checks the guard
-                                                      log_point=logs):
-                        meter.resume_clock()
-                steps.pause()
+                    self._advance(segment, rep, total)
+                self.steps.pause()
                 if state.step == total:
                     break
-                guard.check()
+                self.guard.check()
                 if sched.validates_at(state.step):
-                    stopped_early = validate()
+                    stopped_early = self._validate()
                 if cfg.eval_every and state.step % cfg.eval_every == 0:
-                    evaluate(cfg.eval_batches or None)
-                meter.resume_clock()
+                    self._evaluate(cfg.eval_batches or None)
+                self.meter.resume_clock()
             if stopped_early:
                 log.info("train %s: validation NE has not improved for %d validations; "
-                         "stopped at step %d of %d", kind, cfg.patience, state.step, total)
-        guard.check()
+                         "stopped at step %d of %d", self.kind, cfg.patience, state.step, total)
+        self.guard.check()
+        return stopped_early
 
-        # -- finish: checkpoint, the best state, final eval, model ----------------------
-        if ckpt is not None:  # the run's own last state: a resume with more steps goes on
-            ckpt.finish(state.step, parts)  # from it exactly as an uninterrupted run would
+    def _advance(self, segment: Iterator[Batch], rep: Any, total: int) -> None:
+        """One optimizer step and its bookkeeping: counts, logs, checkpoint."""
+        env, state, cfg = self.env, self.state, self.cfg
+        seed_step(cfg.seed, state.step, env.rank, env.device)
+        self.lrs.set(self.sched.lr_factor(state.step))
+        if not self.steps.step(segment):
+            raise DataError(self.job.data, None, None, "the train days hold fewer batches than "
+                            "the schedule counted (changed while training?)")
+        state.step += 1
+        state.samples += self.batch_rows * env.world_size
+        self.stream.advance()
+        self.meter.tick(self.batch_rows)
+        rep.update(self.batch_rows * env.world_size)
+        logs = state.step % cfg.log_every == 0 or state.step == total
+        if logs:  # the host reads the device's values here only
+            self.guard.check()
+            self._log_point(point := self.meter.point())
+            rep.update(0, loss=point["loss"], ne=point["ne_window"])
+        if self.ckpt is not None and self.ckpt.step(state.step, self.parts,  # checks the guard
+                                                    log_point=logs):
+            self.meter.resume_clock()
+
+    def _step(self, b: Batch) -> tuple[torch.Tensor, None]:
+        """The step the pipeline runs: forward and loss; it then runs the backward and the
+        optimizer step (both gated by `ok`)."""
+        with autocast(self.env.device, self.cfg.amp):
+            loss, serving = self.job.loss(self.dmp, b)
+        ok = self.guard.watch(loss)
+        self.meter.record(serving, b.labels, ok)
+        self.batch_rows = b.size
+        return loss, None
+
+    def _log_point(self, point: dict[str, float]) -> None:
+        if self.env.is_main:
+            self.history.append({"step": self.state.step, **point})
+            if self.log_fn is not None:
+                self.log_fn(point, self.state.step)
+
+    def _evaluate(self, max_batches: int | None, ci: bool = False) -> dict[str, Any]:
+        ev = _evaluate(self.dmp, self.loaders.held_out, self.env, max_batches=max_batches, ci=ci)
+        self._log_point({f"eval_{k}": float(v) for k, v in ev.items() if _scalar(v)})
+        return ev
+
+    def _validate(self) -> bool:
+        """Score the validation slice; True when training should stop."""
+        ev = _evaluate(self.dmp, self.loaders.validation_batches(), self.env, max_batches=None)
+        stop = self.stopper.update(ev["ne"], self.state.step)
+        self._log_point({"val_ne": ev["ne"], "val_best_ne": self.state.best_ne})
+        return stop
+
+    def _non_finite(self, step: int, value: float) -> str:
+        here = value if not math.isfinite(value) else "finite here, not on every rank"
+        last = (self.ckpt.last if self.ckpt else None) or "none"
+        return (f"train {self.kind}: the loss is not finite ({here}) at step {step} (its update "
+                f"was skipped; stopped at step {self.state.step}). Last good checkpoint: "
+                f"{last}. Check the data (NaN/inf dense values) or lower train.lr / "
+                f"train.embedding_lr, then --resume")
+
+    # -- finish --------------------------------------------------------------------------
+    def finish(self, stopped_early: bool) -> TrainResult:
+        """Final checkpoint, the best validated state back, final eval, the model saved."""
+        job, env, state, sched = self.job, self.env, self.state, self.sched
+        if self.ckpt is not None:  # the run's own last state: a resume with more steps goes
+            self.ckpt.finish(state.step, self.parts)  # on from it as an uninterrupted run would
         if sched.val_batches and not stopped_early:
-            validate()  # the final state competes too
-        restored = stopper.restore(state.step) if sched.val_batches else None
+            self._validate()  # the final state competes too
+        restored = self.stopper.restore(state.step) if sched.val_batches else None
         if restored is not None:
-            log.info("train %s: restored the state of step %d (validation NE %.5f)", kind,
+            log.info("train %s: restored the state of step %d (validation NE %.5f)", self.kind,
                      restored, state.best_ne)
-        final = evaluate(None, ci=True)
-        weights = parallel.full_state_dict(dmp, env)
+        final = self._evaluate(None, ci=True)
+        weights = parallel.full_state_dict(self.dmp, env)
         validation = {"best_ne": state.best_ne if math.isfinite(state.best_ne) else None,
                       "best_step": state.best_step, "stopped_early": stopped_early,
                       "restored": restored}
-        if env.is_main and out is not None:
+        sharding = parallel.sharding_types(self.dmp)
+        if env.is_main and job.out is not None:
             assert weights is not None
-            info = {"steps": state.step, "samples": state.samples, "train_days": train_days,
-                    "eval_day": eval_day, "eval": final, "world_size": env.world_size,
-                    "batch_size": sched.batch_size, "recd": loader_cfg.recd,
-                    "loader_workers": workers,
-                    "schedule": sched.summary(), "validation": validation,
-                    "init_from": str(init_from) if init_from else None, **(info or {})}
-            save_model(Path(out), ModelCard(kind=kind, schema=schema, model=model_cfg,
-                                            hash_sizes=sizes, info=info), weights)
+            info = {"steps": state.step, "samples": state.samples,
+                    "train_days": self.data.train_days, "eval_day": self.data.eval_day,
+                    "eval": final, "world_size": env.world_size, "batch_size": sched.batch_size,
+                    "recd": job.loader.recd, "loader_workers": self.workers,
+                    "schedule": sched.summary(), "validation": validation, "start": job.start,
+                    "init_from": str(job.init_from) if job.init_from else None,
+                    "fp8": self.fp8, "sharding": sharding, **job.info}
+            save_model(job.out, ModelCard(kind=self.kind, schema=self.schema, model=job.model,
+                                          hash_sizes=self.sizes, info=info), weights)
         env.barrier()
         return TrainResult(
-            steps=state.step, samples=state.samples, samples_per_s=meter.samples_per_s,
-            eval=final, history=history, resumed_from=resumed_from,
-            checkpoint=ckpt.last if ckpt else None,
-            out=Path(out) if out is not None else None, world_size=env.world_size,
-            train_days=train_days, eval_day=eval_day, schedule=sched.summary(),
-            validation=validation)
+            steps=state.step, samples=state.samples, samples_per_s=self.meter.samples_per_s,
+            eval=final, history=self.history, resumed_from=self.resumed_from,
+            start=self.job.start if self.resumed_from is not None or self.job.start == "warm"
+            else "fresh",
+            checkpoint=self.ckpt.last if self.ckpt else None, out=job.out,
+            world_size=env.world_size, train_days=self.data.train_days,
+            eval_day=self.data.eval_day, schedule=sched.summary(), validation=validation,
+            fp8=self.fp8, sharding=sharding)
 
 
-def _steps(dmp: nn.Module, opt: torch.optim.Optimizer, env: Dist, step_fn: StepFn,
-           cfg: TrainConfig, windows: bool, kind: str, batch: int,
-           warmup_left: int) -> Steps | GraphSteps:
+def _steps(dmp: nn.Module, opt: torch.optim.Optimizer, env: Dist, step_fn: Any,
+           cfg: Any, windows: bool, kind: str, batch: int, warmup_left: int) -> StepRunner:
     """Whole-step CUDA graphs where they apply (lrm.train.step_graph: one process on a GPU,
     no shared-history batches), captured after the learning-rate warm-up; else torchrec's
     train pipeline."""
@@ -345,14 +357,21 @@ def _scalar(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
+def _fp8_layers(model: nn.Module) -> list[str]:
+    """The layers of `model` that run in FP8 (what the job's transform dispatched)."""
+    from lrm.fp8.linear import is_fp8
+
+    return [n for n, m in model.named_modules() if is_fp8(m)]
+
+
+def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: Any,
                 sizes: dict[str, int]) -> None:
     """Load a saved model's weights (plain tensors) into the sharded model."""
     card = read_card(path)
     if card.kind != kind or card.model != model_cfg or card.hash_sizes != sizes:
         raise ConfigError(f"init_from {path}: a {card.kind} with another config or table "
                           f"sizes than this {kind}; it cannot start this run")
-    weights = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+    weights = torch.load(Path(path) / WEIGHTS, map_location="cpu", weights_only=True)
     dmp.load_state_dict(dict(weights))  # DMP renames the keys of the dict it is given
     log.info("started from the weights of %s", path)
 
@@ -367,16 +386,6 @@ def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *,
     all_logits, all_labels = env.gather_cat(logits), env.gather_cat(labels)
     result = score(all_logits, all_labels, ci=ci) if env.is_main else None
     return env.broadcast(result)  # type: ignore[return-value]
-
-
-def _non_finite(kind: str, step: int, value: float, state: TrainState,
-                ckpt: CheckpointManager | None) -> str:
-    here = value if not math.isfinite(value) else "finite here, not on every rank"
-    last = (ckpt.last if ckpt else None) or "none"
-    return (f"train {kind}: the loss is not finite ({here}) at step {step} (its update was "
-            f"skipped; stopped at step {state.step}). Last good checkpoint: {last}. Check "
-            f"the data (NaN/inf dense values) or lower train.lr / train.embedding_lr, then "
-            f"--resume")
 
 
 class _Quiet:

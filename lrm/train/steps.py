@@ -21,6 +21,7 @@ batches in flight loses the per-rank batch sizes of RecD's user-side KJTs on re-
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -31,6 +32,19 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from lrm.data.batch import Batch
 
 StepFn = Callable[[Batch], tuple[torch.Tensor, None]]
+
+
+class StepRunner(Protocol):
+    """How the loop takes its steps: torchrec's train pipeline (`Steps`) or whole-step CUDA
+    graphs (lrm.train.step_graph.GraphSteps)."""
+
+    def step(self, batches: Iterator[Batch]) -> bool:
+        """One optimizer step on the next batch; False when `batches` is exhausted."""
+        ...
+
+    def pause(self) -> None:
+        """Hand the model back between segments (to evaluate it); `step` resumes."""
+        ...
 
 
 class _Features(nn.Module):

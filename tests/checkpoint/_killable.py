@@ -20,7 +20,7 @@ from torchrec.distributed.types import ShardingPlan
 from lrm.config import CheckpointConfig, LoaderConfig
 from lrm.data.schema import read_schema
 from lrm.models import build_model
-from lrm.train import train
+from lrm.train import TrainJob, train
 from tests.train.conftest import SMALL_MODEL, tiny_train
 
 
@@ -54,10 +54,10 @@ def run(spec: dict[str, Any]) -> None:
             progress.write(f"{step}\n")
 
     data = Path(spec["data"])
-    train("student", tiny_train(steps=spec["steps"], log_every=1, device="cpu"),
-          SMALL_MODEL, data,
-          loader_cfg=LoaderConfig(prefetch=2, num_workers=1),
-          checkpoint=CheckpointConfig(**spec["checkpoint"]),
-          checkpoints=Path(spec["checkpoints"]) if spec.get("checkpoints") else None,
-          resume=True, out=Path(spec["out"]), plan=_plan(data), log_fn=log_fn)
+    train(TrainJob(kind="student",
+                   train=tiny_train(steps=spec["steps"], log_every=1, device="cpu"),
+                   model=SMALL_MODEL, data=data, loader=LoaderConfig(prefetch=2, num_workers=1),
+                   checkpoint=CheckpointConfig(**spec["checkpoint"]),
+                   checkpoints=Path(spec["checkpoints"]) if spec.get("checkpoints") else None,
+                   out=Path(spec["out"]), plan=_plan(data), start="resume"), log_fn=log_fn)
     progress.write("done\n")

@@ -19,7 +19,8 @@ from lrm.data.loader import BatchLoader
 from lrm.data.schema import day_files
 from lrm.errors import ConfigError, DataError
 from lrm.exfm import augment
-from lrm.exfm.augment import MANIFEST, META_VERSION, TEACHER_COLUMN, augment_dataset, teacher_hash
+from lrm.exfm.augment import MANIFEST, META_VERSION, TEACHER_COLUMN, augment_dataset
+from lrm.train.export import model_hash
 from lrm.train.evaluate import predict
 from lrm.train.export import load_model
 from lrm.data import parquet
@@ -59,7 +60,7 @@ def test_output_is_row_aligned_and_holds_the_teachers_prediction(datasets, teach
             lens = pc.list_value_length(tb.column("label"))
             assert pc.all(pc.equal(lens, pc.list_value_length(tb.column(TEACHER_COLUMN)))).as_py()
             version = json.loads(tb.schema.metadata[META_VERSION])
-            assert version["hash"] == teacher_hash(teacher)
+            assert version["hash"] == model_hash(teacher)
         # flattened, impression i is the same impression: labels and the teacher's logit
         flat = flatten_sessions(_day(dst_files).drop_columns([TEACHER_COLUMN]))
         orig = flatten_sessions(_day(src_files))
@@ -71,7 +72,7 @@ def test_output_is_row_aligned_and_holds_the_teachers_prediction(datasets, teach
         np.testing.assert_allclose(logits, expect.numpy(), rtol=0, atol=1e-6)
         assert np.array_equal(orig.column("label").to_numpy(), labels.numpy().astype(np.int8))
         man = json.loads((dst / f"day={day}" / MANIFEST).read_text())
-        assert man["rows"] == len(logits) and man["teacher"]["hash"] == teacher_hash(teacher)
+        assert man["rows"] == len(logits) and man["teacher"]["hash"] == model_hash(teacher)
         assert 0 < man["teacher_metrics"]["ne"] < 10
     # the students' loader reads it
     b = next(iter(BatchLoader(dst, 64, days=[1], teacher_column=TEACHER_COLUMN)))
@@ -100,13 +101,13 @@ def test_another_teacher_or_changed_input_reaugments(datasets, teacher, tmp_path
     dst = tmp_path / "aug"
     augment_dataset(teacher, src, dst, days=[1, 2])
     other = random_teacher(src, tmp_path / "other", seed=1)
-    assert teacher_hash(other) != teacher_hash(teacher)
+    assert model_hash(other) != model_hash(teacher)
     # the training summary is not part of the version
     same = random_teacher(src, tmp_path / "same", seed=0)
     card = json.loads((same / "model.json").read_text())
     card["info"] = {"note": "retrained"}
     (same / "model.json").write_text(json.dumps(card))
-    assert teacher_hash(same) == teacher_hash(teacher)
+    assert model_hash(same) == model_hash(teacher)
     assert augment_dataset(same, src, dst, days=[1, 2])["written"] == []
     r = augment_dataset(other, src, dst, days=[1, 2])
     assert r["written"] == [1, 2]

@@ -1,4 +1,4 @@
-"""Streaming students: which days, warm starts from the previous day, the report."""
+"""Streaming students: which days, one model carried from day to day, the report."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from lrm.config import DistillConfig, StudentModelConfig, TrainConfig
+from lrm.config import DistillConfig, ModelConfig, StudentModelConfig, TrainConfig
 from lrm.errors import ConfigError
 from lrm.exfm import students as S
 from lrm.exfm.augment import TEACHER_COLUMN
+from lrm.train import build_job
 from tests.train.conftest import datasets  # noqa: F401  (session fixture, days 0-2)
 
 
@@ -26,29 +27,31 @@ def test_student_days(datasets):  # noqa: F811
         S.student_days(data, 1, [0])
 
 
-def test_stream_student_warm_starts_each_day_from_the_last(monkeypatch, tmp_path):
+def test_stream_student_carries_one_model_through_the_days(monkeypatch, tmp_path):
     calls = []
 
-    def fake_train(kind, cfg, model_cfg, data, **kw):
-        split = kw["split"]
-        calls.append((split.days, split.eval_day, kw["init_from"], kw["teacher_column"],
-                      model_cfg.student))
-        ev = {"ne": 0.9 - 0.01 * split.days[0], "auc": 0.7, "calibration": 1.0, "rows": 10}
+    def fake_train_day(job, chain, day, *, owner, log_fn=None):
+        calls.append((job.split.days, job.split.eval_day, chain, day, job.teacher_column,
+                      job.model.student))
+        ev = {"ne": 0.9 - 0.01 * day, "auc": 0.7, "calibration": 1.0, "rows": 10}
         return SimpleNamespace(steps=5, eval=ev)
 
-    monkeypatch.setattr(S, "train", fake_train)
-    out = tmp_path / "m"
-    rows = S.stream_student(StudentModelConfig(), DistillConfig(), TrainConfig(), tmp_path, [3, 4, 5],
-                            out)
-    assert [(c[0], c[1], c[2], c[3]) for c in calls] == [
-        ([3], 4, None, TEACHER_COLUMN), ([4], 5, out, TEACHER_COLUMN),
-        ([5], 6, out, TEACHER_COLUMN)]
-    assert all(c[4].aux_head and c[4].adapter for c in calls)
+    monkeypatch.setattr(S, "train_day", fake_train_day)
+    model = ModelConfig(student=StudentModelConfig())
+    job = build_job("student", train=TrainConfig(), model=model, data=tmp_path,
+                    out=tmp_path / "m", distill=DistillConfig())
+    chain = tmp_path / "chain"
+    rows = S.stream_student(job, [3, 4, 5], chain, owner="student")
+    assert [c[:5] for c in calls] == [([3], 4, chain, 3, TEACHER_COLUMN),
+                                      ([4], 5, chain, 4, TEACHER_COLUMN),
+                                      ([5], 6, chain, 5, TEACHER_COLUMN)]
+    assert all(c[5].aux_head and c[5].adapter for c in calls)
     assert [(r["train_day"], r["day"]) for r in rows] == [(3, 4), (4, 5), (5, 6)]
     calls.clear()
-    S.stream_student(StudentModelConfig(), DistillConfig(distill=False), TrainConfig(), tmp_path,
-                     [3], out)
-    assert calls[0][3] is None and not calls[0][4].aux_head and not calls[0][4].adapter
+    labels = build_job("student", train=TrainConfig(), model=model, data=tmp_path,
+                       distill=DistillConfig(distill=False))
+    S.stream_student(labels, [3], chain, owner="student")
+    assert calls[0][4] is None and not calls[0][5].aux_head and not calls[0][5].adapter
 
 
 def _rows(ne_by_day):

@@ -14,7 +14,7 @@ from lrm.errors import ConfigError, DataError
 from lrm.fp8 import dispatch as D
 from lrm.fp8.linear import Fp8Linear
 from lrm.models import build_model
-from lrm.train import train
+from lrm.train import TrainJob, train
 from lrm.train.export import load_model
 from tests.train.conftest import LOADER, SMALL_MODEL, tiny_train
 
@@ -87,8 +87,8 @@ def test_a_tiny_model_trains_with_the_fp8_plan_on_cpu(datasets, tmp_path, monkey
         return model
 
     out = tmp_path / "model"
-    res = train("student", tiny_train(steps=6), SMALL_MODEL, datasets["sessions"],
-                loader_cfg=LOADER, out=out, transform=fp8)
+    res = train(TrainJob(kind="student", train=tiny_train(steps=6), model=SMALL_MODEL,
+                         data=datasets["sessions"], loader=LOADER, out=out, transform=fp8))
     assert seen == [["top.2", "head"]]
     assert len(calls) >= 2 * 6  # both FP8 layers ran in every training step
     assert res.steps == 6 and math.isfinite(res.eval["ne"]) and res.eval["ne"] < 2

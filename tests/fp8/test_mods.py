@@ -234,7 +234,7 @@ def test_transform_applies_the_mods_its_report_switches_on(teacher_and_batch, tm
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_tiny_teacher_trains_with_both_mods_on_cpu(datasets, tmp_path, monkeypatch):
-    from lrm.train import train
+    from lrm.train import TrainJob, train
     from lrm.train.export import load_model
     from tests.train.conftest import LOADER, tiny_train
 
@@ -248,8 +248,9 @@ def test_a_tiny_teacher_trains_with_both_mods_on_cpu(datasets, tmp_path, monkeyp
         assert apply_mods(model, {"fuse_norm": True, "bf16_residual": True})
         return model
 
-    res = train("teacher", tiny_train(steps=4), TEACHER, datasets["sessions"],
-                loader_cfg=LOADER, out=tmp_path / "model", transform=fp8)
+    res = train(TrainJob(kind="teacher", train=tiny_train(steps=4), model=TEACHER,
+                         data=datasets["sessions"], loader=LOADER, out=tmp_path / "model",
+                         transform=fp8))
     assert res.steps == 4 and math.isfinite(res.eval["ne"]) and res.eval["ne"] < 2
     assert len(inputs) >= 4 and set(inputs) == {Quantized}  # top.0 got the norm's e4m3
     model, _ = load_model(tmp_path / "model")  # loads strictly into the plain model

@@ -36,7 +36,7 @@ def _worker(rank: int, port: int, data: str, plan: str | None, out: str, run: st
     from lrm.config import LoaderConfig, TrainConfig
     from lrm.sharding import parallel
     from lrm.sharding.plan import training_plan
-    from lrm.train import train
+    from lrm.train import TrainJob, train
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2",
                       LOCAL_WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank))
@@ -62,11 +62,11 @@ def _worker(rank: int, port: int, data: str, plan: str | None, out: str, run: st
         sp = None if plan is None else training_plan(
             Path(plan), "student", kind="student", model_cfg=MODEL, data=Path(data),
             device="cpu")
-        r = train("student", TrainConfig(batch_size=256, steps=3, log_every=1, threads=1,
-                                         device="cpu"), MODEL, Path(data), plan=sp,
-                  loader_cfg=LoaderConfig(prefetch=0, num_workers=0),
-                  checkpoint=CheckpointConfig(every=0), checkpoints=Path(out, "ck"),
-                  resume=run == "resume", out=Path(out, run))
+        cfg = TrainConfig(batch_size=256, steps=3, log_every=1, threads=1, device="cpu")
+        r = train(TrainJob(kind="student", train=cfg, model=MODEL, data=Path(data), plan=sp,
+                           loader=LoaderConfig(prefetch=0, num_workers=0),
+                           checkpoint=CheckpointConfig(every=0), checkpoints=Path(out, "ck"),
+                           out=Path(out, run), start="resume" if run == "resume" else "fresh"))
         Path(out, f"{run}-rank{rank}.json").write_text(json.dumps(
             {"held": held, "steps": r.steps, "resumed_from": r.resumed_from}))
     finally:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lrm.config import ModelConfig, ParamsConfig, TableConfig
-from lrm.train import evaluate, train
+from lrm.train import TrainJob, evaluate, train
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -56,8 +56,8 @@ def test_defaults_beat_the_base_rate_and_the_old_recipe_on_criteo(criteo_dir, tm
         assert f"{kind}: scored 391 rows of day 2 (every row)" in out
         assert m["ne_ci"][0] < m["ne"] < m["ne_ci"][1] < 1.0, m  # better than the base rate
         assert m["auc"] > 0.65, m
-        old = train(kind, recipe, ModelConfig(tables=tables), tmp_path / "raw",
-                    out=tmp_path / f"recipe-{kind}")
+        old = train(TrainJob(kind=kind, train=recipe, model=ModelConfig(tables=tables),
+                             data=tmp_path / "raw", out=tmp_path / f"recipe-{kind}"))
         base = evaluate(tmp_path / f"recipe-{kind}", tmp_path / "raw", resamples=0)
         assert old.steps > 50 and base["rows"] == 391
         # at least as good (0.01: what thread counts and float order may move; MEASURED)

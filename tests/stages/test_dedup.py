@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -55,9 +56,40 @@ def test_stage_writes_sessions_and_metrics(tmp_path, raw):
     flat = sum(dedup.flatten_sessions(parquet.read_table(f)).num_rows for fs in files.values()
                for f in fs)
     assert flat == m["rows"]
-    assert m["bytes_out"] == io.dir_bytes(out)
+    assert m["bytes_out"] == sum(f.stat().st_size for fs in files.values() for f in fs)
     assert not (tmp_path / "metrics").exists()  # --metrics was honoured
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["sessions"]  # no temp left
+
+
+def test_days_made_from_the_same_raw_files_are_kept(tmp_path, raw, monkeypatch):
+    """Day by day: a day made from the same raw files is not made again, a changed day is,
+    --days limits the run, and a raw day gone is a sessions day gone."""
+    monkeypatch.chdir(tmp_path)
+
+    def run(*more):
+        r = CliRunner().invoke(app, ["dedup", "--in", "raw", "--out", "s", "--metrics", "m.json",
+                                     *more])
+        assert r.exit_code == 0, r.output
+        return json.loads((tmp_path / "m.json").read_text())
+
+    def inodes():
+        return {str(f.relative_to(tmp_path / "s")): f.stat().st_ino
+                for f in (tmp_path / "s").rglob("*.parquet")}
+
+    assert run()["written"] == [0, 1]
+    first = inodes()
+    again = run()
+    assert (again["written"], again["skipped"], again["rows"]) == ([], [0, 1], 0)
+    assert inodes() == first  # not rewritten
+    shutil.rmtree(raw / "day=1")
+    write_dataset(raw, {1: make_impressions(12, seed=5, day=1)}, rows_per_file=40)
+    assert run()["written"] == [1]  # day 1's raw files changed
+    now = inodes()
+    assert {k: v for k, v in now.items() if k.startswith("day=0")} == \
+        {k: v for k, v in first.items() if k.startswith("day=0")}
+    assert run("--days", "0")["skipped"] == [0]
+    shutil.rmtree(raw / "day=1")
+    assert run()["skipped"] == [0] and not (tmp_path / "s" / "day=1").exists()
 
 
 def _bad_inputs(tmp_path, raw):

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from lrm import io
 from stages import ingest
-from stages._common import app
+from stagekit.cli import app
 from tests.data.test_criteo import line, random_lines
 
 ENTRY = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from lrm.config import CheckpointConfig, LoaderConfig, ModelConfig, SplitConfig, TrainConfig, \
     from_dict
-from lrm.train import train
+from lrm.train import TrainJob, train
 
 
 def main(args_file: str) -> None:
@@ -18,12 +18,14 @@ def main(args_file: str) -> None:
     cfg = from_dict(TrainConfig, a["train"], "train")
     model_cfg = from_dict(ModelConfig, a.get("model", {}), "model")
     loader_cfg = from_dict(LoaderConfig, a.get("loader", {}), "loader")
-    r = train(a.get("kind", "student"), cfg, model_cfg, Path(a["data"]), loader_cfg=loader_cfg,
-              split=from_dict(SplitConfig, a.get("split", {}), "split"),
-              checkpoint=from_dict(CheckpointConfig, a.get("checkpoint", {}), "checkpoint"),
-              out=Path(a["out"]) if a.get("out") else None,
-              checkpoints=Path(a["checkpoints"]) if a.get("checkpoints") else None,
-              resume=a.get("resume", False))
+    r = train(TrainJob(kind=a.get("kind", "student"), train=cfg, model=model_cfg,
+                       data=Path(a["data"]), loader=loader_cfg,
+                       split=from_dict(SplitConfig, a.get("split", {}), "split"),
+                       checkpoint=from_dict(CheckpointConfig, a.get("checkpoint", {}),
+                                            "checkpoint"),
+                       out=Path(a["out"]) if a.get("out") else None,
+                       checkpoints=Path(a["checkpoints"]) if a.get("checkpoints") else None,
+                       start="resume" if a.get("resume", False) else "fresh"))
     if int(os.environ.get("RANK", "0")) != 0 or "result" not in a:
         return
     Path(a["result"]).write_text(json.dumps({

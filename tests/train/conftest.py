@@ -42,11 +42,11 @@ def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def student_dir(datasets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small student trained 6 steps on the sessions dataset, once a session (read only)."""
-    from lrm.train import train
+    from lrm.train import TrainJob, train
 
     out = tmp_path_factory.mktemp("student") / "student"
-    train("student", tiny_train(steps=6), SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER,
-          out=out)
+    train(TrainJob(kind="student", train=tiny_train(steps=6), model=SMALL_MODEL,
+                   data=datasets["sessions"], loader=LOADER, out=out))
     return out
 
 

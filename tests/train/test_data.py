@@ -17,6 +17,7 @@ from lrm.data.loader import BatchLoader
 from lrm.data.schema import criteo_schema, day_files, synthetic_schema
 from lrm.errors import ConfigError
 from lrm.models import embedding_tables, hash_sizes
+from lrm.data.dataset import Dataset
 from lrm.train import data as train_data
 from lrm.train.data import EpochStream, eval_batch
 from lrm.train.meter import WindowNE
@@ -96,12 +97,11 @@ def test_a_held_out_dataset_lets_every_day_of_the_data_train(datasets, tmp_path)
     """A file ingested on its own is one day; with it as the data there is nothing to train
     on before its held-out day, and the error says what to do. With another dataset held out
     (eval_from: a test file ingested on its own), every day of the data trains."""
-    one = only_days(datasets["sessions"], tmp_path / "one", [2])
+    one = Dataset.open(only_days(datasets["sessions"], tmp_path / "one", [2]))
+    data = Dataset.open(datasets["sessions"])
     with pytest.raises(ConfigError, match="--eval-data DIR"):
         train_data.split_days(one, SplitConfig())
-    assert train_data.split_days(datasets["sessions"], SplitConfig(), eval_from=one) == \
-        ([0, 1, 2], 2)
-    assert train_data.split_days(datasets["sessions"], SplitConfig(days=[1]),
-                                 eval_from=one) == ([1], 2)
+    assert train_data.split_days(data, SplitConfig(), held=one) == ([0, 1, 2], 2)
+    assert train_data.split_days(data, SplitConfig(days=[1]), held=one) == ([1], 2)
     with pytest.raises(ConfigError, match="the held-out dataset is the train data"):
-        train_data.split_days(one, SplitConfig(), eval_from=tmp_path / "." / "one")
+        train_data.split_days(one, SplitConfig(), held=Dataset.open(tmp_path / "." / "one"))

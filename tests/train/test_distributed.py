@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from lrm.config import CheckpointConfig
-from lrm.train import train
+from lrm.train import TrainJob, train
 from tests.conftest import REPO
 from tests.train.conftest import LOADER, SMALL_MODEL, tiny_train
 
@@ -60,8 +60,9 @@ def _assert_weights_track(w1, w2):
 def test_two_processes_track_one_and_resume(datasets, tmp_path):
     data = datasets["sessions"]
     every10 = CheckpointConfig(every=10)
-    one = train("student", tiny_train(steps=30, **CFG), SMALL_MODEL, data, loader_cfg=LOADER,
-                out=tmp_path / "one", checkpoint=every10, checkpoints=tmp_path / "ck1")
+    one = train(TrainJob(kind="student", train=tiny_train(steps=30, **CFG), model=SMALL_MODEL,
+                         data=data, loader=LOADER, out=tmp_path / "one", checkpoint=every10,
+                         checkpoints=tmp_path / "ck1"))
     common = {"data": str(data), "loader": {"prefetch": 2, "num_workers": 1}, "model": MODEL}
     two = _torchrun(tmp_path, "two", out=str(tmp_path / "two"), checkpoints=str(tmp_path / "ck"),
                     train={**CFG, "steps": 30}, checkpoint={"every": 10}, **common)
@@ -77,17 +78,17 @@ def test_two_processes_track_one_and_resume(datasets, tmp_path):
     _assert_weights_track(_weights(tmp_path / "one"), _weights(tmp_path / "two"))
 
     # on to step 40: from the 1-process checkpoint in 2 processes, from the 2 ranks' in one
-    one40 = train("student", tiny_train(steps=40, **CFG), SMALL_MODEL, data, loader_cfg=LOADER,
-                  out=tmp_path / "one40")
+    one40 = train(TrainJob(kind="student", train=tiny_train(steps=40, **CFG), model=SMALL_MODEL,
+                           data=data, loader=LOADER, out=tmp_path / "one40"))
     more = _torchrun(tmp_path, "more", out=str(tmp_path / "two40"),
                      checkpoints=str(tmp_path / "ck1"), resume=True,
                      train={**CFG, "steps": 40}, checkpoint={"every": 10}, **common)
     assert more["resumed_from"] == 30 and more["steps"] == 40
     assert more["eval"]["ne"] == pytest.approx(one40.eval["ne"], abs=1e-4)
     _assert_weights_track(_weights(tmp_path / "one40"), _weights(tmp_path / "two40"))
-    back = train("student", tiny_train(steps=40, **CFG), SMALL_MODEL, data, loader_cfg=LOADER,
-                 out=tmp_path / "back40", checkpoint=every10, checkpoints=tmp_path / "ck",
-                 resume=True)
+    back = train(TrainJob(kind="student", train=tiny_train(steps=40, **CFG), model=SMALL_MODEL,
+                          data=data, loader=LOADER, out=tmp_path / "back40", checkpoint=every10,
+                          checkpoints=tmp_path / "ck", start="resume"))
     assert back.resumed_from == 30 and back.steps == 40 and back.samples == one40.samples
     assert back.eval["ne"] == pytest.approx(one40.eval["ne"], abs=1e-4)
     _assert_weights_track(_weights(tmp_path / "one40"), _weights(tmp_path / "back40"))

@@ -19,9 +19,9 @@ from lrm.data.schema import read_schema, synthetic_schema
 from lrm.exfm.distill import ExFMLoss, student_config
 from lrm.fp8.linear import to_fp8
 from lrm.models import build_model
-from lrm.train import train
+from lrm.train import TrainJob, train
 from lrm.train.graphs import graph_mlps, graphable
-from lrm.train.loop import bce_loss
+from lrm.train.job import bce_loss
 from lrm.train.precision import autocast
 from tests.models.conftest import VOCAB, make_batches
 from tests.train.conftest import SMALL_MODEL, tiny_train
@@ -102,9 +102,9 @@ def test_training_on_a_gpu_with_graphs_matches_training_without(datasets, tmp_pa
     for graphs in (True, False):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="lrm"):
-            runs[graphs] = train("student", tiny_train(steps=12, device="cuda",
-                                                       cuda_graphs=graphs),
-                                 SMALL_MODEL, datasets["sessions"], out=tmp_path / str(graphs))
+            cfg = tiny_train(steps=12, device="cuda", cuda_graphs=graphs)
+            runs[graphs] = train(TrainJob(kind="student", train=cfg, model=SMALL_MODEL,
+                                          data=datasets["sessions"], out=tmp_path / str(graphs)))
         assert ("CUDA graphs of ['bottom', 'top']" in caplog.text) == graphs
     # the tables' backward on a GPU is not deterministic: close, not equal
     assert runs[True].eval["ne"] == pytest.approx(runs[False].eval["ne"], abs=2e-3)

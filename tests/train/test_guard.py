@@ -17,7 +17,7 @@ from lrm.models import build_model
 from lrm.sharding import parallel
 from lrm.train.data import model_hash_sizes
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError, fused_table_modules
-from lrm.train.loop import bce_loss
+from lrm.train.job import bce_loss
 from lrm.train.state import TrainState
 from lrm.train.steps import Steps, dense_optimizer
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, LrmError
 from lrm.metrics import normalized_entropy
-from lrm.train import NonFiniteLossError, evaluate, load_model, train
+from lrm.train import NonFiniteLossError, TrainJob, evaluate, load_model, train
 from lrm.train.evaluate import predict
 from lrm.checkpoint import Store
 from lrm.config import CheckpointConfig, SplitConfig
@@ -31,8 +31,8 @@ def _weights(path):
 
 def test_short_run_lowers_ne_and_saves_a_loadable_model(datasets, tmp_path):
     out = tmp_path / "model"
-    r = train("student", tiny_train(epochs=2), SMALL_MODEL, datasets["sessions"],
-              loader_cfg=LOADER, out=out)
+    r = train(TrainJob(kind="student", train=tiny_train(epochs=2), model=SMALL_MODEL,
+                       data=datasets["sessions"], loader=LOADER, out=out))
     losses = [h for h in r.history if "loss" in h]
     assert r.steps == losses[-1]["step"] > 40
     # train NE over the latest window falls, and the last period beats the first
@@ -75,20 +75,20 @@ def test_resume_reproduces_the_uninterrupted_run_exactly(datasets, tmp_path):
     # on the CPU, as lrm.train.loop promises: a GPU's nondeterministic kernels (atomic
     # adds) differ run to run (seen on an H100: bottom.0.bias), resumed or not
     # 46 steps an epoch: 60 steps cross an epoch boundary; the interruption is mid-epoch
-    full = train("student", tiny_train(steps=60, device="cpu"), SMALL_MODEL, data,
-                 checkpoint=exact, loader_cfg=LOADER, out=tmp_path / "a",
-                 checkpoints=tmp_path / "ck-a")
+    full = train(TrainJob(kind="student", train=tiny_train(steps=60, device="cpu"),
+                          model=SMALL_MODEL, data=data, checkpoint=exact, loader=LOADER,
+                          out=tmp_path / "a", checkpoints=tmp_path / "ck-a"))
     assert _steps(tmp_path / "ck-a")[:2] == [(20, "baseline"), (40, "delta")]
 
     ck = tmp_path / "ck-b"  # --resume of an empty folder is a fresh start, bit for bit
-    first = train("student", tiny_train(steps=30, device="cpu"), SMALL_MODEL, data,
-                  checkpoint=exact, loader_cfg=LOADER, out=tmp_path / "b0", checkpoints=ck,
-                  resume=True)
+    first = train(TrainJob(kind="student", train=tiny_train(steps=30, device="cpu"),
+                           model=SMALL_MODEL, data=data, checkpoint=exact, loader=LOADER,
+                           out=tmp_path / "b0", checkpoints=ck, start="resume"))
     assert first.steps == 30 and first.checkpoint == ck / "000002-step-30"
     (ck / ".tmp-000003-step-50-0badc0de").mkdir()  # a save that never finished: ignored
-    second = train("student", tiny_train(steps=60, device="cpu"), SMALL_MODEL, data,
-                   checkpoint=exact, loader_cfg=LOADER, out=tmp_path / "b", checkpoints=ck,
-                   resume=True)
+    second = train(TrainJob(kind="student", train=tiny_train(steps=60, device="cpu"),
+                            model=SMALL_MODEL, data=data, checkpoint=exact, loader=LOADER,
+                            out=tmp_path / "b", checkpoints=ck, start="resume"))
     assert second.resumed_from == 30 and second.steps == 60
     assert second.samples == full.samples
 
@@ -109,13 +109,14 @@ def test_resume_from_a_quantized_chain_stays_close(datasets, tmp_path):
     On the CPU, deterministic: the difference is the quantization's alone (on an H100 the
     runs' own nondeterminism added to it: weights 6.8e-2 apart)."""
     data = datasets["sessions"]
-    full = train("student", tiny_train(steps=20, device="cpu"), SMALL_MODEL, data,
-                 loader_cfg=LOADER, out=tmp_path / "a")
+    full = train(TrainJob(kind="student", train=tiny_train(steps=20, device="cpu"),
+                          model=SMALL_MODEL, data=data, loader=LOADER, out=tmp_path / "a"))
     ck, cfg = tmp_path / "ck", CheckpointConfig(every=10, quantize="int8")
-    train("student", tiny_train(steps=10, device="cpu"), SMALL_MODEL, data, checkpoint=cfg,
-          loader_cfg=LOADER, checkpoints=ck)
-    r = train("student", tiny_train(steps=20, device="cpu"), SMALL_MODEL, data, checkpoint=cfg,
-              loader_cfg=LOADER, out=tmp_path / "b", checkpoints=ck, resume=True)
+    train(TrainJob(kind="student", train=tiny_train(steps=10, device="cpu"), model=SMALL_MODEL,
+                   data=data, checkpoint=cfg, loader=LOADER, checkpoints=ck))
+    r = train(TrainJob(kind="student", train=tiny_train(steps=20, device="cpu"), model=SMALL_MODEL,
+                       data=data, checkpoint=cfg, loader=LOADER, out=tmp_path / "b",
+                       checkpoints=ck, start="resume"))
     assert r.resumed_from == 10
     a, b = _weights(tmp_path / "a"), _weights(tmp_path / "b")
     rel = max(float((b[k] - a[k]).norm() / a[k].norm()) for k in a)
@@ -133,8 +134,8 @@ def test_resume_from_a_quantized_chain_stays_close(datasets, tmp_path):
 ])
 def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, says):
     data, ck = datasets["sessions"], tmp_path / "ck"
-    train("student", tiny_train(steps=4), SMALL_MODEL, data, loader_cfg=LOADER,
-          checkpoints=ck)
+    train(TrainJob(kind="student", train=tiny_train(steps=4), model=SMALL_MODEL, data=data,
+                   loader=LOADER, checkpoints=ck))
     kind, cfg, model = "student", tiny_train(steps=8), SMALL_MODEL
     if change == "batch":
         cfg = tiny_train(steps=8, batch_size=256)
@@ -151,7 +152,8 @@ def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, say
         f = sorted((data / "day=1").glob("*.parquet"))[0]
         pq.write_table(parquet.read_table(f).slice(0, 50), f)
     with pytest.raises(ConfigError, match=f"cannot resume .*{says}") as err:
-        train(kind, cfg, model, data, loader_cfg=LOADER, checkpoints=ck, resume=True)
+        train(TrainJob(kind=kind, train=cfg, model=model, data=data, loader=LOADER, checkpoints=ck,
+                       start="resume"))
     assert "\n" not in str(err.value)  # one line
 
 
@@ -161,8 +163,9 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(da
     day0_steps = len(BatchLoader(data, 512, days=[0], drop_last=True))
     ck, out = tmp_path / "ck", tmp_path / "model"
     with pytest.raises(NonFiniteLossError) as err:
-        train("student", tiny_train(steps=40), SMALL_MODEL, data,
-              checkpoint=CheckpointConfig(every=5), loader_cfg=LOADER, out=out, checkpoints=ck)
+        train(TrainJob(kind="student", train=tiny_train(steps=40), model=SMALL_MODEL, data=data,
+                       checkpoint=CheckpointConfig(every=5), loader=LOADER, out=out,
+                       checkpoints=ck))
     assert isinstance(err.value, LrmError)
     msg = str(err.value)
     bad_step = int(msg.split("at step ")[1].split()[0])
@@ -175,23 +178,24 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(da
     assert not out.exists()  # no final model from a failed run
 
     # the kept checkpoint is usable: resume on clean data runs to the end
-    r = train("student", tiny_train(steps=good[-1] + 2), SMALL_MODEL, datasets["sessions"],
-              loader_cfg=LOADER, checkpoints=ck, resume=True)
+    r = train(TrainJob(kind="student", train=tiny_train(steps=good[-1] + 2), model=SMALL_MODEL,
+                       data=datasets["sessions"], loader=LOADER, checkpoints=ck, start="resume"))
     assert r.resumed_from == good[-1] and math.isfinite(r.eval["ne"])
 
 
 def test_bad_split_is_a_config_error(datasets):
     with pytest.raises(ConfigError, match="eval_day"):
-        train("student", tiny_train(), SMALL_MODEL, datasets["sessions"],
-              split=SplitConfig(days=[1, 2], eval_day=2), loader_cfg=LOADER)
+        train(TrainJob(kind="student", train=tiny_train(), model=SMALL_MODEL,
+                       data=datasets["sessions"], split=SplitConfig(days=[1, 2], eval_day=2),
+                       loader=LOADER))
     with pytest.raises(ConfigError, match="no data for days"):
-        train("student", tiny_train(), SMALL_MODEL, datasets["sessions"],
-              split=SplitConfig(days=[0, 7]), loader_cfg=LOADER)
+        train(TrainJob(kind="student", train=tiny_train(), model=SMALL_MODEL,
+                       data=datasets["sessions"], split=SplitConfig(days=[0, 7]), loader=LOADER))
 
 
 def test_warm_start_custom_loss_and_teacher_column(datasets, tmp_path):
-    first = train("student", tiny_train(steps=10), SMALL_MODEL, datasets["sessions"],
-                  loader_cfg=LOADER, out=tmp_path / "a")
+    first = train(TrainJob(kind="student", train=tiny_train(steps=10), model=SMALL_MODEL,
+                           data=datasets["sessions"], loader=LOADER, out=tmp_path / "a"))
 
     # a copy of the raw data with a teacher logit per impression (as augment writes it)
     aug = tmp_path / "aug"
@@ -213,25 +217,26 @@ def test_warm_start_custom_loss_and_teacher_column(datasets, tmp_path):
         return serving + 0.0 * F.mse_loss(logits, batch.teacher_logits), serving
 
     tiny = dict(lr=1e-12, embedding_lr=1e-12)  # the warm start must carry the weights over
-    r = train("student", tiny_train(steps=2, **tiny), SMALL_MODEL, aug, loader_cfg=LOADER,
-              init_from=tmp_path / "a", loss_fn=loss_fn, teacher_column="teacher_logit",
-              out=tmp_path / "b")
+    r = train(TrainJob(kind="student", train=tiny_train(steps=2, **tiny), model=SMALL_MODEL,
+                       data=aug, loader=LOADER, init_from=tmp_path / "a", loss=loss_fn,
+                       teacher_column="teacher_logit", out=tmp_path / "b", start="warm"))
     assert seen == [-3.5, -3.5]
     assert r.eval["ne"] == pytest.approx(first.eval["ne"], abs=1e-5)
     assert load_model(tmp_path / "b")[1].info["init_from"] == str(tmp_path / "a")
     other = dataclasses.replace(SMALL_MODEL, student=dataclasses.replace(
         SMALL_MODEL.student, top_mlp=[8]))
     with pytest.raises(ConfigError, match="init_from"):
-        train("student", tiny_train(steps=2), other, aug, loader_cfg=LOADER,
-              init_from=tmp_path / "a")
+        train(TrainJob(kind="student", train=tiny_train(steps=2), model=other, data=aug,
+                       loader=LOADER, init_from=tmp_path / "a", start="warm"))
 
 
 def test_an_overfitting_run_stops_early_and_keeps_its_best_validated_state(datasets,
                                                                            tmp_path):
     data, out = datasets["sessions"], tmp_path / "model"
     # six passes at a high table learning rate overfit the tiny data within two
-    r = train("student", tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2,
-                                    log_every=8), SMALL_MODEL, data, loader_cfg=LOADER, out=out)
+    cfg = tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2, log_every=8)
+    r = train(TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=data, loader=LOADER,
+                       out=out))
     s, v = r.schedule, r.validation
     assert s["val_batches"] > 0 and v["stopped_early"] and r.steps < s["steps"]
     vals = [(h["step"], h["val_ne"]) for h in r.history if "val_ne" in h]
@@ -250,8 +255,8 @@ def test_an_overfitting_run_stops_early_and_keeps_its_best_validated_state(datas
 
 def test_the_output_starts_at_the_training_ctr(datasets, tmp_path):
     tiny = dict(lr=1e-12, embedding_lr=1e-12)  # one step that moves nothing measurable
-    train("student", tiny_train(steps=1, **tiny), SMALL_MODEL, datasets["sessions"],
-          loader_cfg=LOADER, out=tmp_path / "m")
+    train(TrainJob(kind="student", train=tiny_train(steps=1, **tiny), model=SMALL_MODEL,
+                   data=datasets["sessions"], loader=LOADER, out=tmp_path / "m"))
     model, _ = load_model(tmp_path / "m")
     labels = torch.cat([b.labels for b in BatchLoader(datasets["raw"], 4096, days=[0, 1])])
     ctr = float(labels.mean())
@@ -266,7 +271,8 @@ def test_literal_steps_over_several_passes_warn_that_nothing_validates(datasets,
     Passes given as epochs (steps 0) validate, and say nothing."""
     cfg = tiny_train(steps=steps, batch_size=8192, epochs=2, min_steps=0)
     with caplog.at_level("WARNING", logger="lrm"):
-        r = train("student", cfg, SMALL_MODEL, datasets["sessions"], loader_cfg=LOADER)
+        r = train(TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=datasets["sessions"],
+                           loader=LOADER))
     assert r.schedule["epochs"] == (2 if steps == 0 else math.ceil(steps / 2))
     assert (r.schedule["val_batches"] > 0) == (steps == 0)
     said = [m for m in caplog.messages if "no validation slice" in m]
@@ -355,9 +361,9 @@ def test_steps_between_log_points_read_nothing_back_from_the_device(kind, datase
     monkeypatch.setattr(RowTracker, "compact", lambda self: (merged.append(at[0]),
                                                              compact(self)))
     log_every, steps = 5, COMPACT_EVERY + 4
-    r = train(kind, tiny_train(steps=steps, log_every=log_every), SMALL_MODEL,
-              datasets["sessions"], loader_cfg=LOADER,
-              checkpoint=CheckpointConfig(every=steps + 1), checkpoints=tmp_path / "ck")
+    r = train(TrainJob(kind=kind, train=tiny_train(steps=steps, log_every=log_every),
+                       model=SMALL_MODEL, data=datasets["sessions"], loader=LOADER,
+                       checkpoint=CheckpointConfig(every=steps + 1), checkpoints=tmp_path / "ck"))
     assert r.steps == steps
     assert not recorder.reads, "a step reads back from the device:\n" + \
         "\n".join(recorder.reads[:5])

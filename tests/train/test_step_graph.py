@@ -26,10 +26,10 @@ from lrm.data.schema import read_schema
 from lrm.dist import process_group
 from lrm.models import build_model
 from lrm.sharding import parallel
-from lrm.train import train
+from lrm.train import TrainJob, train
 from lrm.train.data import model_hash_sizes
 from lrm.train.guard import NonFiniteGuard
-from lrm.train.loop import bce_loss
+from lrm.train.job import bce_loss
 from lrm.train.meter import Meter
 from lrm.train.step_graph import PAD_ROWS, GraphSteps, Layout, StaticBatch, empty_layout, \
     unsupported
@@ -295,9 +295,9 @@ def test_train_on_one_gpu_replays_whole_steps_and_scores_as_the_pipeline(dataset
     for graphs in (True, False):
         with caplog.at_level(logging.INFO, logger="lrm.train"):
             caplog.clear()
-            results[graphs] = train("student", tiny_train(device="cuda", cuda_graphs=graphs,
-                                                          epochs=1), MODEL,
-                                    datasets["sessions"], loader_cfg=LOADER)
+            cfg = tiny_train(device="cuda", cuda_graphs=graphs, epochs=1)
+            results[graphs] = train(TrainJob(kind="student", train=cfg, model=MODEL,
+                                             data=datasets["sessions"], loader=LOADER))
             logged = caplog.text
         assert ("whole-step CUDA graph 1 captured" in logged) == graphs, logged
     lo, hi = results[False].eval["ne_ci"]

@@ -13,7 +13,7 @@ from lrm.dist import process_group
 from lrm.models import build_model
 from lrm.sharding import parallel
 from lrm.train.data import model_hash_sizes
-from lrm.train.loop import bce_loss
+from lrm.train.job import bce_loss
 from lrm.train.steps import LrSchedule, Steps, compile_dense, dense_optimizer
 
 MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=8, bottom_mlp=[16],

@@ -12,7 +12,7 @@ import torch
 
 from lrm.config import CheckpointConfig, SplitConfig
 from lrm.errors import ConfigError
-from lrm.train import train
+from lrm.train import TrainJob, train
 from lrm.train.export import WEIGHTS
 from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
 
@@ -20,10 +20,10 @@ CKPT = CheckpointConfig(every=0)
 
 
 def _day(data, chain, out, day, **kw):
-    return train("student", tiny_train(), SMALL_MODEL, data,
-                 split=SplitConfig(days=[day], eval_day=day + 1), loader_cfg=LOADER,
-                 checkpoint=CKPT, checkpoints=chain, resume=True, new_data=day > 0, out=out,
-                 **kw)
+    return train(TrainJob(kind="student", train=tiny_train(), model=SMALL_MODEL, data=data,
+                          split=SplitConfig(days=[day], eval_day=day + 1), loader=LOADER,
+                          checkpoint=CKPT, checkpoints=chain, out=out,
+                          start="carry" if day > 0 else "resume", **kw))
 
 
 def _weights(folder):
@@ -40,9 +40,9 @@ def test_the_next_day_goes_on_from_the_checkpoint(datasets, tmp_path):  # noqa: 
     # the optimizer state came along: the tables' row-wise Adagrad goes on with day 0's
     # accumulated squared gradients, so day 1 moves the tables far less than a warm start from
     # day 0's weights alone (fresh optimizers) does over the same batches (measured: ~0.45x)
-    warm = train("student", tiny_train(), SMALL_MODEL, data,
-                 split=SplitConfig(days=[1], eval_day=2), loader_cfg=LOADER,
-                 out=tmp_path / "warm", init_from=tmp_path / "d0")
+    warm = train(TrainJob(kind="student", train=tiny_train(), model=SMALL_MODEL, data=data,
+                          split=SplitConfig(days=[1], eval_day=2), loader=LOADER,
+                          out=tmp_path / "warm", init_from=tmp_path / "d0", start="warm"))
     assert warm.steps == d1.steps  # the day counts its own steps: one pass of day 1
     before, streamed, warmed = (_weights(tmp_path / n) for n in ("d0", "d1", "warm"))
     tables = [k for k in before if ".embedding_bags." in k]
@@ -60,8 +60,9 @@ def test_the_held_out_day_may_come_from_another_dataset(datasets, tmp_path):  # 
 
     held = tmp_path / "held"  # another day 0: a few sessions of their own
     synthetic.generate(dataclasses.replace(TINY, days=1, sessions_per_day=50, seed=9), held)
-    r = train("student", tiny_train(), SMALL_MODEL, datasets["sessions"],
-              split=SplitConfig(days=[0], eval_day=0), eval_from=held, loader_cfg=LOADER)
+    r = train(TrainJob(kind="student", train=tiny_train(), model=SMALL_MODEL,
+                       data=datasets["sessions"], split=SplitConfig(days=[0], eval_day=0),
+                       eval_data=held, loader=LOADER))
     assert r.eval_day == 0 and r.train_days == [0]
     assert r.eval["rows"] == BatchLoader(held, 512, days=[0]).num_rows() < 1000
 
@@ -72,6 +73,6 @@ def test_a_chain_of_another_model_is_refused(datasets, tmp_path):  # noqa: F811
     other = dataclasses.replace(SMALL_MODEL, student=dataclasses.replace(
         SMALL_MODEL.student, embedding_dim=4))
     with pytest.raises(ConfigError, match=r"written by another run \(model: "):
-        train("student", tiny_train(), other, datasets["sessions"],
-              split=SplitConfig(days=[1], eval_day=2), loader_cfg=LOADER, checkpoint=CKPT,
-              checkpoints=chain, resume=True, new_data=True)
+        train(TrainJob(kind="student", train=tiny_train(), model=other, data=datasets["sessions"],
+                       split=SplitConfig(days=[1], eval_day=2), loader=LOADER, checkpoint=CKPT,
+                       checkpoints=chain, start="carry"))

@@ -30,7 +30,7 @@ os.sched_setaffinity(0, set(json.loads(sys.argv[2])))
 import torch
 import torch.nn.functional as F
 from lrm.config import LoaderConfig, ModelConfig, StudentModelConfig, TrainConfig
-from lrm.train import train
+from lrm.train import TrainJob, train
 seen, loaders = [], []
 def loss_fn(model, batch):
     seen.append(torch.get_num_threads())
@@ -41,10 +41,12 @@ def loss_fn(model, batch):
     loss = F.binary_cross_entropy_with_logits(model(batch), batch.labels)
     return loss, loss
 prefetch, workers = int(sys.argv[3]), json.loads(sys.argv[5])
-train("student", TrainConfig(batch_size=512, steps=3, threads=int(sys.argv[4])),
-      ModelConfig(student=StudentModelConfig(embedding_dim=4, bottom_mlp=[8], top_mlp=[8])),
-      Path(sys.argv[1]), loader_cfg=LoaderConfig(prefetch=prefetch, num_workers=workers),
-      loss_fn=loss_fn)
+train(TrainJob(kind="student",
+               train=TrainConfig(batch_size=512, steps=3, threads=int(sys.argv[4])),
+               model=ModelConfig(student=StudentModelConfig(embedding_dim=4, bottom_mlp=[8],
+                                                            top_mlp=[8])),
+               data=Path(sys.argv[1]),
+               loader=LoaderConfig(prefetch=prefetch, num_workers=workers), loss=loss_fn))
 print(json.dumps({"threads": sorted(set(seen)), "loaders": max(loaders)}))
 """
 

@@ -1,19 +1,17 @@
-"""The stage framework: CLI options derived from the configs, params loading, the runner."""
+"""A stage's command line: one option per config field, each reaching its params key."""
 
 from __future__ import annotations
 
-import dataclasses
 import typing
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-import stages._common as common
+import stagekit.cli as cli
 from flows.dag import STAGES
 from lrm.config import ParamsConfig
-from lrm.errors import ConfigError, LrmError
-from stages._common import Arg, Stage, _options, app, execute, load_params
+from stagekit import Stage
+from stagekit.cli import _options, app
 
 # values that pass validation and differ from the built-in default, for str keys
 STR_VALUES = {"device": "cpu", "seq_pooling": "sum", "adapter_context": "dense+features",
@@ -48,7 +46,7 @@ def _sample(key: str, tp: object, default: object) -> tuple[str | None, list[str
 
 def _capture(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Stage, dict, ParamsConfig]]:
     seen: list[tuple[Stage, dict, ParamsConfig]] = []
-    monkeypatch.setattr(common, "execute", lambda st, args, params, **kw: seen.append(
+    monkeypatch.setattr(cli, "execute", lambda st, args, params, **kw: seen.append(
         (st, args, params)) or {})
     return seen
 
@@ -100,53 +98,3 @@ def test_short_options_and_old_names_still_work(monkeypatch, tmp_path):
     assert p.loader.recd is False and p.checkpoint.every == 7
     configs = stage.configs(p, stage.complete(args))
     assert configs["model"] == p.model.teacher  # model.{kind}
-
-
-def test_params_files_are_laid_over_each_other_and_checked(tmp_path):
-    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    a.write_text("train: {lr: 0.5, batch_size: 64}\n")
-    b.write_text("train: {lr: 0.25}\n")
-    p = load_params([a, b], {"train.steps": 3})
-    assert (p.train.lr, p.train.batch_size, p.train.steps) == (0.25, 64, 3)
-    with pytest.raises(ConfigError, match="nope.yaml: params file not found"):
-        load_params([tmp_path / "nope.yaml"])
-    b.write_text("trian: {lr: 0.25}\n")
-    with pytest.raises(ConfigError, match=r"b.yaml: unknown section\(s\) \['trian'\]"):
-        load_params([a, b])
-    b.write_text("train: {lr: -1}\n")
-    with pytest.raises(ConfigError, match=r"b.yaml: train.lr/embedding_lr: must be > 0"):
-        load_params([a, b])
-    b.write_text("train: [1, 2\n")
-    with pytest.raises(ConfigError, match="b.yaml: not valid YAML"):
-        load_params([b])
-
-
-def _toy_stage(tmp_path: Path, calls: list) -> Stage:
-    def run(*, src: Path, out: Path, metrics: Path | None = None) -> dict:
-        calls.append((src, out))
-        out.mkdir()
-        return {"n": 1}
-
-    return Stage(name="toy", run=run, reads={},
-                 args={"src": Arg("--in", "in", "in"), "out": Arg("--out", "out", "out"),
-                       "metrics": Arg("--metrics", "m", "metrics")})
-
-
-@pytest.mark.parametrize("src, out", [("d", "d"), ("d", "d/out"), ("d/inner", "d")])
-def test_an_output_overlapping_an_input_is_refused_before_anything_runs(tmp_path, src, out):
-    (tmp_path / "d" / "inner").mkdir(parents=True)
-    calls: list = []
-    with pytest.raises(LrmError, match="input") as err:
-        execute(_toy_stage(tmp_path, calls), {"src": tmp_path / src, "out": tmp_path / out},
-                ParamsConfig())
-    assert calls == [] and "\n" not in str(err.value)
-
-
-def test_the_runner_writes_the_metrics_the_run_returns(tmp_path):
-    calls: list = []
-    (tmp_path / "src").mkdir()
-    m = execute(_toy_stage(tmp_path, calls), {"src": tmp_path / "src", "out": tmp_path / "o",
-                                              "metrics": tmp_path / "m" / "toy.json"},
-                ParamsConfig())
-    assert m == {"n": 1} and (tmp_path / "m" / "toy.json").read_text().strip().startswith("{")
-    assert dataclasses.is_dataclass(ParamsConfig())

@@ -1,0 +1,149 @@
+"""A training run, put together in one place: the job.
+
+Every place that trains (the train, teacher and student stages, the ExFM students day by day,
+the stream's models) builds a `TrainJob` with `build_job` and runs it with
+`lrm.train.train(job)`. The job holds everything the run needs: the model's kind and shape,
+the training, split, loader and checkpoint configs, the data and the held-out data, the loss,
+how the run starts, and the sharding plan and FP8 dispatch, both resolved from their files
+by `build_job` (so `train.fp8` and a plan are honoured wherever a model trains: no caller
+can forget either).
+
+How a run starts (`Start`):
+
+    fresh    a new model (hashed tables fit the train days when train.fit_tables is on)
+    warm     the weights of a saved model folder (`init_from`); fresh optimizers
+    resume   the newest checkpoint of `checkpoints`, a run of this same data that stopped: it
+             goes on where it stopped, bit for bit (none there: fresh)
+    carry    the newest checkpoint of `checkpoints` is of other data (the day before, in a
+             model carried from day to day: lrm.train.days): the model and the optimizers'
+             state come back, and the run counts its own steps over its own data
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lrm.config import (
+    MODEL_KINDS,
+    CheckpointConfig,
+    DistillConfig,
+    LoaderConfig,
+    ModelConfig,
+    SplitConfig,
+    TrainConfig,
+)
+from lrm.data.batch import Batch
+from lrm.errors import ConfigError
+
+# (model, batch) -> (loss to minimize, serving-head log loss: what the meters report)
+LossFn = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
+# model -> model, between building it and sharding it (lrm.fp8's dispatch)
+Transform = Callable[[nn.Module], nn.Module]
+Start = Literal["fresh", "warm", "resume", "carry"]
+STARTS: tuple[Start, ...] = ("fresh", "warm", "resume", "carry")
+
+
+def bce_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """The default loss: log loss of the model's logits against the click labels."""
+    loss = F.binary_cross_entropy_with_logits(model(batch).float(), batch.labels)
+    return loss, loss
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainJob:
+    """What one training run needs (module docstring); made by `build_job`."""
+
+    kind: str  # "student" | "teacher"
+    train: TrainConfig
+    model: ModelConfig  # tables, and the shape of `kind` (an ExFM student's heads included)
+    data: Path  # the dataset whose split.days train
+    split: SplitConfig = field(default_factory=SplitConfig)
+    loader: LoaderConfig = field(default_factory=LoaderConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    checkpoints: Path | None = None  # the checkpoint folder (None: no checkpoints)
+    start: Start = "fresh"
+    init_from: Path | None = None  # warm: the model folder whose weights start the run
+    eval_data: Path | None = None  # read the held-out day from here instead of `data`
+    out: Path | None = None  # the final model folder (rank 0 writes it)
+    plan: Any = None  # a torchrec ShardingPlan (None: lrm.sharding's default)
+    transform: Transform | None = None  # FP8 dispatch (None: no FP8)
+    loss: LossFn = bce_loss
+    teacher_column: str | None = None  # read into batch.teacher_logits (augmented data)
+    info: Mapping[str, Any] = field(default_factory=dict)  # more for the model card
+
+    def __post_init__(self) -> None:
+        if self.kind not in MODEL_KINDS:
+            raise ConfigError(f"train: unknown model kind {self.kind!r}; one of {MODEL_KINDS}")
+        if self.start not in STARTS:
+            raise ConfigError(f"train: start {self.start!r} is not one of {STARTS}")
+        if (self.start == "warm") != (self.init_from is not None):
+            raise ConfigError("train: a warm start names the model folder it starts from "
+                              "(init_from), and only a warm start does")
+        if self.start in ("resume", "carry") and self.checkpoints is None:
+            raise ConfigError(f"train: a {self.start} start needs the checkpoint folder it "
+                              f"starts from")
+
+    @property
+    def resume(self) -> bool:
+        """The run starts from a checkpoint of its folder (when there is one)."""
+        return self.start in ("resume", "carry")
+
+    @property
+    def new_data(self) -> bool:
+        """The checkpoint it starts from is of other data (a carried model's day before)."""
+        return self.start == "carry"
+
+    def but(self, **changes: Any) -> TrainJob:
+        """This job with some fields changed (e.g. the next day's split and out)."""
+        return dataclasses.replace(self, **changes)
+
+
+def build_job(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
+              split: SplitConfig | None = None, loader: LoaderConfig | None = None,
+              checkpoint: CheckpointConfig | None = None, checkpoints: Path | None = None,
+              start: Start = "fresh", init_from: Path | None = None,
+              eval_data: Path | None = None, out: Path | None = None,
+              plan: Path | None = None, plan_entry: str | None = None,
+              distill: DistillConfig | None = None,
+              info: Mapping[str, Any] | None = None) -> TrainJob:
+    """The one way a training job is made.
+
+    plan: a sharding plan file (stage shard_plan), its entry `plan_entry` (default: the
+    kind) resolved to a torchrec plan for this model, data and device. `train.fp8`: a probe
+    report whose safe-and-fast layers the model runs in FP8 (lrm.fp8.dispatch).
+    distill: an ExFM student's variant (lrm.exfm.distill): its heads, its loss and the
+    teacher's logits as a column of the data.
+    """
+    from lrm.exfm.augment import TEACHER_COLUMN
+    from lrm.exfm.distill import ExFMLoss, student_config
+    from lrm.fp8.dispatch import transform
+    from lrm.sharding.plan import training_plan
+
+    loss: LossFn = bce_loss
+    column = None
+    if distill is not None:
+        if kind != "student":
+            raise ConfigError(f"train: only a student distills (got a {kind})")
+        model = dataclasses.replace(model, student=student_config(model.student, distill))
+        loss = ExFMLoss(distill)
+        column = TEACHER_COLUMN if distill.distill else None
+    sharding = None if plan is None else training_plan(
+        Path(plan), plan_entry or kind, kind=kind, model_cfg=model, data=Path(data),
+        device=train.device)
+    return TrainJob(kind=kind, train=train, model=model, data=Path(data),
+                    split=split or SplitConfig(), loader=loader or LoaderConfig(),
+                    checkpoint=checkpoint or CheckpointConfig(), checkpoints=checkpoints,
+                    start=start, init_from=init_from, eval_data=eval_data, out=out,
+                    plan=sharding, transform=transform(train.fp8, kind), loss=loss,
+                    teacher_column=column, info=dict(info or {}))
+
+
+__all__ = ["STARTS", "LossFn", "Start", "TrainJob", "Transform", "bce_loss", "build_job"]

@@ -1,0 +1,86 @@
+"""Params: the params.yaml files laid over each other, dotted overrides, validated.
+
+The library never opens params.yaml (lrm.config types and checks the values); stages and
+flows load it here, once per run, and pass the validated `ParamsConfig` on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lrm.config import ParamsConfig, from_dict
+from lrm.errors import ConfigError
+
+PARAMS = Path("params.yaml")
+log = logging.getLogger("lrm")
+
+def read_params_file(path: Path) -> dict[str, Any]:
+    """One params YAML file as a mapping (exit-2 errors name the file)."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: params file not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the params file ({e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+    return data
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """`top` laid over `base`, mappings merged key by key (a later params file wins)."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) \
+            else v
+    return out
+
+
+def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
+    *parents, last = key.split(".")
+    for p in parents:
+        nxt = d.get(p)
+        if not isinstance(nxt, dict):
+            nxt = d[p] = {}
+        d = nxt
+    d[last] = value
+
+
+def load_params(files: Sequence[Path] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> ParamsConfig:
+    """The validated params: `files` laid over each other, then dotted `overrides`.
+
+    files None: ./params.yaml when present, else the built-in defaults (said in a log
+    line). A named file that does not exist, an unknown section or key, or a bad value is
+    a ConfigError naming the file and the key.
+    """
+    if files is None:
+        files = [PARAMS] if PARAMS.exists() else []
+        if not files:
+            log.info("no %s here: using the built-in defaults", PARAMS)
+    data: dict[str, Any] = {}
+    for f in files:
+        data = _merge(data, read_params_file(f))
+    where = ", ".join(str(f) for f in files) or "params"
+    known = [f.name for f in dataclasses.fields(ParamsConfig)]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {unknown}; known sections: {known}")
+    for key, value in (overrides or {}).items():
+        _set_dotted(data, key, value)
+    try:
+        return from_dict(ParamsConfig, data, "")
+    except ConfigError as e:  # "params.yaml: train.batch_size: must be >= 1"
+        raise ConfigError(f"{where}: {str(e).lstrip('.: ')}") from None
+
+

@@ -1,0 +1,27 @@
+"""Params: files laid over each other, dotted overrides, every error naming the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from lrm.errors import ConfigError
+from stagekit import load_params
+
+
+def test_params_files_are_laid_over_each_other_and_checked(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("train: {lr: 0.5, batch_size: 64}\n")
+    b.write_text("train: {lr: 0.25}\n")
+    p = load_params([a, b], {"train.steps": 3})
+    assert (p.train.lr, p.train.batch_size, p.train.steps) == (0.25, 64, 3)
+    with pytest.raises(ConfigError, match="nope.yaml: params file not found"):
+        load_params([tmp_path / "nope.yaml"])
+    b.write_text("trian: {lr: 0.25}\n")
+    with pytest.raises(ConfigError, match=r"b.yaml: unknown section\(s\) \['trian'\]"):
+        load_params([a, b])
+    b.write_text("train: {lr: -1}\n")
+    with pytest.raises(ConfigError, match=r"b.yaml: train.lr/embedding_lr: must be > 0"):
+        load_params([a, b])
+    b.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="b.yaml: not valid YAML"):
+        load_params([b])

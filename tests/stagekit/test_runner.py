@@ -1,0 +1,43 @@
+"""The runner: checks before anything runs, the metrics the run returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from lrm.config import ParamsConfig
+from lrm.errors import LrmError
+from stagekit import Arg, Stage, execute
+
+
+def _toy_stage(tmp_path: Path, calls: list) -> Stage:
+    def run(*, src: Path, out: Path, metrics: Path | None = None) -> dict:
+        calls.append((src, out))
+        out.mkdir()
+        return {"n": 1}
+
+    return Stage(name="toy", run=run, reads={},
+                 args={"src": Arg("--in", "in", "in"), "out": Arg("--out", "out", "out"),
+                       "metrics": Arg("--metrics", "m", "metrics")})
+
+
+@pytest.mark.parametrize("src, out", [("d", "d"), ("d", "d/out"), ("d/inner", "d")])
+def test_an_output_overlapping_an_input_is_refused_before_anything_runs(tmp_path, src, out):
+    (tmp_path / "d" / "inner").mkdir(parents=True)
+    calls: list = []
+    with pytest.raises(LrmError, match="input") as err:
+        execute(_toy_stage(tmp_path, calls), {"src": tmp_path / src, "out": tmp_path / out},
+                ParamsConfig())
+    assert calls == [] and "\n" not in str(err.value)
+
+
+def test_the_runner_writes_the_metrics_the_run_returns(tmp_path):
+    calls: list = []
+    (tmp_path / "src").mkdir()
+    m = execute(_toy_stage(tmp_path, calls), {"src": tmp_path / "src", "out": tmp_path / "o",
+                                              "metrics": tmp_path / "m" / "toy.json"},
+                ParamsConfig())
+    assert m == {"n": 1} and (tmp_path / "m" / "toy.json").read_text().strip().startswith("{")
+    assert dataclasses.is_dataclass(ParamsConfig())
