@@ -166,6 +166,33 @@ def _imports(path: Path) -> set[str]:
 
 
 def code_deps(stage: Stage) -> list[str]:
+    """The repo code the stage's module runs (its imports, transitively, with the
+    `__init__` of each package on the way), as paths relative to the repo root: a package
+    whose modules it mostly runs as its folder (`by_folder`), other modules one by one."""
+    return by_folder(code_files(stage))
+
+
+def by_folder(files: list[str]) -> list[str]:
+    """`files` with those of a package folder the stage mostly runs (more than half its
+    modules) replaced by the folder: dvc.yaml reads in one screen, and a change to the
+    package's other modules re-runs the stage too (the price of it). Only packages without
+    subpackages fold (a folder dep covers everything under it)."""
+    out, folded = [], set()
+    for f in files:
+        folder = (ROOT / f).parent
+        if folder == ROOT or not (folder / "__init__.py").is_file() or any(
+                (sub / "__init__.py").is_file() for sub in folder.iterdir() if sub.is_dir()):
+            out.append(f)
+            continue
+        used = [g for g in files if (ROOT / g).parent == folder]
+        if 2 * len(used) > len(list(folder.glob("*.py"))):
+            folded.add(str(folder.relative_to(ROOT)))
+        else:
+            out.append(f)
+    return sorted(out + list(folded))
+
+
+def code_files(stage: Stage) -> list[str]:
     """Every repo file the stage's module runs (its imports, transitively, with the
     `__init__` of each package on the way), as paths relative to the repo root."""
     start = _module_file(stage.run.__module__)

@@ -105,6 +105,7 @@ def teacher(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
     m = _stage(teacher_stage.STAGE, {
         "data": paths.sessions, "days": window, "eval_day": day, "carry": True,
         "checkpoints": paths.teacher_chain(), "out": paths.teacher_model(day),
+        "plan": cfg.streaming.plan or None,
         "metrics": paths.reports / f"teacher_day={day}.json", "plot": None}, cfg, day)
     decision = m["registry"]
     models.record_teacher(paths, day, window, decision["version"])
@@ -143,6 +144,7 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> dict[
     m = _stage(student_stage.STAGE, {
         "data": plan.train_data, "out": out, "checkpoints": paths.student_chains(),
         "day": day, "name": name, "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
+        "plan": cfg.streaming.plan or None,
         "metrics": paths.reports / f"student_{name}_day={day}.json", "table": None,
         "plot": None}, cfg, day)
     r = _stage(register.STAGE, {

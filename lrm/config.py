@@ -587,6 +587,9 @@ class StreamingConfig:
     cron: str = "0 2 * * *"  # the deployment's schedule (`lrm serve --cron` overrides)
     teacher_every: int = 3  # days between teacher retrains after the first (0: never again)
     holdout: float = 0.2  # day D+1 not there yet: D's last share of sessions, held out to evaluate
+    # where the models' tables go: a plan file of `lrm shard-plan` (its entries teacher and
+    # students.NAME), as --plan gives the stages; "": torchrec's planner (lrm.sharding)
+    plan: str = ""  # a sharding plan file for the stream's models ("": the default placement)
 
     def __post_init__(self) -> None:
         _check(bool(self.root), "root", "must not be empty")

@@ -7,6 +7,12 @@ from pathlib import Path
 
 import pytest
 
+# Prefect's ephemeral server gets 20 s to start by default: on a loaded 2-core machine (CI)
+# that was not always enough ("Timed out while attempting to connect"). Set before any test
+# module imports Prefect, which reads its settings once.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+HARNESS_STARTUP_S = 120  # prefect_test_harness's own bound (30 s by default)
+
 REPO = Path(__file__).resolve().parents[1]
 CRITEO_DIR = REPO.parent / "shared" / "data" / "criteo_sample"
 

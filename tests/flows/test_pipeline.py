@@ -10,6 +10,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows import dag
 from flows.pipeline import pipeline, report
+from tests.conftest import HARNESS_STARTUP_S
 from tests.flows.test_dvc_repro import fresh_clone, tiny_params
 
 pytestmark = pytest.mark.slow
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def harness():
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S):
         yield
 
 

@@ -27,6 +27,7 @@ from lrm import registry
 from lrm.config import GenerateConfig
 from lrm.data import synthetic
 from lrm.train import days as chains
+from tests.conftest import HARNESS_STARTUP_S
 from tests.test_registry import _scrambled
 
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ PLANTED_DAY = 2
 
 @pytest.fixture(scope="module")
 def harness():
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S):
         yield
 
 
@@ -318,3 +319,48 @@ def test_bad_days_and_a_file_as_the_root_are_exit_2(harness, tmp_path, monkeypat
     assert r.exit_code == 2 and "the stream's folder is a file" in r.output, r.output
     assert afile.read_text() == "mine"
     assert not (tmp_path / "stream").exists()  # nothing made where it was not asked
+
+
+def test_a_stream_day_honours_train_fp8_and_the_streaming_plan(harness, tmp_path, monkeypatch):
+    """The stream's models are built like every stage's (one training job): `train.fp8`'s
+    layers train in FP8 and `streaming.plan` places their tables, here a plan that shards
+    user_id's table column-wise (on one rank the default placement is table-wise only)."""
+    from lrm.config import DedupConfig
+    from lrm.data import dedup
+    from lrm.fp8.dispatch import FORMAT
+    from stagekit import execute, load_params
+    from stages import shard_plan
+    from tests.conftest import REPO
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    world = tmp_path / "world"  # the plan's statistics: the same world's days
+    synthetic.generate(GenerateConfig(**WORLD), world / "raw")
+    dedup.dedup_dataset(world / "raw", world / "sessions", DedupConfig(rows_per_file=100))
+    plan = tmp_path / "plan.json"
+    execute(shard_plan.STAGE, {"data": world / "sessions", "out": plan,
+                               "calibration": REPO / "lrm" / "sharding" / "calibration",
+                               "metrics": tmp_path / "plan-metrics.json"},
+            load_params([_write_params(tmp_path)]))
+    doc = json.loads(plan.read_text())
+    for key in ("teacher", "students.small"):
+        doc["models"][key]["tables"]["t_user_id"]["sharding_type"] = "column_wise"
+    plan.write_text(json.dumps(doc))
+    report = tmp_path / "fp8.json"  # the small student's head (8 -> 1) in FP8
+    report.write_text(json.dumps({
+        "format": FORMAT, "device": "test", "models": {"m": {
+            "kind": "student", "plan": ["head"],
+            "layers": {"head": {"shape": {"rows": 256, "k": 8, "n": 1}, "fp8": True}}}},
+        "settings": {"recipe": "tensorwise", "backend": "scaled_mm", "compile": False}}))
+    params = _write_params(tmp_path, train={"fp8": str(report)},
+                           streaming={"plan": str(plan)})
+    state = streaming(days=1, params=[str(params)], return_state=True)
+    assert state.is_completed(), state.message
+    models = tmp_path / "stream" / "models"
+    student = json.loads((models / "students" / "day=1" / "small" / "aux_adapter" /
+                          "model.json").read_text())["info"]
+    teacher = json.loads((models / "teacher" / "until=1" / "model.json").read_text())["info"]
+    assert student["fp8"] == ["head"] and teacher["fp8"] == []
+    for info in (student, teacher):
+        assert info["sharding"]["t_user_id"] == "column_wise on ranks [0]"
+        assert info["sharding"]["t_ad_id"] == "table_wise on ranks [0]"

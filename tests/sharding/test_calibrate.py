@@ -9,6 +9,32 @@ from lrm.sharding import calibrate
 from lrm.sharding.cost import COEFFICIENTS, Calibration
 
 
+def test_the_work_of_a_timed_point_is_counted_as_the_cost_model_says():
+    """Two tables in one kernel call, counted by hand from lrm.sharding.cost's formula: a
+    small one that stays in the cache, and a large uniform one whose cached rows are its
+    share of the cache (the call's two tables split it) over its row bytes."""
+    cache = float(1 << 20)
+    cal = Calibration(device="cpu", source="hand", cache_bytes=cache)
+    batch = 512
+    small = {"rows": 100, "dim": 8, "ids": 1024, "unique": 90.0, "hot": (0.001, 0.01, 0.1)}
+    large = {"rows": 1_000_000, "dim": 64, "ids": 512, "unique": 500.0,
+             "hot": (0.001, 0.01, 0.1)}
+    miss = 1 - (cache / 2) / (64 * 4 + 4) / 1_000_000  # fp32 row + Adagrad state, uniform
+    hand = {
+        "per_call": 1,  # one kernel call
+        "per_shard": 2,  # two tables
+        "per_id": 1024 + 512,
+        "per_id_col": 1024 * 8 + 512 * 64,
+        "per_miss": 512 * miss,  # the small table never misses
+        "per_miss_col": 512 * miss * 64,
+        "per_unique_col": 90 * 8 + 500 * 64,
+        "per_unique_miss": 500 * miss,
+        "per_out_col": batch * 8 + batch * 64,  # a pooled row per bag and table
+    }
+    work = calibrate._work(cal, {"batch": batch, "tables": [small, large]})
+    assert dict(zip(COEFFICIENTS, work.tolist())) == pytest.approx(hand, rel=1e-9)
+
+
 def test_the_fit_recovers_the_coefficients_of_exact_timings():
     truth = Calibration(device="cpu", source="truth", cache_bytes=1 << 20, per_call=2e-4,
                         per_shard=1e-4, per_id=2e-8, per_id_col=3e-10, per_miss=4e-8,

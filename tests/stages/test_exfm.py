@@ -115,8 +115,8 @@ def test_teacher_augment_student_chain(world, tmp_path):
     for s in ("a", "b"):
         for v in ("labels_only", "aux_adapter"):
             card = json.loads((tmp_path / f"models/students/{s}/{v}/model.json").read_text())
-            assert card["info"]["train_days"] == [2]  # the last day, warm-started from day 1
-            assert card["info"]["init_from"] == "this stream's day-1 model"
+            assert card["info"]["train_days"] == [2]  # the last day, carried on from day 1
+            assert card["info"]["start"] == "carry"
     full = json.loads((tmp_path / "models/students/a/aux_adapter/model.json").read_text())
     assert full["model"]["student"]["aux_head"] and full["model"]["student"]["adapter"]
 

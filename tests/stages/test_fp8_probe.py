@@ -85,8 +85,8 @@ def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkey
     class Stop(Exception):
         pass
 
-    def fake_train(*a, **kw):
-        seen.update(kw)
+    def fake_train(job, **kw):
+        seen["transform"] = job.transform
         raise Stop
 
     monkeypatch.setattr(lrm.train, "train", fake_train)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from lrm.config import LoaderConfig, TrainConfig
-from lrm.data.loader import BatchLoader
+from lrm.config import LoaderConfig, SplitConfig, TrainConfig
+
 from lrm.dist import Dist
-from lrm.train.data import loaders
+from lrm.train.data import TrainData, loaders
 from lrm.train.schedule import plan
 
 
@@ -31,8 +31,8 @@ def test_the_batch_floor_then_more_epochs():
 
 
 def test_world_size_the_batch_divides_and_steps_match_the_loader(datasets):
-    data = datasets["sessions"]
-    rows = BatchLoader(data, 512, days=[0, 1]).num_rows()
+    data = TrainData.open(datasets["sessions"], SplitConfig(days=[0, 1], eval_day=2))
+    rows = data.stats.rows
     for world in (1, 2, 3):
         for cfg in (TrainConfig(batch_size=510, steps=7),
                     TrainConfig(batch_size=2048, epochs=3, min_batch_size=17)):
@@ -40,8 +40,7 @@ def test_world_size_the_batch_divides_and_steps_match_the_loader(datasets):
             assert s.batch_size % world == 0
             env = Dist(rank=world - 1, world_size=world, local_rank=0,
                        device=torch.device("cpu"))
-            ld = loaders(data, s.batch_size, [0, 1], 2, s.val_batches, LoaderConfig(), env,
-                         {})
+            ld = loaders(data, s.batch_size, s.val_batches, LoaderConfig(), env, {})
             # the loader's batches of this rank are the schedule's steps an epoch
             assert ld.train_batches == s.epoch_batches > 0, (world, cfg, s)
 
