@@ -11,12 +11,10 @@ can forget either).
 How a run starts (`Start`):
 
     fresh    a new model (hashed tables fit the train days when train.fit_tables is on)
-    warm     the weights of a saved model folder (`init_from`); fresh optimizers
+    warm     the weights and tables of a saved model folder (`init_from`), fresh optimizers
+             (a model carried from day to day starts each day so: lrm.train.days)
     resume   the newest checkpoint of `checkpoints`, a run of this same data that stopped: it
              goes on where it stopped, bit for bit (none there: fresh)
-    carry    the newest checkpoint of `checkpoints` is of other data (the day before, in a
-             model carried from day to day: lrm.train.days): the model and the optimizers'
-             state come back, and the run counts its own steps over its own data
 """
 
 from __future__ import annotations
@@ -47,8 +45,8 @@ from lrm.errors import ConfigError
 LossFn = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
 # model -> model, between building it and sharding it (lrm.fp8's dispatch)
 Transform = Callable[[nn.Module], nn.Module]
-Start = Literal["fresh", "warm", "resume", "carry"]
-STARTS: tuple[Start, ...] = ("fresh", "warm", "resume", "carry")
+Start = Literal["fresh", "warm", "resume"]
+STARTS: tuple[Start, ...] = ("fresh", "warm", "resume")
 
 
 def bce_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,19 +85,9 @@ class TrainJob:
         if (self.start == "warm") != (self.init_from is not None):
             raise ConfigError("train: a warm start names the model folder it starts from "
                               "(init_from), and only a warm start does")
-        if self.start in ("resume", "carry") and self.checkpoints is None:
-            raise ConfigError(f"train: a {self.start} start needs the checkpoint folder it "
-                              f"starts from")
-
-    @property
-    def resume(self) -> bool:
-        """The run starts from a checkpoint of its folder (when there is one)."""
-        return self.start in ("resume", "carry")
-
-    @property
-    def new_data(self) -> bool:
-        """The checkpoint it starts from is of other data (a carried model's day before)."""
-        return self.start == "carry"
+        if self.start == "resume" and self.checkpoints is None:
+            raise ConfigError("train: a resume start needs the checkpoint folder it starts "
+                              "from")
 
     def but(self, **changes: Any) -> TrainJob:
         """This job with some fields changed (e.g. the next day's split and out)."""

@@ -7,7 +7,7 @@ three parts, read top to bottom:
              schedule and hashed tables -> the model (tables on meta), head bias at
              logit(train CTR) -> [FP8 dispatch] -> shard it (DMP, the job's plan) -> fused
              Adagrad (tables) + fused AdamW (dense) -> the loaders -> [the checkpoint it
-             starts from: resume or carry]
+             starts from: a resume]
     run      steps (torchrec's TrainPipelineSparseDist; one process on a GPU: each step one
              CUDA graph replay, lrm.train.step_graph) in segments that end where it
              evaluates: every log_every steps loss, windowed NE, samples/s; every val_every
@@ -77,7 +77,8 @@ class TrainResult:
     eval: dict[str, Any]  # final held-out metrics (the same dict on every rank)
     history: list[dict[str, float]] = field(default_factory=list)  # rank 0's log points
     resumed_from: int | None = None  # step of the checkpoint resumed from
-    start: str = "fresh"  # how it started: fresh | warm | resume | carry (lrm.train.job)
+    start: str = "fresh"  # how it started: fresh | warm | resume (lrm.train.job)
+    init_from: Path | None = None  # warm: the model folder it started from
     checkpoint: Path | None = None  # the last checkpoint written
     out: Path | None = None  # the final model folder
     world_size: int = 1
@@ -93,7 +94,8 @@ class TrainResult:
         return {"kind": kind, "steps": self.steps, "samples": self.samples,
                 "samples_per_s": self.samples_per_s, "world_size": self.world_size,
                 "train_days": self.train_days, "eval_day": self.eval_day,
-                "resumed_from": self.resumed_from, "start": self.start, "eval": self.eval,
+                "resumed_from": self.resumed_from, "start": self.start,
+                "init_from": str(self.init_from) if self.init_from else None, "eval": self.eval,
                 "schedule": self.schedule, "validation": self.validation,
                 "fp8": self.fp8, "sharding": self.sharding}
 
@@ -124,8 +126,8 @@ class _Run:
         torch.set_num_threads(intra_op_threads(cfg.threads,
                                                self.workers if job.loader.prefetch else 0))
         # -- the data decides: rows and CTR, hashed table sizes, the schedule ----------
-        # a model started from another (warm, carry) keeps its tables; a resume fits them
-        fit = cfg.fit_tables and job.start in ("fresh", "resume")  # as its run first did
+        # a model started from another (warm) keeps its tables; a resume fits them as its
+        fit = cfg.fit_tables and job.start != "warm"  # run first did
         data = self.data = TrainData.open(job.data, job.split, job.eval_data, fit=fit,
                                           cap=job.model.tables.hash_size)
         self.schema = read_card(job.init_from).schema if job.init_from is not None else \
@@ -183,7 +185,7 @@ class _Run:
                 run_identity(kind, job.model, self.sizes, cfg, sched.batch_size,
                              sched.epoch_batches, env, data, job.loader)))
             # AdamW's state is lazy: made (a dummy step) only when there is one to load
-            self.resumed_from = self.ckpt.start(self.parts, job.resume, new_data=job.new_data,
+            self.resumed_from = self.ckpt.start(self.parts, job.start == "resume",
                                                 prepare=dense_opt.init_state)
             self.opt.zero_grad(set_to_none=True)
             self.guard.reset(self.state.step)
@@ -320,7 +322,7 @@ class _Run:
             steps=state.step, samples=state.samples, samples_per_s=self.meter.samples_per_s,
             eval=final, history=self.history, resumed_from=self.resumed_from,
             start=self.job.start if self.resumed_from is not None or self.job.start == "warm"
-            else "fresh",
+            else "fresh", init_from=self.job.init_from,
             checkpoint=self.ckpt.last if self.ckpt else None, out=job.out,
             world_size=env.world_size, train_days=self.data.train_days,
             eval_day=self.data.eval_day, schedule=sched.summary(), validation=validation,

@@ -162,18 +162,15 @@ def test_three_days_each_processed_once(world):
     assert all(not r["next_day"] and "last 20% of sessions" in r["evaluated_on"] for r in recs)
 
 
-def test_students_resume_from_their_checkpoint_each_day(world):
+def test_students_start_each_day_from_the_day_before(world):
     trained = [r["students"]["small"]["train"] for r in world["records"]]
-    assert trained[0]["resumed_from"] is None  # the first day starts fresh
+    assert trained[0]["start"] == "fresh"  # the first day
     chain = world["root"] / "stream" / "checkpoints" / "students" / "small"
-    for d, (before, now) in enumerate(zip(trained, trained[1:]), start=2):
-        assert now["resumed"] == "previous day" and now["steps"] > 0  # its own steps
-        assert now["resumed_from"] == before["steps"]  # the end of the day before
+    for d, now in enumerate(trained[1:], start=2):
+        assert now["start"] == "warm" and now["steps"] > 0  # its own steps
+        # the day before's model
+        assert world["root"] / now["init_from"] == chain / f"day={d - 1}" / "model"
         assert (world["root"] / now["checkpoint"]).parent == chain / f"day={d}"
-        # day d's folder started from day d - 1's newest checkpoint (linked, not rewritten)
-        seed = json.loads((chain / f"day={d}" / "_seed.json").read_text())
-        assert seed["from_day"] == d - 1
-        assert Path(before["checkpoint"]).name in seed["checkpoints"]
     # the two newest finished days are kept, older ones removed
     assert sorted(p.name for p in chain.glob("day=*")) == ["day=2", "day=3"]
 
@@ -258,8 +255,7 @@ def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(
         assert {k: after.get(k) for k in before["chain"]} == before["chain"]
         assert {k for k in after if k not in before["chain"]} <= {
             k for k in after if k.startswith("day=4/")}  # day 4's own, in its own folder
-        assert chains.newest(chain) == root / world["records"][-1]["students"]["small"][
-            "train"]["checkpoint"]  # what day 5 would start from: day 3's last
+        assert chains.newest(chain) == chain / "day=3" / "model"  # what day 4 starts from
         assert _registry_state() == before["registry"]
         assert {k: v for k, v in _files(stream / "augmented").items()
                 if not k.startswith("day=4")} == before["augmented"]
@@ -271,7 +267,7 @@ def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(
     assert rec["day"] == 4  # the failed day, not the one after it
     trained = rec["students"]["small"]["train"]
     # it went on from day 4's own checkpoint at step 2
-    assert trained["resumed"] == "this day (a run that stopped)"
+    assert trained["start"] == "resume"
     assert trained["resumed_from"] == 2 and trained["steps"] >= 3
     assert rec["students"]["small"]["decision"]["version"] == "4"
 

@@ -116,7 +116,7 @@ def test_teacher_augment_student_chain(world, tmp_path):
         for v in ("labels_only", "aux_adapter"):
             card = json.loads((tmp_path / f"models/students/{s}/{v}/model.json").read_text())
             assert card["info"]["train_days"] == [2]  # the last day, carried on from day 1
-            assert card["info"]["start"] == "carry"
+            assert card["info"]["start"] == "warm"  # from the day before's model
     full = json.loads((tmp_path / "models/students/a/aux_adapter/model.json").read_text())
     assert full["model"]["student"]["aux_head"] and full["model"]["student"]["adapter"]
 

@@ -1,45 +1,50 @@
-"""A model carried from day to day (lrm.train.days): day D starts from the day before's
-newest checkpoint (linked: a carry), a stopped day goes on from its own, the finished days'
-folders are never written, and only the newest finished days are kept."""
+"""A model carried from day to day (lrm.train.days): day D starts from the day before's model
+with fresh optimizers (exactly a warm start from it), a stopped day goes on from its own
+checkpoint, the finished days' folders are never written, and only the newest finished days
+are kept."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
 
 import pytest
+import torch
 
 from lrm.config import CheckpointConfig, SplitConfig
-from lrm.train import TrainJob
-from lrm.train import days
+from lrm.errors import ConfigError
+from lrm.train import TrainJob, days, train
+from lrm.train.export import WEIGHTS
 from lrm.train.job import bce_loss
 from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
-
-
-def _files(folder):
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
-
 
 OWNER = "test"
 
 
-def _day(data, chain, day, **kw):
-    """Day `day` of the carried student; (its result, whether it carried the day before)."""
-    new_data = days.day_folder(chain, day, OWNER)[1]
-    job = TrainJob(kind="student", train=tiny_train(steps=4), model=SMALL_MODEL, data=data,
-                   split=SplitConfig(days=[day], eval_day=2), loader=LOADER,
-                   checkpoint=CheckpointConfig(every=2), **kw)
-    return days.train_day(job, chain, day, owner=OWNER), new_data
+def _files(folder):
+    """Every file under `folder` with its hash (lrm's markers aside: they name the writer)."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".lrm")}
+
+
+def _job(data, day, **kw):
+    return TrainJob(kind="student", train=tiny_train(steps=4), model=SMALL_MODEL, data=data,
+                    split=SplitConfig(days=[day], eval_day=2), loader=LOADER,
+                    checkpoint=CheckpointConfig(every=2), **kw)
+
+
+def _weights(folder):
+    return torch.load(folder / WEIGHTS, weights_only=True)
 
 
 def test_each_day_starts_from_the_last_and_a_stopped_day_from_its_own(
         datasets, tmp_path):  # noqa: F811
     data, chain = datasets["sessions"], tmp_path / "chain"
-    d0, new0 = _day(data, chain, 0)
-    assert (new0, d0.resumed_from, d0.steps) == (False, None, 4)  # the first day: fresh
-    assert days.finished(chain) == [0]
+    d0 = days.train_day(_job(data, 0, out=tmp_path / "out0"), chain, 0, owner=OWNER)
+    assert (d0.start, d0.resumed_from, d0.steps) == ("fresh", None, 4)  # the first day
+    assert days.finished(chain) == [0] and days.newest(chain) == chain / "day=0" / "model"
+    assert _files(tmp_path / "out0") == _files(chain / "day=0" / "model")  # the job's out
     day0 = _files(chain / "day=0")
 
     calls = {"n": 0}
@@ -51,36 +56,61 @@ def test_each_day_starts_from_the_last_and_a_stopped_day_from_its_own(
         return bce_loss(model, batch)
 
     with pytest.raises(RuntimeError, match="stopped mid-day"):
-        _day(data, chain, 1, loss=stop_at_step_4)
+        days.train_day(_job(data, 1, loss=stop_at_step_4), chain, 1, owner=OWNER)
     assert _files(chain / "day=0") == day0  # the finished day is only read
-    assert days.newest(chain) == d0.checkpoint  # what a day starts from has not moved
-    seed = json.loads((chain / "day=1" / "_seed.json").read_text())
-    assert seed["from_day"] == 0 and d0.checkpoint.name in seed["checkpoints"]
-    linked = chain / "day=1" / d0.checkpoint.name / "manifest.json"
-    assert os.path.samefile(linked, d0.checkpoint / "manifest.json")  # a link, not a copy
-
     assert days.finished(chain) == [0]  # the stopped day is not over
-    d1, new1 = _day(data, chain, 1)  # day 1 again: its own checkpoint at step 2
-    assert (new1, d1.resumed_from, d1.steps) == (False, 2, 4)
+    d1 = days.train_day(_job(data, 1), chain, 1, owner=OWNER)  # again: its own step 2
+    assert (d1.start, d1.resumed_from, d1.steps) == ("resume", 2, 4)
     assert d1.train_days == [1] and days.finished(chain) == [0, 1]
 
 
-def test_the_next_day_resumes_the_model_not_the_step_count(datasets, tmp_path):  # noqa: F811
+def test_the_next_day_is_a_warm_start_from_the_day_before(datasets, tmp_path):  # noqa: F811
+    """Fresh optimizers on the day before's model, its own step count: bit for bit what a
+    warm start from that model folder trains (on the CPU, deterministic)."""
     data, chain = datasets["sessions"], tmp_path / "chain"
-    d0, _ = _day(data, chain, 0)
-    d1, new1 = _day(data, chain, 1)
-    assert new1 and d1.resumed_from == d0.steps and d1.steps == 4  # its own 4 steps
+    days.train_day(_job(data, 0), chain, 0, owner=OWNER)
+    d1 = days.train_day(_job(data, 1), chain, 1, owner=OWNER)
+    assert (d1.start, d1.init_from, d1.steps) == ("warm", chain / "day=0" / "model", 4)
     assert d1.checkpoint.parent == chain / "day=1"
+    warm = train(_job(data, 1, start="warm", init_from=chain / "day=0" / "model",
+                      out=tmp_path / "warm"))
+    assert warm.eval == d1.eval
+    carried, plain = _weights(chain / "day=1" / "model"), _weights(tmp_path / "warm")
+    assert all(torch.equal(carried[k], plain[k]) for k in plain)
+
+
+def test_a_day_of_another_model_is_refused(datasets, tmp_path):  # noqa: F811
+    chain = tmp_path / "chain"
+    days.train_day(_job(datasets["sessions"], 0), chain, 0, owner=OWNER)
+    other = dataclasses.replace(SMALL_MODEL, student=dataclasses.replace(
+        SMALL_MODEL.student, embedding_dim=4))
+    with pytest.raises(ConfigError, match="another config or table sizes"):
+        days.train_day(_job(datasets["sessions"], 1).but(model=other), chain, 1, owner=OWNER)
+    assert days.finished(chain) == [0]
+
+
+def test_the_held_out_day_may_come_from_another_dataset(datasets, tmp_path):  # noqa: F811
+    """A stream day whose next day is not there yet is scored on its own held-out slice."""
+    from lrm.data import synthetic
+    from lrm.data.loader import BatchLoader
+    from tests.train.conftest import TINY
+
+    held = tmp_path / "held"  # another day 0: a few sessions of their own
+    synthetic.generate(dataclasses.replace(TINY, days=1, sessions_per_day=50, seed=9), held)
+    r = train(TrainJob(kind="student", train=tiny_train(), model=SMALL_MODEL,
+                       data=datasets["sessions"], split=SplitConfig(days=[0], eval_day=0),
+                       eval_data=held, loader=LOADER))
+    assert r.eval_day == 0 and r.train_days == [0]
+    assert r.eval["rows"] == BatchLoader(held, 512, days=[0]).num_rows() < 1000
 
 
 def test_only_the_newest_finished_days_are_kept(tmp_path):
     chain = tmp_path / "chain"
-    days.day_folder(chain, 1, OWNER)
-    (chain / "day=0").mkdir()  # someone's own folder beside lrm's: never removed
+    (chain / "day=0").mkdir(parents=True)  # someone's own folder beside lrm's: never removed
     (chain / "day=0" / "mine.txt").write_text("keep me")
+    from lrm import io
     for d in (1, 2, 3, 4):
-        folder, new_data = days.day_folder(chain, d, OWNER)
-        assert not new_data  # no checkpoint to start from in these folders
+        io.claim_dir(chain / f"day={d}", OWNER)
         days.finish(chain, d, {"day": d}, OWNER)
     assert sorted(p.name for p in chain.glob("day=*")) == ["day=0", "day=3", "day=4"]
     assert (chain / "day=0" / "mine.txt").read_text() == "keep me"
