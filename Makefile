@@ -10,6 +10,9 @@ TORCH_SPEC ?= torch==2.13.0
 FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
 TORCHREC_SPEC ?= torchrec==1.8.0
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
+# Prefect's ephemeral server (make run, the tests) gets 20 s to start by default: on a loaded
+# 2-core machine that was not enough ("Timed out while attempting to connect")
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
 .PHONY: setup run repro repro-criteo dag test bench lock clean ui
 

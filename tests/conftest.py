@@ -1,11 +1,22 @@
-"""Shared fixtures: an isolated MLflow store per test session, the real Criteo sample."""
+"""Shared fixtures: an isolated MLflow store per test session, the real Criteo sample, the
+tiny synthetic datasets (generated once per session) and small training configs that every
+test folder uses."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
+
+from lrm.config import DedupConfig, GenerateConfig, LoaderConfig, ModelConfig, \
+    StudentModelConfig, TrainConfig
+from lrm.data import dedup, parquet, synthetic
+from lrm.data.schema import day_files
 
 # Prefect's ephemeral server gets 20 s to start by default: on a loaded 2-core machine (CI)
 # that was not always enough ("Timed out while attempting to connect"). Set before any test
@@ -31,3 +42,81 @@ def criteo_dir() -> Path:
     if not (CRITEO_DIR / "train.tsv").exists():
         pytest.skip(f"real Criteo sample not found at {CRITEO_DIR} (shared data absent)")
     return CRITEO_DIR
+
+
+# -- tiny synthetic worlds and small configs, shared by the test folders ----------------
+
+TINY = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=3,
+                      sessions_per_day=2000, mean_session_length=6.0, max_history=20, seed=3)
+SMALL_MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=8, bottom_mlp=[16],
+                                                top_mlp=[32, 16]))
+LOADER = LoaderConfig(prefetch=2, num_workers=1)
+
+
+def tiny_train(**kw: object) -> TrainConfig:
+    """256 impressions a step, ~28 steps an epoch over days 0-1; day 2 held out."""
+    base: dict[str, object] = dict(batch_size=512, lr=1e-2, embedding_lr=0.05, log_every=4,
+                                   threads=1)
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{"raw": impressions layout, "sessions": the same data deduplicated}, 3 days."""
+    root = tmp_path_factory.mktemp("train-data")
+    synthetic.generate(TINY, root / "raw")
+    dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+    return {"raw": root / "raw", "sessions": root / "sessions"}
+
+
+@pytest.fixture(scope="session")
+def student_dir(datasets: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small student trained 6 steps on the sessions dataset, once a session (read only)."""
+    from lrm.train import TrainJob, train
+
+    out = tmp_path_factory.mktemp("student") / "student"
+    train(TrainJob(kind="student", train=tiny_train(steps=6), model=SMALL_MODEL,
+                   data=datasets["sessions"], loader=LOADER, out=out))
+    return out
+
+
+def only_days(src: Path, dst: Path, days: list[int]) -> Path:
+    """A copy of dataset `src` holding only `days` (e.g. a file ingested on its own)."""
+    keep = {f"day={d}" for d in days}
+    shutil.copytree(src, dst, ignore=lambda _folder, names: [
+        n for n in names if n.startswith("day=") and n not in keep])
+    return dst
+
+
+def poison_day(src: Path, dst: Path, day: int, column: str = "d_bid") -> Path:
+    """A copy of `src` whose `day` has NaN in a dense column (every impression)."""
+    shutil.copytree(src, dst)
+    for f in day_files(dst)[day]:
+        t = parquet.read_table(f)
+        i = t.schema.get_field_index(column)
+        col = t.column(column)
+        if pa.types.is_list(col.type):  # sessions layout: a list per session
+            flat = pc.list_flatten(col)
+            nan = pa.array([float("nan")] * len(flat), type=flat.type)
+            offsets = col.combine_chunks().offsets
+            new = pa.ListArray.from_arrays(offsets, nan, type=col.type)
+        else:
+            new = pa.array([float("nan")] * len(col), type=col.type)
+        pq.write_table(t.set_column(i, t.schema.field(i), new), f)
+    return dst
+
+
+SHARD_WORLD = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=3,
+                      sessions_per_day=600, mean_session_length=6.0, max_history=20, seed=5)
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3-day synthetic dataset in the sessions (RecD) layout."""
+    from lrm.data import dedup, synthetic
+
+    root = tmp_path_factory.mktemp("shard-data")
+    synthetic.generate(SHARD_WORLD, root / "raw")
+    dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+    return root / "sessions"

@@ -27,7 +27,7 @@ from lrm.errors import ConfigError
 from lrm.serving import pyfunc
 from lrm.train import TrainJob, train
 from lrm.train.export import WEIGHTS, load_model, read_card, save_model
-from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
+from tests.conftest import LOADER, SMALL_MODEL, tiny_train
 
 pytestmark = pytest.mark.slow
 NAME = "lrm-student-small"

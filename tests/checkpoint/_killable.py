@@ -21,7 +21,7 @@ from lrm.config import CheckpointConfig, LoaderConfig
 from lrm.data.schema import read_schema
 from lrm.models import build_model
 from lrm.train import TrainJob, train
-from tests.train.conftest import SMALL_MODEL, tiny_train
+from tests.conftest import SMALL_MODEL, tiny_train
 
 
 def _plan(data: Path) -> ShardingPlan:

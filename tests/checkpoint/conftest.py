@@ -18,7 +18,6 @@ from lrm.dist import Dist, process_group
 from lrm.sharding import parallel
 from lrm.train.state import TrainState
 from lrm.train.steps import dense_optimizer
-from tests.train.conftest import datasets  # noqa: F401  (the session's tiny datasets)
 
 TABLES = {"t_a": 60, "t_b": 40}  # rows; dim DIM
 DIM = 8

@@ -11,7 +11,6 @@ from lrm.data.schema import read_schema
 from lrm.models import build_model
 from lrm.train.data import model_hash_sizes
 from lrm.train.export import ModelCard, save_model
-from tests.train.conftest import datasets  # noqa: F401  (session fixture)
 
 TINY_TEACHER = ModelConfig(
     tables=TableConfig(max_rows=5000),

@@ -26,7 +26,6 @@ from lrm.train.export import load_model
 from lrm.data import parquet
 from tests.data.test_parquet import assert_names, corrupt
 from tests.exfm.conftest import random_teacher
-from tests.train.conftest import datasets  # noqa: F401  (session fixture)
 
 
 @pytest.fixture(scope="module")

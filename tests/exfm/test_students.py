@@ -12,7 +12,6 @@ from lrm.errors import ConfigError
 from lrm.exfm import students as S
 from lrm.exfm.augment import TEACHER_COLUMN
 from lrm.train import build_job
-from tests.train.conftest import datasets  # noqa: F401  (session fixture, days 0-2)
 
 
 def test_student_days(datasets):  # noqa: F811

@@ -9,7 +9,6 @@ from torch import nn
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.train.data import model_hash_sizes
-from tests.train.conftest import datasets  # noqa: F401  (the session fixture)
 
 
 def a_batch(data: Path, model: nn.Module, size: int = 256) -> Batch:

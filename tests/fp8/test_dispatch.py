@@ -16,7 +16,7 @@ from lrm.fp8.linear import Fp8Linear
 from lrm.models import build_model
 from lrm.train import TrainJob, train
 from lrm.train.export import load_model
-from tests.train.conftest import LOADER, SMALL_MODEL, tiny_train
+from tests.conftest import LOADER, SMALL_MODEL, tiny_train
 
 
 def _report(plan: dict[str, tuple[int, int]], kind: str = "student") -> dict:
@@ -51,7 +51,7 @@ def test_dispatch_changes_only_the_planned_layers(student):
     assert list(student.state_dict()) == keys
 
 
-def test_a_report_for_another_kind_plans_nothing(student):
+def test_a_report_for_another_kind_plans_nothing():
     plan, _ = D.plan_for(_report({"top.0": (1, 32)}, kind="teacher"), "student")
     assert plan == {}
 

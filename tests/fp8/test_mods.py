@@ -25,7 +25,7 @@ from lrm.fp8.probe import Probe, error_metrics
 from lrm.models import build_model
 from lrm.models.dlrm import DotInteraction
 from lrm.models.matmul import BatchedMatmul
-from tests.train.conftest import SMALL_MODEL
+from tests.conftest import SMALL_MODEL
 from tests.fp8.conftest import a_batch
 
 
@@ -236,7 +236,7 @@ def test_transform_applies_the_mods_its_report_switches_on(teacher_and_batch, tm
 def test_a_tiny_teacher_trains_with_both_mods_on_cpu(datasets, tmp_path, monkeypatch):
     from lrm.train import TrainJob, train
     from lrm.train.export import load_model
-    from tests.train.conftest import LOADER, tiny_train
+    from tests.conftest import LOADER, tiny_train
 
     inputs = []
     forward = Fp8Linear.forward

@@ -1,20 +1,14 @@
-"""Shared pieces of the sharding tests: tiny synthetic data, tables drawn at random, a
-calibration and topologies."""
+"""Shared pieces of the sharding tests: tables drawn at random, a calibration and
+topologies (the tiny dataset, `tiny_data`, is tests/conftest.py's)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import pytest
 
-from lrm.config import DedupConfig, GenerateConfig
 from lrm.sharding.cost import Calibration, CostModel
 from lrm.sharding.stats import TableLoad
 from lrm.sharding.topology import GIB, Topology
 
-TINY = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=3,
-                      sessions_per_day=600, mean_session_length=6.0, max_history=20, seed=5)
 # a fixed CPU calibration (the test results must not move with the repo's measured file)
 CAL = Calibration(device="cpu", source="tests", cache_bytes=32 << 20, per_shard=1e-4,
                   per_id=2e-8, per_id_col=1e-10, per_miss=5e-8, per_miss_col=1e-10,
@@ -48,14 +42,3 @@ def random_tables(n: int, seed: int = 0, batch: int = 4096,
                              unique_ids=min(rows, batch * rows_per * pool),
                              pooled_rows=batch * rows_per, uniform_batch=not user))
     return out
-
-
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 3-day synthetic dataset in the sessions (RecD) layout."""
-    from lrm.data import dedup, synthetic
-
-    root = tmp_path_factory.mktemp("shard-data")
-    synthetic.generate(TINY, root / "raw")
-    dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
-    return root / "sessions"

@@ -15,7 +15,6 @@ from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError
 from stages import evaluate as stage
 from tests.conftest import REPO
-from tests.train.conftest import datasets, student_dir  # noqa: F401 (fixtures)
 
 KEYS = {"ne", "auc", "calibration", "rows", "day_rows", "ne_ci", "auc_ci", "calibration_ci"}
 

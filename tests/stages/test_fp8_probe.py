@@ -13,7 +13,6 @@ from lrm.fp8.dispatch import read_report
 from stages import fp8_probe as stage
 from stagekit import execute
 from stagekit.cli import app
-from tests.train.conftest import datasets, student_dir  # noqa: F401 (fixtures)
 
 FAST = FP8Config(min_batches=2, max_batches=3, speed_reps=1, rows=256)
 

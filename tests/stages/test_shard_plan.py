@@ -12,7 +12,6 @@ from flows.cli import app as lrm_app
 from lrm.sharding.cost import CALIBRATIONS
 from stages import shard_plan, train
 from stagekit import execute, load_params
-from tests.sharding.conftest import tiny_data  # noqa: F401,F811  (the fixture)
 from tests.sharding.test_planner import assert_complete
 
 KEYS = {"teacher", "student", "students.small", "students.tiny"}

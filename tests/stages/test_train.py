@@ -16,8 +16,7 @@ import yaml
 from lrm.checkpoint import Store
 from lrm.data.loader import BatchLoader
 from lrm.serving.pyfunc import OUTPUT, example_frame
-from tests.conftest import REPO
-from tests.train.conftest import datasets, only_days, poison_day  # noqa: F401  (fixture)
+from tests.conftest import REPO, only_days, poison_day
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from lrm.data.dataset import Dataset
 from lrm.train import data as train_data
 from lrm.train.data import EpochStream, eval_batch
 from lrm.train.meter import WindowNE
-from tests.train.conftest import only_days
+from tests.conftest import only_days
 
 
 def test_eval_batch_leaves_no_tail_for_any_rank_to_drop():

@@ -17,7 +17,7 @@ from lrm.errors import ConfigError
 from lrm.train import TrainJob, days, train
 from lrm.train.export import WEIGHTS
 from lrm.train.job import bce_loss
-from tests.train.conftest import LOADER, SMALL_MODEL, datasets, tiny_train  # noqa: F401
+from tests.conftest import LOADER, SMALL_MODEL, tiny_train
 
 OWNER = "test"
 
@@ -93,7 +93,7 @@ def test_the_held_out_day_may_come_from_another_dataset(datasets, tmp_path):  # 
     """A stream day whose next day is not there yet is scored on its own held-out slice."""
     from lrm.data import synthetic
     from lrm.data.loader import BatchLoader
-    from tests.train.conftest import TINY
+    from tests.conftest import TINY
 
     held = tmp_path / "held"  # another day 0: a few sessions of their own
     synthetic.generate(dataclasses.replace(TINY, days=1, sessions_per_day=50, seed=9), held)

@@ -25,8 +25,7 @@ import torch
 
 from lrm.config import CheckpointConfig
 from lrm.train import TrainJob, train
-from tests.conftest import REPO
-from tests.train.conftest import LOADER, SMALL_MODEL, tiny_train
+from tests.conftest import LOADER, REPO, SMALL_MODEL, tiny_train
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from lrm.errors import ConfigError, DataError
 from lrm.train import load_model
 from lrm.train.export import CARD, read_card
 from lrm.serving.pyfunc import OUTPUT, example_frame, input_columns, predict_frame, signature
-from tests.train.conftest import SMALL_MODEL, TINY
+from tests.conftest import SMALL_MODEL, TINY
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from lrm.train.graphs import graph_mlps, graphable
 from lrm.train.job import bce_loss
 from lrm.train.precision import autocast
 from tests.models.conftest import VOCAB, make_batches
-from tests.train.conftest import SMALL_MODEL, tiny_train
+from tests.conftest import SMALL_MODEL, tiny_train
 
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (CUDA graphs)")
 

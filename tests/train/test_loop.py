@@ -22,7 +22,7 @@ from lrm.checkpoint import Store
 from lrm.config import CheckpointConfig, SplitConfig
 from lrm.data import parquet
 from lrm.data.schema import day_files
-from tests.train.conftest import LOADER, SMALL_MODEL, poison_day, tiny_train
+from tests.conftest import LOADER, SMALL_MODEL, poison_day, tiny_train
 
 
 def _weights(path):

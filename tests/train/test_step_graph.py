@@ -34,7 +34,7 @@ from lrm.train.meter import Meter
 from lrm.train.step_graph import PAD_ROWS, GraphSteps, Layout, StaticBatch, empty_layout, \
     unsupported
 from lrm.train.steps import Steps, dense_optimizer
-from tests.train.conftest import LOADER, tiny_train
+from tests.conftest import LOADER, tiny_train
 
 MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=8, bottom_mlp=[16],
                                                top_mlp=[16]))

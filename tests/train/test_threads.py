@@ -21,7 +21,6 @@ from lrm.config import LoaderConfig, from_dict
 from lrm.dist import loader_workers
 from lrm.errors import ConfigError
 from tests.conftest import REPO
-from tests.train.conftest import datasets  # noqa: F401  (session fixture)
 
 SCRIPT = r"""
 import json, os, sys, threading
