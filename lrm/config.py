@@ -383,10 +383,15 @@ class SplitConfig:
 
     days: list[int] = field(default_factory=list)  # train days; empty: every day before eval_day
     eval_day: int = -1  # held-out day; negative counts from the last day (-1: the last)
+    # the sessions on these verticals (the schema's vertical column) train and are held out:
+    # a vertical model's rows (ExFM's students); empty: every row
+    verticals: list[int] = field(default_factory=list)  # only these verticals (empty: all)
 
     def __post_init__(self) -> None:
         _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
         _check(len(set(self.days)) == len(self.days), "days", f"repeated days in {self.days}")
+        _check(all(v >= 0 for v in self.verticals), "verticals",
+               f"verticals are ids >= 0, got {self.verticals}")
 
 
 @dataclass(kw_only=True)

@@ -268,8 +268,9 @@ def share_histories(table: pa.Table, schema: FeatureSchema, group: int | None = 
         raise ValueError("share_histories: the histories are already shared")
     target = schema.arrow("sessions")
     cols = {c: table.column(c) for c in table.column_names}
+    breaks = vertical_breaks(table, schema)
     for f in schema.user_seq:
-        enc = histories.encode(cols[f], group)
+        enc = histories.encode(cols[f], group, breaks)
         off, ln = window_columns(f)
         cols[f] = enc.items
         cols[off], cols[ln] = pa.array(enc.offset), pa.array(enc.length)
@@ -352,11 +353,23 @@ def session_lengths(table: pa.Table, per_imp: list[str] | None = None,
 
 
 def cluster(table: pa.Table, schema: FeatureSchema) -> pa.Table:
-    """The session rows sorted by the schema's user key, stably (as they are without one)."""
-    if schema.user_key is None or table.num_rows < 2:
+    """The session rows sorted by the schema's vertical, then its user key, stably (as they
+    are without either): a user's sessions on a surface lie together, and so does each
+    vertical's (its vertical model reads just those)."""
+    keys = [k for k in (schema.vertical, schema.user_key) if k is not None]
+    if not keys or table.num_rows < 2:
         return table
-    return table.take(pc.sort_indices(table.select([schema.user_key]),
-                                      sort_keys=[(schema.user_key, "ascending")]))
+    return table.take(pc.sort_indices(table.select(keys),
+                                      sort_keys=[(k, "ascending") for k in keys]))
+
+
+def vertical_breaks(table: pa.Table, schema: FeatureSchema) -> np.ndarray | None:
+    """The rows where the sessions' vertical changes (runs of shared histories start there,
+    so a reader of one vertical gets whole runs); None without a vertical column."""
+    if schema.vertical is None or table.num_rows < 2:
+        return None
+    v = _numpy(_to_array(table.column(schema.vertical)))
+    return np.flatnonzero(v[1:] != v[:-1]) + 1
 
 
 @dataclass

@@ -126,12 +126,18 @@ def shifts(arr: pa.ListArray, heads: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def encode(col: pa.Array | pa.ChunkedArray, group: int | None = None) -> Encoded:
+def encode(col: pa.Array | pa.ChunkedArray, group: int | None = None,
+           breaks: np.ndarray | None = None) -> Encoded:
     """Encode a list<int64> column in runs; a new run starts at every multiple of `group`
-    rows (so every row group of that size reads on its own)."""
+    rows (so every row group of that size reads on its own) and at every row of `breaks`
+    (e.g. where the sessions' vertical changes, so a reader of one vertical gets whole
+    runs)."""
     arr = _list_array(col)
     n = len(arr)
     heads_forced = np.arange(0, n, group) if group else None
+    if breaks is not None and len(breaks):
+        heads_forced = np.union1d(heads_forced if heads_forced is not None else [],
+                                  breaks).astype(np.int64)
     s = shifts(arr, heads_forced)
     head = s < 0
     valid = arr.is_valid().to_numpy(zero_copy_only=False)

@@ -57,6 +57,33 @@ CHUNK_SESSIONS = 8 * 1024  # sessions per chunk read from the sessions layout
 WINDOWS_MIN_HISTORY = 128
 
 
+def keep_verticals(schema: FeatureSchema, verticals: Sequence[int] | None,
+                   where: Path) -> pa.Array | None:
+    """The verticals to keep as an Arrow value set (None: every row); a dataset without a
+    vertical column has none to choose."""
+    if verticals is None:
+        return None
+    if schema.vertical is None:
+        raise DataError(where, None, None, f"no vertical column in its schema "
+                        f"({schema.name!r}) to keep verticals {list(verticals)} of")
+    return pa.array(sorted(set(int(v) for v in verticals)), pa.int64())
+
+
+def impressions(schema: FeatureSchema, layout: str, path: Path,
+                keep: pa.Array | None = None) -> int:
+    """Impressions of a file (those on the `keep` verticals): its label column's lengths
+    in the sessions layout, its rows in the impressions layout."""
+    cols = [LABEL] + ([schema.vertical] if keep is not None and schema.vertical else [])
+    t = parquet.read_table(path, columns=cols)
+    if keep is not None:
+        assert schema.vertical is not None
+        t = t.filter(pc.fill_null(pc.is_in(t.column(schema.vertical), value_set=keep), False))
+    if layout == "impressions":
+        return t.num_rows
+    return sum(int(pc.sum(pc.list_value_length(ch)).as_py() or 0)
+               for ch in t.column(LABEL).chunks)
+
+
 class _Now(Future):  # type: ignore[type-arg]
     """A future that is already done: the synchronous path (num_workers=0 or prefetch=0)."""
 
@@ -114,13 +141,16 @@ class BatchLoader:
         False: one list per session (`Batch.session_form()` of the same batch); None: where
         the first row group's sessions hold WINDOWS_MIN_HISTORY sequence values or more on
         average.
+    verticals: only the sessions on these verticals (the schema's vertical column: a
+        vertical model's rows); None: every row.
     """
 
     def __init__(self, root: Path | Dataset, batch_size: int, *, days: Sequence[int] | None = None,
                  dedup: bool = True, hash_sizes: Mapping[str, int] | None = None,
                  rank: int = 0, world_size: int = 1, prefetch: int = 4, num_workers: int = 1,
                  drop_last: bool = False, teacher_column: str | None = None,
-                 pin_memory: bool = False, windows: bool | None = None) -> None:
+                 pin_memory: bool = False, windows: bool | None = None,
+                 verticals: Sequence[int] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -149,6 +179,7 @@ class BatchLoader:
             raise ValueError(f"hash sizes must be >= 1: {bad}")
         self.teacher_column = teacher_column
         self.pin_memory = pin_memory
+        self.keep = keep_verticals(self.schema, verticals, self.root)
         self.runs = False  # sequence features stored in runs (sessions layout version 2)
         self.columns = self._check_files()  # the Parquet columns read
         if windows is None:
@@ -202,17 +233,14 @@ class BatchLoader:
     # -- sizes ------------------------------------------------------------------------
 
     def num_rows(self) -> int:
-        """Impressions in the chosen days (read from footers, or the label lists)."""
+        """Impressions in the chosen days (and verticals): read from footers, or the label
+        lists (and the vertical column)."""
         if self._num_rows is None:
-            if self.layout == "impressions":
+            if self.layout == "impressions" and self.keep is None:
                 self._num_rows = sum(parquet.read_metadata(f).num_rows for _, f in self.files)
             else:
-                total = 0
-                for _, f in self.files:
-                    lab = parquet.read_table(f, columns=[LABEL]).column(LABEL)
-                    total += sum(int(pc.sum(pc.list_value_length(ch)).as_py() or 0)
-                                 for ch in lab.chunks)
-                self._num_rows = total
+                self._num_rows = sum(impressions(self.schema, self.layout, f, self.keep)
+                                     for _, f in self.files)
         return self._num_rows
 
     def _global_batches(self) -> int:
@@ -230,6 +258,8 @@ class BatchLoader:
         for day, f in self.files:
             batches = parquet.iter_batches(f, rows, self.columns)
             for rb in (self._whole_runs(batches) if self.runs else batches):
+                if self.keep is not None:
+                    rb = self._on_verticals(rb, f)
                 if self.layout == "sessions":
                     lab = rb.column(rb.schema.get_field_index(LABEL))
                     n = int(pc.sum(pc.list_value_length(lab)).as_py() or 0)
@@ -237,6 +267,24 @@ class BatchLoader:
                     n = rb.num_rows
                 if n:
                     yield day, f, rb, n
+
+    def _on_verticals(self, rb: pa.RecordBatch, path: Path) -> pa.RecordBatch:
+        """The rows of `rb` on the kept verticals; dedup keeps a run of shared histories on
+        one vertical, so the rows kept are whole runs (checked: a file whose runs span
+        verticals was deduplicated before lrm knew of verticals)."""
+        assert self.keep is not None and self.schema.vertical is not None
+        mask = pc.fill_null(pc.is_in(rb.column(rb.schema.get_field_index(self.schema.vertical)),
+                                     value_set=self.keep), False)
+        out = rb.filter(mask)
+        if self.runs and out.num_rows:
+            for c in self.schema.user_seq:
+                items = out.column(out.schema.get_field_index(c))
+                off = out.column(out.schema.get_field_index(window_columns(c)[0]))
+                if not (items[0].is_valid or off[0].as_py() == -1):
+                    raise DataError(path, None, c, "its shared histories span verticals "
+                                    "(written before lrm kept a vertical's runs apart): "
+                                    "run dedup on its raw data again")
+        return out
 
     def _whole_runs(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """The record batches re-cut where every sequence feature starts a run (a run

@@ -28,7 +28,7 @@ from torchrec import EmbeddingBagCollection
 from lrm.config import LoaderConfig, SplitConfig, TrainConfig
 from lrm.data import parquet
 from lrm.data.batch import Batch
-from lrm.data.loader import BatchLoader
+from lrm.data.loader import BatchLoader, keep_verticals
 from lrm.data.dataset import Dataset
 from lrm.data.schema import LABEL, FeatureSchema, pick_day
 from lrm.errors import ConfigError, DataError
@@ -92,16 +92,23 @@ def _flat(col: pa.ChunkedArray) -> pa.Array:
 
 
 def scan_days(data: Path | Dataset, days: Sequence[int], hashed: Sequence[str] = (),
-              cap: int = 0) -> DataStats:
-    """Rows and clicks of `days` (the label column only), and the distinct ids of each
-    `hashed` feature while it has at most `cap` (each stops being counted past that)."""
-    files = Dataset.open(data).files
+              cap: int = 0, verticals: Sequence[int] | None = None) -> DataStats:
+    """Rows and clicks of `days` (the label column only; the sessions of `verticals` only,
+    when given), and the distinct ids of each `hashed` feature while it has at most `cap`
+    (each stops being counted past that)."""
+    ds = Dataset.open(data)
+    keep = keep_verticals(ds.schema, verticals, ds.root)
     rows = positives = 0
     seen: dict[str, np.ndarray] = {f: np.empty(0, np.int64) for f in hashed}
     for d in days:
-        for f in files[d]:
+        for f in ds.files[d]:
             counting = [k for k in seen if len(seen[k]) <= cap] if rows < SCAN_ROWS else []
-            t = parquet.read_table(f, columns=[LABEL, *counting])
+            vertical = [ds.schema.vertical] if keep is not None else []
+            t = parquet.read_table(f, columns=list(dict.fromkeys([LABEL, *counting,
+                                                                  *vertical])))
+            if keep is not None:
+                t = t.filter(pc.fill_null(pc.is_in(t.column(vertical[0]), value_set=keep),
+                                          False))
             labels = _flat(t.column(LABEL))
             rows += len(labels)
             positives += int(pc.sum(labels).as_py() or 0)
@@ -138,6 +145,7 @@ class TrainData:
     train_days: list[int]
     eval_day: int
     stats: DataStats
+    verticals: list[int] | None = None  # only these verticals' sessions (None: every row)
 
     @classmethod
     def open(cls, data: Path, split: SplitConfig, eval_from: Path | None = None, *,
@@ -147,8 +155,9 @@ class TrainData:
         ds = Dataset.open(data)
         held = Dataset.open(eval_from) if eval_from is not None else None
         train_days, eval_day = split_days(ds, split, held)
-        stats = scan_days(ds, train_days, hashed_features(ds.schema) if fit else (), cap)
-        return cls(ds, held or ds, train_days, eval_day, stats)
+        stats = scan_days(ds, train_days, hashed_features(ds.schema) if fit else (), cap,
+                          split.verticals or None)
+        return cls(ds, held or ds, train_days, eval_day, stats, split.verticals or None)
 
     @property
     def schema(self) -> FeatureSchema:
@@ -208,7 +217,7 @@ def loaders(data: TrainData, batch_size: int, val_batches: int, loader_cfg: Load
     batch = per_rank_batch(batch_size, env.world_size)
     common: dict[str, Any] = dict(
         dedup=loader_cfg.recd, hash_sizes=sizes, rank=env.rank, world_size=env.world_size,
-        prefetch=loader_cfg.prefetch,
+        prefetch=loader_cfg.prefetch, verticals=data.verticals,
         num_workers=loader_workers(loader_cfg.num_workers, env.device))
     train = BatchLoader(data.data, batch, days=data.train_days, drop_last=True,
                         teacher_column=teacher_column, pin_memory=env.device.type == "cuda",
@@ -218,7 +227,8 @@ def loaders(data: TrainData, batch_size: int, val_batches: int, loader_cfg: Load
                         f"one batch of {batch_size} impressions to train on")
     validation = (BatchLoader(data.data, batch, days=data.train_days, drop_last=True, **common)
                   if val_batches else None)
-    rows = BatchLoader(data.held, batch, days=[data.eval_day]).num_rows()
+    rows = BatchLoader(data.held, batch, days=[data.eval_day],
+                       verticals=data.verticals).num_rows()
     held = BatchLoader(data.held, eval_batch(rows, env.world_size, batch), days=[data.eval_day],
                        **common)
     return Loaders(train, len(train) - val_batches, validation, held)
@@ -281,7 +291,7 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
         "tables": dataclasses.asdict(model_cfg.tables), "table_rows": sizes,
         "batch_size": batch_size, "epoch_batches": epoch_batches,
         "world_size": env.world_size, "seed": cfg.seed,
-        "recd": loader_cfg.recd, "train_days": data.train_days,
+        "recd": loader_cfg.recd, "train_days": data.train_days, "verticals": data.verticals,
         "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows] for f in files[d]]
                  for d in data.train_days},
     }

@@ -79,17 +79,18 @@ def score(logits: torch.Tensor, labels: torch.Tensor, *, ci: bool = False,
 
 
 def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 8192,
-             device: str = "cpu", max_rows: int = 0,
-             resamples: int = metrics.BOOTSTRAP) -> dict[str, Any]:
+             device: str = "cpu", max_rows: int = 0, resamples: int = metrics.BOOTSTRAP,
+             verticals: Sequence[int] | None = None) -> dict[str, Any]:
     """Score the saved model in `model_dir` on one day of `data` (either layout): every row
-    of it, or its first `max_rows` (> 0); confidence intervals from `resamples` bootstrap
-    resamples (0: none). The result's `rows` is how many were scored, of `day_rows`."""
+    of it (the sessions on `verticals`, when given), or its first `max_rows` (> 0);
+    confidence intervals from `resamples` bootstrap resamples (0: none). The result's
+    `rows` is how many were scored, of `day_rows`."""
     quiet_libraries()
     dev = torch.device(device)
     model, card = load_model(model_dir, dev)
     chosen = pick_day(list(day_files(data)), day, "evaluate.day")
     loader = BatchLoader(data, batch_size, days=[chosen], dedup=True,
-                         hash_sizes=card.hash_sizes)
+                         hash_sizes=card.hash_sizes, verticals=verticals)
     if loader.schema.sparse_features != card.schema.sparse_features or \
             loader.schema.dense != card.schema.dense:
         raise ConfigError(f"evaluate: {data} has schema {loader.schema.name!r} with other "
