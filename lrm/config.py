@@ -227,6 +227,9 @@ class TableConfig:
                    f"{owner!r} shares a table itself; point at the table's owner instead")
 
 
+WUKONG_NORMS = ("embedding", "layer", "none")  # what a Wukong layer's LayerNorm normalizes
+
+
 @dataclass(kw_only=True)
 class TeacherModelConfig:
     """Wukong teacher (lrm.models.wukong): stacked FM + linear-compress layers."""
@@ -240,6 +243,7 @@ class TeacherModelConfig:
     fm_rank: int = 8  # k of the optimized FM X (Xᵀ Y), Y [n, k]; 0: the full X Xᵀ
     fm_mlp: list[int] = field(default_factory=lambda: [256])  # hidden widths in the FM block
     top_mlp: list[int] = field(default_factory=lambda: [256, 64])  # last width feeds the head
+    norm: str = "embedding"  # a layer's LayerNorm: over each embedding | the layer | none
 
     def __post_init__(self) -> None:
         for k in ("embedding_dim", "dense_embeddings", "layers", "fm_embeddings"):
@@ -250,6 +254,8 @@ class TeacherModelConfig:
         _check_dims(self.fm_mlp, "fm_mlp")
         _check_dims(self.top_mlp, "top_mlp")
         _check(len(self.top_mlp) >= 1, "top_mlp", "needs at least one layer (it feeds the head)")
+        _check(self.norm in WUKONG_NORMS, "norm", f"must be one of {list(WUKONG_NORMS)}, got "
+               f"{self.norm!r}")
 
 
 @dataclass(kw_only=True)
