@@ -686,9 +686,8 @@ def _simulate(w: _World, day: int) -> _Day:
                                    ("user_age", "user_gender", "user_geo", "user_device")},
                 "session_hour": np.minimum(hours.astype(np.int64), HOURS - 1),  # (-0.0 % 24: 24.0)
                 # the surface the session is on: its own stream, so the rest of the day is
-                # the same whatever the verticals (one vertical: no draw at all)
-                "vertical": (_rng(cfg.seed, day, _VERTICAL).choice(len(w.share), S, p=w.share)
-                             if len(w.share) > 1 else np.zeros(S, np.int64))}
+                # the same whatever the verticals
+                "vertical": _rng(cfg.seed, day, _VERTICAL).choice(len(w.share), S, p=w.share)}
 
     base, rate = w.stream(uid, rank)
     pos = base + np.floor(rate * (day + hours / HOURS)).astype(np.int64)
@@ -740,18 +739,14 @@ def _intercepts(w: _World, day: int, feats: dict[str, np.ndarray], raw: np.ndarr
     n = len(raw)
     at = np.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).astype(np.int64)
     f = {k: v[at] for k, v in feats.items()}
-    own = f["vertical"]
-    if len(w.share) > 1:
-        uv = (w.user_latent(day, f["user_id"], f["user_age"], f["user_geo"])
-              * w.ad_latent(f["ad_id"], f["advertiser_id"], f["ad_category"]))
-        now = sum(w.vertical_terms(uv, f, own).values())
+    uv = (w.user_latent(day, f["user_id"], f["user_age"], f["user_geo"])
+          * w.ad_latent(f["ad_id"], f["advertiser_id"], f["ad_category"]))
+    now = sum(w.vertical_terms(uv, f, f["vertical"]).values())
     out = np.empty(len(w.share))
     for j, ctr in enumerate(w.vertical_ctr):
-        shift = 0.0  # rows on j keep their logit exactly (one vertical: the old calibration)
-        if len(w.share) > 1:
-            alt = sum(w.vertical_terms(uv, f, np.full(len(at), j)).values())
-            shift = np.where(own == j, 0.0, alt - now)
-        out[j] = _calibrate(raw[at] + shift, ctr)
+        alt = sum(w.vertical_terms(uv, f, np.full(len(at), j)).values())
+        # rows on j keep their raw logit exactly (one vertical: the calibration of before)
+        out[j] = _calibrate(raw[at] + np.where(f["vertical"] == j, 0.0, alt - now), ctr)
     return out
 
 
