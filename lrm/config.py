@@ -81,6 +81,36 @@ def from_dict(cls: type[C], data: dict[str, Any] | None, section: str) -> C:
 
 
 @dataclass(kw_only=True)
+class VerticalConfig:
+    """One vertical of the synthetic world (lrm.data.synthetic): a surface (a feed, search
+    results, a video tab) over the world's shared users and ads, with its own share of the
+    sessions, click rate, position effect and part of the click function."""
+
+    name: str = ""  # how metrics and the vertical models name it (its id: its place in the list)
+    share: float = 1.0  # relative traffic: sessions land on it with share / sum of shares
+    base_ctr: float | None = None  # its mean click probability (None: generate.base_ctr)
+    position: float = 1.0  # x the position effect (per-format slopes of log1p(position))
+    own: float = 0.0  # std (logit units) of its own term of the click function (0: none)
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "name", "must not be empty")
+        _check(self.share > 0, "share", "must be > 0")
+        _check(self.base_ctr is None or 0 < self.base_ctr < 0.5, "base_ctr",
+               "must be in (0, 0.5) (or null: generate.base_ctr)")
+        _check(self.position >= 0, "position", "must be >= 0")
+        _check(self.own >= 0, "own", "must be >= 0")
+
+
+def default_verticals() -> list[VerticalConfig]:
+    """Three surfaces, as an ads system's differ: a feed with most of the traffic and a mild
+    position effect, search (intent: more clicks, a steep position effect) and a video tab
+    (few clicks, position matters little); each with a part of the click function its own."""
+    return [VerticalConfig(name="feed", share=0.5, position=1.0, own=0.4),  # generate.base_ctr
+            VerticalConfig(name="search", share=0.3, base_ctr=0.05, position=2.0, own=0.4),
+            VerticalConfig(name="video", share=0.2, base_ctr=0.015, position=0.5, own=0.4)]
+
+
+@dataclass(kw_only=True)
 class GenerateConfig:
     """Synthetic session-level ads log (lrm.data.synthetic)."""
 
@@ -94,7 +124,11 @@ class GenerateConfig:
     max_history: int = 100  # longest user history sequence
     zipf_users: float = 1.05
     zipf_ads: float = 1.1
-    base_ctr: float = 0.03
+    base_ctr: float = 0.03  # a vertical's click rate where it states none
+    # one vertical with the defaults (share 1, base_ctr null, position 1, own 0), e.g.
+    # `--generate.verticals '[{name: all}]'`, is the single-surface world
+    verticals: list[VerticalConfig] = field(  # the surfaces; a session is on one
+        default_factory=default_verticals)
     latent_dim: int = 16  # rank of the hidden user x ad interaction
     drift: float = 0.15  # how far interests move per day (0: stationary)
     churn: float = 0.05  # fraction of users/ads that leave (and are replaced) per day
@@ -111,6 +145,9 @@ class GenerateConfig:
         _check(self.zipf_users > 0 and self.zipf_ads > 0, "zipf_*", "exponents must be > 0")
         _check(self.drift >= 0, "drift", "must be >= 0")
         _check(0 <= self.churn < 1, "churn", "must be in [0, 1)")
+        _check(len(self.verticals) >= 1, "verticals", "list at least one vertical")
+        names = [v.name for v in self.verticals]
+        _check(len(set(names)) == len(names), "verticals", f"repeated names in {names}")
 
 
 @dataclass(kw_only=True)
@@ -190,6 +227,9 @@ class TableConfig:
                    f"{owner!r} shares a table itself; point at the table's owner instead")
 
 
+WUKONG_NORMS = ("embedding", "layer", "none")  # what a Wukong layer's LayerNorm normalizes
+
+
 @dataclass(kw_only=True)
 class TeacherModelConfig:
     """Wukong teacher (lrm.models.wukong): stacked FM + linear-compress layers."""
@@ -203,6 +243,7 @@ class TeacherModelConfig:
     fm_rank: int = 8  # k of the optimized FM X (Xᵀ Y), Y [n, k]; 0: the full X Xᵀ
     fm_mlp: list[int] = field(default_factory=lambda: [256])  # hidden widths in the FM block
     top_mlp: list[int] = field(default_factory=lambda: [256, 64])  # last width feeds the head
+    norm: str = "embedding"  # a layer's LayerNorm: over each embedding | the layer | none
 
     def __post_init__(self) -> None:
         for k in ("embedding_dim", "dense_embeddings", "layers", "fm_embeddings"):
@@ -213,6 +254,8 @@ class TeacherModelConfig:
         _check_dims(self.fm_mlp, "fm_mlp")
         _check_dims(self.top_mlp, "top_mlp")
         _check(len(self.top_mlp) >= 1, "top_mlp", "needs at least one layer (it feeds the head)")
+        _check(self.norm in WUKONG_NORMS, "norm", f"must be one of {list(WUKONG_NORMS)}, got "
+               f"{self.norm!r}")
 
 
 @dataclass(kw_only=True)

@@ -153,13 +153,14 @@ def synthetic_schema(vocab: dict[str, int] | None = None) -> FeatureSchema:
     return FeatureSchema(
         name="synthetic",
         user_sparse=("user_id", "user_age", "user_gender", "user_geo", "user_device",
-                     "session_hour"),
+                     "session_hour", "vertical"),
         user_seq=("user_history",),
         item_sparse=("ad_id", "advertiser_id", "ad_category", "ad_format"),
         dense=("d_position", "d_user_activity", "d_ad_age", "d_bid"),
         vocab=dict(vocab or {}),
         user_key="user_id",
         item_key="ad_id",
+        vertical="vertical",
     )
 
 

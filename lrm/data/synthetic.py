@@ -2,10 +2,19 @@
 
 A day is `cfg.sessions_per_day` sessions, written in the order they happen (time of day)
 as an impression log would be. A session is one user (Zipf-popular) at a time of day near
-the user's preferred hour, seeing 1 + Poisson(mean_session_length - 1) ads (Zipf-popular)
-in positions 0..n-1, ordered by a noisy auction score; its rows are contiguous and share the
-user-side columns, including `user_history` (recent ad ids, most recent first, ~0.8 *
-max_history long on average).
+the user's preferred hour, on one vertical, seeing 1 + Poisson(mean_session_length - 1)
+ads (Zipf-popular) in positions 0..n-1, ordered by a noisy auction score; its rows are
+contiguous and share the user-side columns, including `user_history` (recent ad ids, most
+recent first, ~0.8 * max_history long on average) and `vertical`.
+
+Verticals (`cfg.verticals`) are the surfaces of one ads system (a feed, search results, a
+video tab) over the same users and ads: a session lands on vertical j with probability
+share_j (drawn from a stream of its own, so the rest of the day is the same whatever the
+verticals). A vertical has its own base CTR (its own intercept), its own multiple of the
+position effect, and a part of the click function of its own (`own`, below); everything
+else is shared, so every vertical's data teaches the structure the others use. One
+vertical with the defaults (share 1, position 1, own 0) is the single-surface world,
+column for column (checked against the generator before verticals: the same bytes).
 
 Histories evolve slowly. Every user has an endless stream of ads she browsed; item k of it
 is a pure function of (user, k). A session at time T (in days) sees the user's L most
@@ -37,25 +46,31 @@ The click model, the hidden truth a model should learn, is a logit that sums
   biases of the user, device, hour, ad (its quality), advertiser, category, format;
   history: 5 x the share of the history in the ad's category, and +0.5 when the
       advertiser is among the RECENT first history items (retargeting);
-  position (slope per format), bid (weak, also correlated with quality), ad age
-      (freshness), user activity;
-plus an intercept calibrated by bisection so that the day's mean click probability is
-`base_ctr`. At the defaults the logit's std is ~1.3 and its own NE ~0.82, the floor for
-any model. Histories come in bursts of a category drawn from softmax(u . category
-vectors) on the day the burst was browsed, so they reveal (slightly stale) interests; the
-items are ads of that day's pool. Drift: each day the user-side tables step
+  position (slope per format, times the vertical's `position`), bid (weak, also
+      correlated with quality), ad age (freshness), user activity;
+  the vertical's own term: a tanh network of u * v with weights of its own plus category
+      biases of its own (what this surface rewards), std `own` on reference pairs;
+plus the vertical's intercept, calibrated by bisection so that the day's mean click
+probability, had every impression been shown on that vertical, is its base CTR (so
+identical verticals are one world). At the defaults the logit's std is ~1.2-1.4 per
+vertical and its own NE ~0.83, the floor for any model (generate reports it per
+vertical). Histories come in bursts of a category drawn from softmax(u . category vectors)
+on the day the burst was browsed, so they reveal (slightly stale) interests; the items are
+ads of that day's pool. Drift: each day the user-side tables step
 T <- normalize(T + drift * noise) and the category biases take an AR(1) step, so a
 user's interests (and a user x ad pair's probability) move while ids and attributes stay.
 
 Dense features are roughly standardized: d_position = log1p(position), d_user_activity
 (log popularity of the user, noisy), d_ad_age (log1p of days), d_bid (log bid).
 
-Determinism: the world's tables come from SeedSequence([seed, _WORLD]), day d's draws from
-SeedSequence([seed, d, stream]): the same config gives byte-identical tables.
+Determinism: the world's tables come from SeedSequence([seed, _WORLD]) (vertical j's own
+term from [seed, _VERTICAL, j]), day d's draws from SeedSequence([seed, d, stream]): the
+same config gives byte-identical tables.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from dataclasses import dataclass
@@ -90,7 +105,8 @@ HISTORY_DAYS = 7  # the longest time a history spans (days)
 HISTORY_BASE = 1 << 24  # stream positions start here (so p - L is never negative)
 RAMP_DAYS = 3.0  # an arriving user or ad reaches its rank's full traffic over its first days
 _CACHED_DAYS = 16  # drifted tables and pools kept (a history reaches back HISTORY_DAYS + 1)
-_WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT = range(7)
+REFERENCE_PAIRS = 4096  # (user, ad) pairs a vertical's own term is scaled on
+_WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT, _VERTICAL = range(8)
 _MAX_LIST_VALUES = 2**31 - 1  # list<int64> offsets are int32
 
 
@@ -108,6 +124,7 @@ def vocab(cfg: GenerateConfig) -> dict[str, int]:
         "user_geo": GEOS, "user_device": len(DEVICE_P), "session_hour": HOURS,
         "user_history": ads, "ad_id": ads, "advertiser_id": cfg.advertisers,
         "ad_category": cfg.categories, "ad_format": len(FORMAT_P),
+        "vertical": len(cfg.verticals),
     }
 
 
@@ -270,6 +287,45 @@ class _Population:
 
 # ------------------------------------------------------------------------------ world
 
+@dataclass(frozen=True)
+class _OwnTerm:
+    """A vertical's own part of the click function: a tanh network of the user x ad latent
+    product with weights of its own (what this surface rewards in a match) plus category
+    biases of its own, each part standardized on reference pairs, summed, scaled to `std`."""
+
+    w: np.ndarray  # [MLP_UNITS, k] float32
+    c: np.ndarray  # [MLP_UNITS]
+    a: np.ndarray  # [MLP_UNITS]
+    cat: np.ndarray  # [categories]
+    std: float
+    center: tuple[float, float] = (0.0, 0.0)  # of the two parts on the reference pairs
+    spread: tuple[float, float] = (1.0, 1.0)
+
+    @classmethod
+    def make(cls, seed: int, vertical: int, std: float, categories: int, uv: np.ndarray,
+             cat: np.ndarray) -> _OwnTerm:
+        """Vertical `vertical`'s term (its own random stream: adding a vertical changes no
+        other's), standardized on the reference pairs (uv, cat)."""
+        rng = _rng(seed, _VERTICAL, vertical)
+        k = uv.shape[1]
+        term = cls(w=(rng.standard_normal((MLP_UNITS, k)) * 2.0 * math.sqrt(k)).astype(np.float32),
+                   c=rng.normal(0, 0.5, MLP_UNITS), a=rng.normal(0, 1.0, MLP_UNITS),
+                   cat=rng.normal(0, 1.0, categories), std=std)
+        parts = term._parts(uv, cat)
+        # a part constant on the pairs (a world of one user or one ad) is only centred
+        return dataclasses.replace(term, center=tuple(float(p.mean()) for p in parts),
+                                   spread=tuple(float(p.std()) if p.std() > 1e-6 else 1.0
+                                                for p in parts))
+
+    def _parts(self, uv: np.ndarray, cat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        hidden = np.tanh(uv @ self.w.T + self.c.astype(np.float32)).astype(np.float64)
+        return hidden @ self.a, self.cat[cat]
+
+    def __call__(self, uv: np.ndarray, cat: np.ndarray) -> np.ndarray:
+        z = [(p - m) / s for p, m, s in zip(self._parts(uv, cat), self.center, self.spread)]
+        return self.std * (z[0] + z[1]) / math.sqrt(2.0)
+
+
 class _World:
     """Everything of the synthetic world that does not depend on the day's draws."""
 
@@ -316,6 +372,14 @@ class _World:
         self._drifted: dict[int, tuple[np.ndarray, np.ndarray]] = {0: (self.user_tab0,
                                                                        self.cat_bias0)}
         self._pools: dict[int, tuple[np.ndarray, ...]] = {}
+        # Verticals: the traffic split, and what each changes in the click model.
+        vs = cfg.verticals
+        self.share = np.array([v.share for v in vs]) / sum(v.share for v in vs)
+        self.vertical_ctr = [cfg.base_ctr if v.base_ctr is None else v.base_ctr for v in vs]
+        self.vertical_position = np.array([v.position for v in vs])
+        ref = self._reference_pairs() if any(v.own > 0 for v in vs) else None
+        self.own = [_OwnTerm.make(cfg.seed, j, v.own, C, *ref) if ref and v.own > 0 else None
+                    for j, v in enumerate(vs)]
 
     # ---- drift
     def drifted(self, day: int) -> tuple[np.ndarray, np.ndarray]:
@@ -470,6 +534,29 @@ class _World:
         pick = start[dix, cats] + np.floor(pick_u * count[dix, cats]).astype(np.int64)
         return pool_ids[pick], cats, pool_adv[pick]
 
+    def _reference_pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """(u * v, ad category) of REFERENCE_PAIRS popular (user, ad) pairs on day 0: the
+        population a vertical's own term is scaled on."""
+        rng = _rng(self.cfg.seed, _VERTICAL)
+        uid = self.users.ids(self.users.sample(rng, REFERENCE_PAIRS, 0), 0)
+        aid = self.ads.ids(self.ads.sample(rng, REFERENCE_PAIRS, 0), 0)
+        user, ad = self.user_attributes(uid), self.ad_attributes(aid)
+        u = self.user_latent(0, uid, user["user_age"], user["user_geo"])
+        v = self.ad_latent(aid, ad["advertiser_id"], ad["ad_category"])
+        return u * v, ad["ad_category"]
+
+    def vertical_terms(self, uv: np.ndarray, f: dict[str, np.ndarray],
+                       vertical: np.ndarray) -> dict[str, np.ndarray]:
+        """The logit's terms that depend on the session's vertical: the position effect
+        (its multiple of the per-format slopes) and the vertical's own term."""
+        slope = self.vertical_position[vertical] * self.format_pos[f["ad_format"]]
+        own = np.zeros(len(vertical))
+        for j, term in enumerate(self.own):
+            m = vertical == j
+            if term is not None and m.any():
+                own[m] = term(uv[m], f["ad_category"][m])
+        return {"position": -slope * np.log1p(f[POSITION].astype(np.float64)), "vertical": own}
+
     # ---- the click model
     def logit_terms(self, day: int, f: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The raw logit's terms (no intercept) for impressions with feature arrays `f`.
@@ -485,6 +572,7 @@ class _World:
         cat, adv, fmt = f["ad_category"], f["advertiser_id"], f["ad_format"]
         hidden = np.tanh(uv @ self.mlp_w.T + self.mlp_c.astype(np.float32))
         geo_adv = _bucket(_hash(f["user_geo"] * 1_000_000_007 + adv, s["geo_adv"]), CROSS_ROWS)
+        by_vertical = self.vertical_terms(uv, f, f["vertical"])
         return {
             "dot": self.dot_scale * uv.sum(axis=1, dtype=np.float64),
             "nonlinear": hidden.astype(np.float64) @ self.mlp_a,
@@ -496,8 +584,9 @@ class _World:
             "crosses": self.age_cat[f["user_age"], cat] + self.geo_adv[geo_adv]
             + self.hour_cat[f["session_hour"], cat],
             "history": 5.0 * f["hist_share"] + 0.5 * f["recent_adv"],
-            "position": -self.format_pos[fmt] * np.log1p(f[POSITION].astype(np.float64)),
+            "position": by_vertical["position"],
             "context": 0.1 * f["d_bid"] - 0.2 * f["d_ad_age"] - 0.1 * f["d_user_activity"],
+            "vertical": by_vertical["vertical"],
         }
 
     def raw_logit(self, day: int, f: dict[str, np.ndarray]) -> np.ndarray:
@@ -570,7 +659,7 @@ class _Day:
     hist: np.ndarray  # flat history ad ids, most recent first
     imps: dict[str, np.ndarray]  # per impression: position, label, item-side, dense
     logit: np.ndarray  # hidden calibrated logit per impression
-    intercept: float
+    intercepts: np.ndarray  # [verticals] each vertical's calibrated intercept
     sess_index: np.ndarray  # [n] session of each impression
 
     @property
@@ -595,7 +684,10 @@ def _simulate(w: _World, day: int) -> _Day:
     hist_len = attrs["hist_len"]
     sessions = {"user_id": uid, **{c: attrs[c] for c in
                                    ("user_age", "user_gender", "user_geo", "user_device")},
-                "session_hour": np.minimum(hours.astype(np.int64), HOURS - 1)}  # (-0.0 % 24: 24.0)
+                "session_hour": np.minimum(hours.astype(np.int64), HOURS - 1),  # (-0.0 % 24: 24.0)
+                # the surface the session is on: its own stream, so the rest of the day is
+                # the same whatever the verticals
+                "vertical": _rng(cfg.seed, day, _VERTICAL).choice(len(w.share), S, p=w.share)}
 
     base, rate = w.stream(uid, rank)
     pos = base + np.floor(rate * (day + hours / HOURS)).astype(np.int64)
@@ -631,13 +723,31 @@ def _simulate(w: _World, day: int) -> _Day:
              **w.history_features(hist_off, hist_cat, hist_adv, seg, ad["ad_category"],
                                   ad["advertiser_id"])}
     raw = w.raw_logit(day, feats)
-    # evenly over the day: rows are in time order, and the hour moves the click rate
-    intercept = _calibrate(raw[np.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).astype(np.int64)],
-                           cfg.base_ctr)
-    logit = raw + intercept
+    intercepts = _intercepts(w, day, feats, raw)
+    logit = raw + intercepts[feats["vertical"]]
     imps[LABEL] = (_rng(cfg.seed, day, _LABELS).random(n) < _sigmoid(logit)).astype(np.int8)
     return _Day(day=day, sessions=sessions, imp_off=imp_off, hist_off=hist_off, hist=hist,
-                imps=imps, logit=logit, intercept=intercept, sess_index=seg)
+                imps=imps, logit=logit, intercepts=intercepts, sess_index=seg)
+
+
+def _intercepts(w: _World, day: int, feats: dict[str, np.ndarray], raw: np.ndarray
+                ) -> np.ndarray:
+    """Each vertical's intercept: the one that makes the day's mean click probability
+    that vertical's base CTR had every impression been shown there. Calibrated on
+    CALIBRATION_ROWS rows spread evenly over the day (rows are in time order, and the hour
+    moves the click rate), each given that vertical's terms in place of its own."""
+    n = len(raw)
+    at = np.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).astype(np.int64)
+    f = {k: v[at] for k, v in feats.items()}
+    uv = (w.user_latent(day, f["user_id"], f["user_age"], f["user_geo"])
+          * w.ad_latent(f["ad_id"], f["advertiser_id"], f["ad_category"]))
+    now = sum(w.vertical_terms(uv, f, f["vertical"]).values())
+    out = np.empty(len(w.share))
+    for j, ctr in enumerate(w.vertical_ctr):
+        alt = sum(w.vertical_terms(uv, f, np.full(len(at), j)).values())
+        # rows on j keep their raw logit exactly (one vertical: the calibration of before)
+        out[j] = _calibrate(raw[at] + np.where(f["vertical"] == j, 0.0, alt - now), ctr)
+    return out
 
 
 def _table(w: _World, d: _Day, s0: int, s1: int) -> pa.Table:
@@ -710,7 +820,7 @@ def hidden_logit(cfg: GenerateConfig, table: pa.Table, day: int | None = None) -
     for d in np.unique(days):
         m = days == d
         raw = w.raw_logit(int(d), {k: v[m] for k, v in f.items()})
-        out[m] = raw + _simulate(w, int(d)).intercept
+        out[m] = raw + _simulate(w, int(d)).intercepts[f["vertical"][m]]
     return out
 
 
@@ -729,7 +839,7 @@ def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
     rows_per_file = max(1, min(cfg.rows_per_file, _MAX_LIST_VALUES // cfg.max_history))
     rows = sessions = files = hist_items = clicks = nbytes = 0
     users, ads, ctr_day = [], [], {}
-    labels, logits = [], []
+    labels, logits, verticals = [], [], []
     with Reporter("generate", total=cfg.days, unit="day") as rep:
         for day in range(cfg.days):
             d = _simulate(w, day)
@@ -746,7 +856,9 @@ def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
             ctr_day[str(day)] = round(float(y.mean()), 6)
             labels.append(y)
             logits.append(d.logit)
+            verticals.append(d.sessions["vertical"][d.sess_index])
             rep.update(1, rows=rows, ctr=float(y.mean()))
+    y, z, v = np.concatenate(labels), np.concatenate(logits), np.concatenate(verticals)
     return {
         "rows": rows, "sessions": sessions, "days": cfg.days, "files": files, "bytes": nbytes,
         "mean_session_length": rows / sessions,
@@ -754,5 +866,18 @@ def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
         "ctr": clicks / rows, "ctr_per_day": ctr_day,
         "users_active": int(len(np.unique(np.concatenate(users)))),
         "ads_active": int(len(np.unique(np.concatenate(ads)))),
-        "oracle_ne": _oracle_ne(np.concatenate(labels), np.concatenate(logits)),
+        "oracle_ne": _oracle_ne(y, z),
+        "verticals": _vertical_metrics(cfg, y, z, v),
     }
+
+
+def _vertical_metrics(cfg: GenerateConfig, labels: np.ndarray, logits: np.ndarray,
+                      vertical: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per vertical (by name): its rows, click rate and oracle NE (None without both
+    labels)."""
+    out = {}
+    for j, vc in enumerate(cfg.verticals):
+        y, z = labels[vertical == j], logits[vertical == j]
+        out[vc.name] = {"rows": len(y), "ctr": float(y.mean()) if len(y) else 0.0,
+                        "oracle_ne": _oracle_ne(y, z) if 0 < y.sum() < len(y) else None}
+    return out

@@ -32,7 +32,7 @@ from lrm.models.tables import SparseEmbeddings, side_features
 
 class WukongLayer(nn.Module):
     def __init__(self, n_in: int, dim: int, n_fm: int, n_lcb: int, rank: int,
-                 fm_mlp: list[int]) -> None:
+                 fm_mlp: list[int], norm: str = "embedding") -> None:
         super().__init__()
         self.n_fm, self.dim = n_fm, dim
         # X (Xᵀ Y): two GEMM-like products, modules so lrm.fp8's probe sees them
@@ -46,7 +46,8 @@ class WukongLayer(nn.Module):
         self.lcb = nn.Linear(n_in, n_lcb, bias=False) if n_lcb else None
         n_out = n_fm + n_lcb
         self.residual = nn.Linear(n_in, n_out, bias=False) if n_in != n_out else None
-        self.norm = nn.LayerNorm(dim)
+        self.norm: nn.Module = (nn.LayerNorm(dim) if norm == "embedding" else
+                                nn.LayerNorm([n_out, dim]) if norm == "layer" else nn.Identity())
         # where the residual stream enters the layer: lrm.fp8.mods.bf16_residual casts it to
         # bf16 here (no parameters: state dict and init order are those of the plain layer)
         self.stream_in: nn.Module = nn.Identity()
@@ -80,7 +81,7 @@ class Wukong(ScoredModel):
         layers = []
         for _ in range(cfg.layers):
             layers.append(WukongLayer(n, d, cfg.fm_embeddings, cfg.lcb_embeddings, cfg.fm_rank,
-                                      cfg.fm_mlp))
+                                      cfg.fm_mlp, cfg.norm))
             n = cfg.fm_embeddings + cfg.lcb_embeddings
         self.layers = nn.Sequential(*layers)
         self.top = mlp(n * d, cfg.top_mlp)

@@ -52,6 +52,10 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
         if c == schema.user_key:
             cols[c] = pa.array(user[rep], type=pa.int64())
             continue
+        if c == schema.vertical:  # its own generator: the other columns stay those drawn
+            vertical = np.random.default_rng([seed, 1]).integers(0, 3, n_sessions)
+            cols[c] = pa.array(vertical[rep], type=pa.int64())  # before verticals
+            continue
         cols[c] = ids(n_sessions, 50, 0.2 if i % 2 else 0.0).take(pa.array(rep))
     for c in schema.user_seq:
         window = rng.integers(1, 9, max(user) + 1)[user]  # each user's history length

@@ -13,11 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from lrm import io
-from lrm.config import GenerateConfig
+from lrm.config import GenerateConfig, VerticalConfig, from_dict
+from lrm.errors import ConfigError
 from lrm.data import synthetic
 from lrm.data.schema import day_files, read_schema, synthetic_schema
 
-USER_SIDE = ("user_id", "user_age", "user_gender", "user_geo", "user_device", "session_hour")
+USER_SIDE = ("user_id", "user_age", "user_gender", "user_geo", "user_device", "session_hour",
+             "vertical")
 USER_ATTRS = ("user_age", "user_gender", "user_geo", "user_device")
 
 
@@ -35,6 +37,12 @@ def session_starts(t: pa.Table) -> np.ndarray:
     sid = col(t, "session_id")
     new = np.r_[True, sid[1:] != sid[:-1]]
     return np.flatnonzero(new)[np.cumsum(new) - 1]
+
+
+def on_vertical(t: pa.Table, j: int) -> pa.Table:
+    """`t` with every session moved to vertical j (a counterfactual of the same rows)."""
+    at = t.schema.get_field_index("vertical")
+    return t.set_column(at, t.schema.field(at), pa.array(np.full(t.num_rows, j, np.int64)))
 
 
 def ne(labels: np.ndarray, logits: np.ndarray) -> float:
@@ -109,15 +117,107 @@ def test_session_length_ctr_and_history_near_targets() -> None:
     cfg = tiny(days=1, sessions_per_day=4_000, users=20_000, ads=5_000)
     t = synthetic.generate_day(cfg, 0)
     assert t.num_rows / cfg.sessions_per_day == pytest.approx(cfg.mean_session_length, abs=0.2)
-    assert col(t, "label").mean() == pytest.approx(cfg.base_ctr, abs=0.005)
-    truth = 1 / (1 + np.exp(-synthetic.hidden_logit(cfg, t)))
-    assert truth.mean() == pytest.approx(cfg.base_ctr, rel=1e-3)  # calibrated intercept
+    assert [v.base_ctr for v in cfg.verticals] == [None, 0.05, 0.015]  # feed: generate.base_ctr
+    vertical = col(t, "vertical")
+    for j, ctr in enumerate((cfg.base_ctr, 0.05, 0.015)):
+        assert col(t, "label")[vertical == j].mean() == pytest.approx(ctr, rel=0.25), j
+        # each vertical's intercept: the day's rows, all shown on it, click at its base rate
+        truth = 1 / (1 + np.exp(-synthetic.hidden_logit(cfg, on_vertical(t, j))))
+        assert truth.mean() == pytest.approx(ctr, rel=1e-3), j
     lengths = pc.list_value_length(t.column("user_history")).to_numpy()
     assert 60 <= lengths.mean() <= 95
     short = tiny(days=1, mean_session_length=1.0, base_ctr=0.1, max_history=5)
     t = synthetic.generate_day(short, 0)
     assert t.num_rows == short.sessions_per_day and (col(t, "position") == 0).all()
     assert pc.list_value_length(t.column("user_history")).to_numpy().max() <= 5
+
+
+def three(**own: float) -> list[VerticalConfig]:
+    """Verticals a (share 5, position 1), b (3, position 2), c (2, position 0.5) of one base
+    CTR; `own` sets a vertical's own part by name."""
+    return [VerticalConfig(name=n, share=share, position=position, own=own.get(n, 0.0))
+            for n, share, position in (("a", 5, 1.0), ("b", 3, 2.0), ("c", 2, 0.5))]
+
+
+def test_verticals_split_the_sessions_over_shared_users_and_ads() -> None:
+    """A session is on one vertical, drawn with the verticals' shares, and the verticals
+    see the same users and ads (what lets data of every vertical teach the shared
+    structure)."""
+    cfg = tiny(days=1, sessions_per_day=6_000, users=5_000, ads=2_000, verticals=three())
+    t = synthetic.generate_day(cfg, 0)
+    first = np.unique(session_starts(t))
+    on = col(t, "vertical")
+    for j, share in enumerate((0.5, 0.3, 0.2)):
+        assert (on[first] == j).mean() == pytest.approx(share, abs=0.02), j
+    for name, least in (("user_id", 0.6), ("ad_id", 0.9)):  # b's and c's ids: a's too
+        ids = col(t, name)
+        for j in (1, 2):
+            assert np.isin(ids[on == j], ids[on == 0]).mean() > least, (name, j)
+
+
+def test_each_vertical_has_its_own_position_effect() -> None:
+    """The logit falls with the slot by the vertical's multiple of the per-format slopes:
+    in each vertical's own rows the top slot's lead over slots 3+ orders as the
+    multiples do, and the same rows moved from vertical to vertical change their lead
+    in proportion to the multiple (b's 2 minus a's 1 is twice a's 1 minus c's 0.5)."""
+    cfg = tiny(days=1, sessions_per_day=6_000, users=5_000, ads=2_000, verticals=three())
+    t = synthetic.generate_day(cfg, 0)
+    top, low, on = col(t, "position") == 0, col(t, "position") >= 3, col(t, "vertical")
+    z = synthetic.hidden_logit(cfg, t)
+    lead = [z[top & (on == j)].mean() - z[low & (on == j)].mean() for j in range(3)]
+    assert lead[2] + 0.1 < lead[0] and lead[0] + 0.3 < lead[1], lead  # c < a < b
+    moved = [synthetic.hidden_logit(cfg, on_vertical(t, j)) for j in range(3)]
+    lead = [m[top].mean() - m[low].mean() for m in moved]
+    assert lead[0] - lead[2] > 0.15, lead
+    assert lead[1] - lead[0] == pytest.approx(2 * (lead[0] - lead[2]), rel=1e-6)
+
+
+def test_each_vertical_has_a_part_of_the_click_function_of_its_own() -> None:
+    """Moving rows to a vertical with a part of its own (`own`) shifts their logits by a
+    function of the user and the ad with about that std, unrelated to another vertical's
+    part; between verticals without one the shift is one constant (the intercepts)."""
+    cfg = tiny(days=1, sessions_per_day=3_000, verticals=[
+        VerticalConfig(name="plain"), VerticalConfig(name="x", own=0.6),
+        VerticalConfig(name="y", own=0.6), VerticalConfig(name="z")])
+    t = synthetic.generate_day(cfg, 0)
+    z = [synthetic.hidden_logit(cfg, on_vertical(t, j)) for j in range(4)]
+    x, y = z[1] - z[0], z[2] - z[0]
+    assert x.std() == pytest.approx(0.6, rel=0.35) and y.std() == pytest.approx(0.6, rel=0.35)
+    assert abs(np.corrcoef(x, y)[0, 1]) < 0.5
+    assert (z[3] - z[0]).std() < 1e-9
+    pairs = np.c_[col(t, "user_id"), col(t, "ad_id")]  # a function of (user, ad) on a day
+    _, pair, count = np.unique(pairs, axis=0, return_inverse=True, return_counts=True)
+    repeated = count[pair] > 1
+    assert repeated.sum() > 100
+    spread = np.bincount(pair, weights=x**2) / count - (np.bincount(pair, weights=x) / count)**2
+    assert spread[pair[repeated]].max() < 1e-9
+
+
+def test_identical_verticals_are_the_single_surface_world() -> None:
+    """Verticals that differ in nothing but their name give every column of the one-vertical
+    world, labels and true logits included: the vertical draw and the intercepts disturb
+    nothing else (and one vertical is the world as it was before verticals)."""
+    one = tiny(verticals=[VerticalConfig(name="all")])
+    same = tiny(verticals=[VerticalConfig(name=n) for n in "abc"])
+    a, b = synthetic.generate_day(one, 1), synthetic.generate_day(same, 1)
+    assert (col(a, "vertical") == 0).all() and set(col(b, "vertical")) == {0, 1, 2}
+    assert a.drop_columns(["vertical"]).equals(b.drop_columns(["vertical"]))
+    np.testing.assert_array_equal(synthetic.hidden_logit(one, a), synthetic.hidden_logit(same, b))
+
+
+@pytest.mark.parametrize("verticals, needle", [
+    ([], "generate.verticals: list at least one vertical"),
+    ([{"name": "a"}, {"name": "a"}], "generate.verticals: repeated names"),
+    ([{"share": 1}], "generate.verticals[0].name: must not be empty"),
+    ([{"name": "a"}, {"name": "b", "share": 0}], "generate.verticals[1].share: must be > 0"),
+    ([{"name": "a", "base_ctr": 0.7}], "generate.verticals[0].base_ctr"),
+    ([{"name": "a", "position": -1}], "generate.verticals[0].position: must be >= 0"),
+    ([{"name": "a", "own": -0.5}], "generate.verticals[0].own: must be >= 0"),
+])
+def test_bad_verticals_name_the_key(verticals, needle) -> None:
+    with pytest.raises(ConfigError) as e:
+        from_dict(GenerateConfig, {"verticals": verticals}, "generate")
+    assert needle in str(e.value)
 
 
 def test_degenerate_id_spaces_still_work() -> None:
@@ -202,7 +302,8 @@ def test_drift_moves_the_click_model_and_zero_drift_does_not() -> None:
         cfg = tiny(drift=drift, churn=0.0)
         t = synthetic.generate_day(cfg, 0)
         same_rows_tomorrow = synthetic.hidden_logit(cfg, t, day=1) - synthetic.hidden_logit(cfg, t)
-        spread = same_rows_tomorrow.std()  # the intercept's recalibration is a constant
+        on = col(t, "vertical")  # the intercepts' recalibration: a constant per vertical
+        spread = max(same_rows_tomorrow[on == j].std() for j in np.unique(on))
         assert (spread > 0.05) if drift else (spread < 1e-9), (drift, spread)
 
 
@@ -266,8 +367,13 @@ def test_rows_per_file_splits_days_between_sessions(tmp_path: Path) -> None:
     assert 0 < metrics["ads_active"] <= cfg.ads
     assert 0 < metrics["oracle_ne"] < 1
     written = pa.concat_tables(pq.read_table(p) for f in files.values() for p in f)
-    assert metrics["oracle_ne"] == pytest.approx(  # the true model's NE, by hand
-        ne(col(written, "label"), synthetic.hidden_logit(cfg, written)), rel=1e-9)
+    y, truth = col(written, "label"), synthetic.hidden_logit(cfg, written)
+    assert metrics["oracle_ne"] == pytest.approx(ne(y, truth), rel=1e-9)  # by hand
+    on = col(written, "vertical")
+    assert list(metrics["verticals"]) == ["feed", "search", "video"]
+    for j, m in enumerate(metrics["verticals"].values()):  # each vertical's, by hand
+        assert m["rows"] == (on == j).sum() and m["ctr"] == pytest.approx(y[on == j].mean())
+        assert m["oracle_ne"] == pytest.approx(ne(y[on == j], truth[on == j]), rel=1e-9)
 
 
 def _sessions(t: pa.Table) -> tuple[np.ndarray, np.ndarray, list[list[int]]]:
@@ -317,4 +423,4 @@ def test_a_day_does_not_depend_on_the_days_generated_before():
         got = synthetic._simulate(w, d)
     np.testing.assert_array_equal(got.hist, fresh.hist)
     np.testing.assert_array_equal(got.imps["label"], fresh.imps["label"])
-    assert got.intercept == fresh.intercept
+    np.testing.assert_array_equal(got.intercepts, fresh.intercepts)

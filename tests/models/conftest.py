@@ -16,7 +16,7 @@ from lrm.data.schema import FeatureSchema, criteo_schema, synthetic_schema
 
 VOCAB = {"user_id": 50, "user_age": 8, "user_gender": 3, "user_geo": 20, "user_device": 4,
          "session_hour": 24, "user_history": 40, "ad_id": 40, "advertiser_id": 10,
-         "ad_category": 6, "ad_format": 3}
+         "ad_category": 6, "ad_format": 3, "vertical": 3}
 
 
 def _kjt(keys: list[str], rows: list[dict[str, list[int]]]) -> KeyedJaggedTensor:
