@@ -60,6 +60,8 @@ class FeatureSchema:
     vertical: the user_sparse column naming a session's vertical (the surface it is on:
         a feed, search, a tab); ExFM's vertical models each train on one (None: the data
         is one vertical).
+    vertical_names: the verticals' names by id, what metrics and models are named after
+        (empty: "v0", "v1", ...).
     """
 
     name: str
@@ -71,6 +73,7 @@ class FeatureSchema:
     user_key: str | None = None
     item_key: str | None = None
     vertical: str | None = None
+    vertical_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.user_key is not None and self.user_key not in self.user_sparse:
@@ -135,7 +138,17 @@ class FeatureSchema:
             user_key=d.get("user_key"),
             item_key=d.get("item_key"),
             vertical=d.get("vertical"),
+            vertical_names=tuple(d.get("vertical_names", ())),
         )
+
+    def verticals(self) -> dict[int, str]:
+        """id -> name of every vertical ({} without a vertical column): the ids of its
+        vocab (or of `vertical_names`), named by `vertical_names` where given."""
+        if self.vertical is None:
+            return {}
+        n = self.vocab.get(self.vertical, len(self.vertical_names))
+        return {i: self.vertical_names[i] if i < len(self.vertical_names) else f"v{i}"
+                for i in range(n)}
 
 
 def window_columns(feature: str) -> tuple[str, str]:
@@ -148,7 +161,8 @@ def sessions_version(meta: dict[bytes, bytes] | None) -> int:
     return int((meta or {}).get(VERSION_KEY, b"1").decode())
 
 
-def synthetic_schema(vocab: dict[str, int] | None = None) -> FeatureSchema:
+def synthetic_schema(vocab: dict[str, int] | None = None,
+                     vertical_names: tuple[str, ...] = ()) -> FeatureSchema:
     """The session-level synthetic ads log (lrm.data.synthetic)."""
     return FeatureSchema(
         name="synthetic",
@@ -161,6 +175,7 @@ def synthetic_schema(vocab: dict[str, int] | None = None) -> FeatureSchema:
         user_key="user_id",
         item_key="ad_id",
         vertical="vertical",
+        vertical_names=tuple(vertical_names),
     )
 
 

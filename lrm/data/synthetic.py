@@ -129,7 +129,7 @@ def vocab(cfg: GenerateConfig) -> dict[str, int]:
 
 
 def schema(cfg: GenerateConfig) -> FeatureSchema:
-    return synthetic_schema(vocab(cfg))
+    return synthetic_schema(vocab(cfg), tuple(v.name for v in cfg.verticals))
 
 
 # ---------------------------------------------------------------------------- hashing

@@ -58,7 +58,8 @@ def test_schema_matches_exactly_and_ids_lie_in_their_vocab() -> None:
     cfg = tiny()
     t = synthetic.generate_day(cfg, 0)
     vocab = synthetic.vocab(cfg)
-    assert t.schema.equals(synthetic_schema(vocab).arrow("impressions"), check_metadata=True)
+    assert t.schema.equals(synthetic.schema(cfg).arrow("impressions"), check_metadata=True)
+    assert synthetic.schema(cfg).verticals() == dict(enumerate(v.name for v in cfg.verticals))
     # with churn, two slots per live id (arrivals get new ids)
     assert vocab["user_id"] == 2 * cfg.users
     assert vocab["ad_id"] == vocab["user_history"] == 2 * cfg.ads
