@@ -104,13 +104,15 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
               "run in FP8."),
     Node("teacher", STAGES["teacher"], {"data": "data/sessions", "plan": "plans/sharding.json",
                                         "out": "models/teacher"},
-         desc="ExFM: one teacher (Wukong, days [0, T)) for every student."),
+         desc="ExFM: the foundation model (Wukong on every vertical), version after version "
+              "on its own cadence (exfm.teacher_every), lagging the students."),
     Node("augment", STAGES["augment"], {"data": "data/sessions", "teacher": "models/teacher",
                                         "out": "data/augmented"}),
-    Node("student", STAGES["student"], {"data": "data/augmented", "plan": "plans/sharding.json",
-                                        "out": "models/students"}),
+    Node("student", STAGES["student"], {"data": "data/augmented", "sessions": "data/sessions",
+                                        "plan": "plans/sharding.json", "out": "models/students"},
+         desc="ExFM: a long-lived student per vertical and size, day by day, in every variant."),
     Node("register", STAGES["register"], {"models": "models/students", "data": "data/augmented"},
-         desc="Each student's serving model -> lrm-student-NAME; @champion moves on NE."),
+         desc="Each vertical model's serving variant -> lrm-student-VM; @champion moves on NE."),
     Node("summary", STAGES["summary"], {}),
 ))
 

@@ -35,6 +35,8 @@ from prefect.states import Failed
 from lrm import io, lock, registry, tracking
 from lrm.config import ParamsConfig
 from lrm.errors import ConfigError, LrmError
+from lrm.data.schema import read_schema
+from lrm.exfm.students import vertical_models
 from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
 from lrm.streaming.layout import STAGE, StreamPaths
@@ -137,22 +139,25 @@ def evaluation_data(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str
 
 @task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
 def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> dict[str, Any]:
-    """The student stage carries `name` on to day D (its serving variant); the register
-    stage registers it and promotes it on NE."""
+    """The student stage carries vertical model `name` on to day D (its serving variant, or
+    with registry.variant auto every variant and the day before's pick); the register stage
+    registers the served one and promotes it on NE."""
     plan = sdays.plan(paths, day, cfg.streaming.holdout)
     out = paths.student_models(day)
     m = _stage(student_stage.STAGE, {
-        "data": plan.train_data, "out": out, "checkpoints": paths.student_chains(),
-        "day": day, "name": name, "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
+        "data": plan.train_data, "sessions": paths.sessions, "out": out,
+        "checkpoints": paths.student_chains(), "day": day, "name": name,
+        "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
         "plan": cfg.streaming.plan or None,
         "metrics": paths.reports / f"student_{name}_day={day}.json", "table": None,
-        "plot": None}, cfg, day)
+        "plot": None}, cfg, day)["students"][name]
     r = _stage(register.STAGE, {
         "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
         "evaluated_on": plan.label,
         "metrics": paths.reports / f"register_{name}_day={day}.json"}, cfg, day)
     decision = r["students"][name]
-    return {"train": m["students"][name], "decision": decision,
+    return {"train": m["variants"][m["serving"]], "variant": m["serving"],
+            "validation_ne": m["validation_ne"], "decision": decision,
             "champion": registry.alias_version(decision["name"], registry.CHAMPION,
                                                cfg.tracking)}
 
@@ -192,7 +197,8 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         t = teacher(cfg, paths, day)
         aug = augment_days(cfg, paths, day, next_day)
         ev = evaluation_data(cfg, paths, day)
-        students = {name: student(cfg, paths, name, day) for name in cfg.students.models}
+        vms = vertical_models(read_schema(paths.sessions)[0], list(cfg.students.models))
+        students = {vm.name: student(cfg, paths, vm.name, day) for vm in vms}
         record = {"day": day, "key": key, "params": params_digest,
                   "evaluated_on": ev["label"], "next_day": ev["next_day"], "split": ev["split"],
                   "teacher": t, "augmented_by": aug["teacher"], "augment": aug,

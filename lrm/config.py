@@ -540,12 +540,21 @@ class DistillConfig:
 
 @dataclass(kw_only=True)
 class ExFMConfig:
-    """ExFM's split of the days: the teacher trains on [0, T), students on the days after."""
+    """When the foundation model (the teacher) trains and which of its versions logs each
+    day's logits (lrm.exfm.schedule): its first version on days [0, T), a new one every
+    `teacher_every` days, each logging the days from `teacher_lag` after its last day on."""
 
-    teacher_days: int = 3  # T
+    teacher_days: int = 3  # T: the first version trains on days [0, T)
+    teacher_every: int = 3  # days between versions (0: one version, never retrained)
+    # days from a version's last training day to the first day it logs: 1 is a fresh
+    # teacher (day D by the version trained through D - 1); 2 the FM lags a day more
+    teacher_lag: int = 2  # day D's logits come from a version trained through D - lag
 
     def __post_init__(self) -> None:
         _check(self.teacher_days >= 1, "teacher_days", "must be >= 1")
+        _check(self.teacher_every >= 0, "teacher_every", "must be >= 0 (0: never again)")
+        _check(self.teacher_lag >= 1, "teacher_lag", "must be >= 1 (1: the day after its "
+               "last training day)")
 
 
 @dataclass(kw_only=True)
@@ -561,7 +570,8 @@ class TeacherStageConfig:
 class AugmentConfig:
     """Stage `augment` (ExFM's data augmentation system, lrm.exfm.augment)."""
 
-    days: list[int] = field(default_factory=list)  # empty: every day from exfm.teacher_days on
+    # the days to log; empty: every day some version of the teacher serves (lrm.exfm.schedule)
+    days: list[int] = field(default_factory=list)  # days to log (empty: every day served)
     batch_size: int = 8192  # impressions per teacher forward
 
     def __post_init__(self) -> None:
@@ -606,7 +616,10 @@ class RegistryConfig:
     """
 
     student_prefix: str = "lrm-student-"  # student NAME registers as PREFIX + NAME
-    variant: str = "aux_adapter"  # the students' serving variant (a key of students.variants)
+    # auto: each vertical model serves the variant with the best NE on the validation day
+    # (the evaluation day before the last; in the stream, the day before), and never one
+    # worse than labels only (lrm.exfm.students.pick); else a key of students.variants
+    variant: str = "auto"  # the students' serving variant: auto or a key of students.variants
     margin: float = 0.001  # absolute NE a challenger must gain over the champion to replace it
 
     def __post_init__(self) -> None:
@@ -633,7 +646,6 @@ class StreamingConfig:
     watch: str = ""  # the folder source's inbox ("": ROOT/incoming)
     days: int = 1  # new days one run processes (`python -m flows.streaming --days N` overrides)
     cron: str = "0 2 * * *"  # the deployment's schedule (`lrm serve --cron` overrides)
-    teacher_every: int = 3  # days between teacher retrains after the first (0: never again)
     holdout: float = 0.2  # day D+1 not there yet: D's last share of sessions, held out to evaluate
     # where the models' tables go: a plan file of `lrm shard-plan` (its entries teacher and
     # students.NAME), as --plan gives the stages; "": torchrec's planner (lrm.sharding)
@@ -646,7 +658,6 @@ class StreamingConfig:
         _check(self.days >= 1, "days", "must be >= 1")
         _check(len(self.cron.split()) == 5, "cron",
                f"must be a 5-field cron expression, got {self.cron!r}")
-        _check(self.teacher_every >= 0, "teacher_every", "must be >= 0 (0: never again)")
         _check(0 < self.holdout < 1, "holdout", "must be in (0, 1)")
 
 

@@ -42,6 +42,7 @@ DECISION_TAG = "lrm.decision"  # promoted | kept
 REASON_TAG = "lrm.reason"
 EVAL_TAG = "lrm.evaluated_on"  # what both were scored on, e.g. "day 5"
 ROLLBACK_TAG = "lrm.rollback"  # set on a version @champion was rolled back to
+VARIANT_TAG = "lrm.variant"  # a student's ExFM variant (the one its vertical model serves)
 SCORES = ("ne", "auc", "calibration", "rows")
 
 
@@ -59,14 +60,6 @@ def student_model(name: str, cfg: RegistryConfig) -> str:
 
 
 # ---------------------------------------------------------------------------- the rule
-
-def serving_variant(reg: RegistryConfig, variants: Mapping[str, Any]) -> Any:
-    """The students' variant that is registered (`registry.variant`, a key of `variants`)."""
-    if reg.variant not in variants:
-        raise ConfigError(f"registry.variant: {reg.variant!r} is not one of students.variants "
-                          f"({', '.join(variants)})")
-    return variants[reg.variant]
-
 
 def judge(challenger_ne: float, champion_ne: float | None, margin: float) -> tuple[bool, str]:
     """(promote?, why): the challenger replaces the champion only when its NE on the same
@@ -203,10 +196,13 @@ def model_folder(name: str, version: str, dst: Path, cfg: TrackingConfig | None 
 
 
 def scores(model_dir: Path, data: Path, day: int, batch_size: int = 8192) -> dict[str, float]:
-    """NE, AUC, calibration and rows of a model folder on one day of `data`."""
+    """NE, AUC, calibration and rows of a model folder on one day of `data`: the rows of the
+    verticals it was trained on (a vertical model's card says which), else every row."""
     from lrm.train.evaluate import evaluate
+    from lrm.train.export import read_card
 
-    m = evaluate(model_dir, data, day=day, batch_size=batch_size)
+    verticals = read_card(model_dir).info.get("verticals") or None
+    m = evaluate(model_dir, data, day=day, batch_size=batch_size, verticals=verticals)
     return {k: m[k] for k in SCORES}
 
 
@@ -240,7 +236,8 @@ def _finish(d: Decision, cfg: TrackingConfig | None) -> Decision:
 
 def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, margin: float,
               evaluated_on: str, cfg: TrackingConfig | None = None,
-              batch_size: int = 8192) -> Decision:
+              batch_size: int = 8192, version_tags: Mapping[str, str] | None = None
+              ) -> Decision:
     """The whole promotion path of a freshly trained model folder.
 
     Register it (once) as @challenger, score it and the current @champion on the same day
@@ -249,6 +246,8 @@ def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, mar
     """
     version, _ = register(model_dir, name, example_data=eval_data, example_day=eval_day,
                           cfg=cfg)
+    for k, v in (version_tags or {}).items():  # what the caller knows (e.g. its variant)
+        client(cfg).set_model_version_tag(name, version, k, v)
     tags = _version(name, version, cfg).tags
     found = _decision_from_tags(name, version, tags, margin)
     if found is not None:

@@ -1,31 +1,37 @@
-"""Stage `student` (ExFM): every student x variant, day by day on augmented data -> NE table.
+"""Stage `student` (ExFM): every vertical model x variant, day by day -> the ExFM table.
 
-    lrm student [--data data/augmented --out models/students]
-    lrm student --day D --name small --eval-data DIR --eval-day E   (one day: the stream's)
+    lrm student [--data data/augmented --sessions data/sessions --out models/students]
+    lrm student --day D --name search-small --eval-data DIR --eval-day E   (the stream's day)
 
-For each student size in `students.models` and each variant in `students.variants`
-(labels only, distillation on the serving head, auxiliary head, auxiliary head + adapter:
-lrm.exfm.distill), trains day by day on the days after T as one model carried from day to
-day (lrm.train.days: the model and the optimizers' state; `--checkpoints` holds a chain of
-per-day folders for each), evaluated on the next day. Training values are `train`'s with
-`students.train`'s overrides; tables are `model.tables`. Writes
+A vertical model (VM) is a student size of `students.models` on one vertical of the data
+(`search-small`; the size alone when the data is one vertical). Each trains on its
+vertical's days from the first (every day but the last), each day starting from the day
+before's model (lrm.train.days, the procedure the stream runs), scored on the next day of
+its vertical: labels only until the foundation model first logs a day (the first day of
+`--data`), then in every variant of `students.variants` (labels only, distillation on the
+serving head, auxiliary head, auxiliary head + adapter: lrm.exfm.distill), each going on
+from that labels-only model (lrm.exfm.students). Training values are `train`'s with
+`students.train`'s overrides; tables are `model.tables`. The serving variant of each VM is
+`registry.variant`, or with `auto` the variant with the lowest NE on the validation day (the
+evaluation day before the last), never one worse than labels only. Writes
 
-    models/students/NAME/VARIANT/   the last day's model (its serving head is `forward`)
-    metrics/exfm.json               the table on the last evaluation day + NE per day
-    metrics/exfm.md                 the same table as markdown
-    plots/exfm_ne.csv (+ .png)      NE per evaluation day: teacher and every student/variant
+    models/students/VM/VARIANT/     the last day's model of every variant
+    models/students/serving.json    VM -> its serving variant and vertical (stage register)
+    metrics/exfm.json               per vertical: the FM's NE and every VM variant's on the
+                                    last day, the validation NEs, the pick, NE per day
+    metrics/exfm.md                 the table as markdown
+    plots/exfm_ne.csv (+ .png)      NE per evaluation day: teacher and every VM/variant
 
-The teacher's NE per day comes from the augment manifests (its logits are in the data).
-
-With `--day D` it is one day of the same procedure, as the streaming flow runs it: each
-student (or `--name`'s) in the serving variant (`registry.variant`) carried on to day D from
-its chain (`--checkpoints`/NAME), scored on `--eval-day` of `--eval-data`, its model in
-`--out`/NAME/VARIANT; no table. A day already trained (its chain's day finished, its model
-there) is not trained again.
+With `--day D` it is one day of the same procedure, as the streaming flow runs it: each VM
+(or `--name`'s) carried on to day D from its chain (`--checkpoints`/VM/VARIANT), scored on
+`--eval-day` of `--eval-data`: its serving variant, or with `auto` every variant, the one
+served being the best on the day before (never one worse than labels only; labels only on
+the first day). A day already trained is not trained again.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -34,10 +40,9 @@ from lrm import io, plots, progress, tracking
 from lrm.config import (
     CheckpointConfig,
     DistillConfig,
-    ExFMConfig,
     LoaderConfig,
     ModelConfig,
-    StudentModelConfig,
+    SplitConfig,
     StudentStageConfig,
     TableConfig,
     TrainConfig,
@@ -46,48 +51,71 @@ from lrm.config import (
 from stagekit import Arg, Stage, main
 
 NAME = "student"
+SERVING = "serving.json"  # in --out: VM -> {variant, vertical}
 
 
-def run(*, cfg: StudentStageConfig, base: TrainConfig, exfm: ExFMConfig, loader: LoaderConfig,
+def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
         tables: TableConfig, checkpoint: CheckpointConfig, serving: str,
-        data: Path = Path("data/augmented"), plan: Path | None = None,
-        out: Path = Path("models/students"), checkpoints: Path = Path("checkpoints/students"),
-        day: int | None = None, name: str | None = None, eval_data: Path | None = None,
-        eval_day: int | None = None, metrics: Path | None = Path("metrics/exfm.json"),
+        data: Path = Path("data/augmented"), sessions: Path = Path("data/sessions"),
+        plan: Path | None = None, out: Path = Path("models/students"),
+        checkpoints: Path = Path("checkpoints/students"), day: int | None = None,
+        name: str | None = None, eval_data: Path | None = None, eval_day: int | None = None,
+        metrics: Path | None = Path("metrics/exfm.json"),
         table: Path | None = Path("metrics/exfm.md"),
         plot: Path | None = Path("plots/exfm_ne.csv"), force: bool = False) -> dict[str, Any]:
-    """Train every ExFM student variant day by day and write the NE table."""
-    from lrm.exfm import students as S  # torch import: only when the stage runs
+    """Train every vertical model's variants day by day and write the ExFM table."""
+    from lrm.data.schema import day_files, read_schema
+    from lrm.errors import ConfigError
+    from lrm.exfm import students as S
     from lrm.train import build_job
 
+    if serving != "auto" and serving not in cfg.variants:
+        raise ConfigError(f"registry.variant: {serving!r} is neither auto nor one of "
+                          f"students.variants {sorted(cfg.variants)}")
     train_cfg = with_overrides(base, cfg.train)
     log_fn = tracking.log_metrics if tracking.active() else None
+    schema, _ = read_schema(sessions if day is None else data)
+    vms = S.vertical_models(schema, list(cfg.models))
 
-    def job(size: StudentModelConfig, variant: DistillConfig, student: str, dst: Path) -> Any:
-        return build_job("student", train=train_cfg, model=ModelConfig(tables=tables,
-                                                                       student=size),
-                         data=data, loader=loader, checkpoint=checkpoint, out=dst, plan=plan,
-                         plan_entry=f"students.{student}", distill=variant,
+    def job_for(vm: S.VerticalModel, variant: DistillConfig, dataset: Path) -> Any:
+        return build_job("student", train=train_cfg,
+                         model=ModelConfig(tables=tables, student=cfg.models[vm.size]),
+                         data=dataset, loader=loader, checkpoint=checkpoint, plan=plan,
+                         plan_entry=f"students.{vm.size}", distill=variant,
                          eval_data=eval_data if day is not None else None)
 
     if day is not None:
-        return _one_day(cfg, serving, job, out, checkpoints, day, name, eval_day, log_fn)
-    days = S.student_days(data, exfm.teacher_days, cfg.days)
-    teacher = S.teacher_per_day(data, [d + 1 for d in days])
+        return _one_day(cfg, serving, vms, job_for, data, out, checkpoints, day, name,
+                        eval_day, log_fn)
+    all_days = sorted(day_files(sessions))
+    served = sorted(day_files(data))
+    days = sorted(cfg.days) if cfg.days else all_days[:-1]  # each scored on the next
+    bad = [d for d in days if d + 1 not in all_days]
+    if bad:
+        raise ConfigError(f"students.days: {bad} have no next day in {sessions} to be scored "
+                          f"on (days: {all_days})")
+    if not served or days[-1] < served[0]:
+        raise ConfigError(f"students: no train day is logged by the teacher ({data} holds "
+                          f"days {served}); the students distill from its days on")
+    evals = [d + 1 for d in days]
+    validation = evals[-2] if len(evals) >= 2 and evals[-2] > served[0] else None
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
-        for student, size in cfg.models.items():
-            results[student] = {}
-            for variant, dcfg in cfg.variants.items():
-                chain = checkpoints / student / variant
-                if io.owned_by_lrm(chain) == NAME:  # another run's days: this run starts over
-                    shutil.rmtree(chain)
-                with progress.context(student=student, variant=variant):
-                    results[student][variant] = S.stream_student(
-                        job(size, dcfg, student, tmp / student / variant), days, chain,
-                        owner=NAME, log_fn=log_fn)
-    rep = S.report(results, teacher, exfm.teacher_days)
-    rep["days"] = {"train": days, "eval": [d + 1 for d in days]}
+        for vm in vms:
+            chains = checkpoints / vm.name
+            if io.owned_by_lrm(chains) == NAME:  # another run's days: this run starts over
+                shutil.rmtree(chains)
+            results[vm.name] = S.train_vm(
+                vm, cfg.variants, job_for, sessions=sessions, augmented=data, days=days,
+                first_served=served[0], chains=chains, owner=NAME, log_fn=log_fn)
+            for v in cfg.variants:
+                _link(_last_model(chains, v, days, served[0]), tmp / vm.name / v)
+        rep = S.report(results, vms, schema,
+                       S.teacher_per_day(data, [d for d in evals if d in served]),
+                       validation_day=validation, serving=serving)
+        io.write_json({vm.name: {"variant": rep["serving"][vm.name], "vertical": vm.vertical}
+                       for vm in vms}, tmp / SERVING)
+    rep["days"] = {"train": days, "eval": evals, "first_served": served[0]}
     rep["per_day_detail"] = results
     if table is not None:
         io.write_text(S.markdown(rep["table"]), table, stage=NAME, force=force)
@@ -101,50 +129,87 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, exfm: ExFMConfig, loader:
     return rep
 
 
-def _one_day(cfg: StudentStageConfig, serving: str, job: Any, out: Path, checkpoints: Path,
-             day: int, name: str | None, eval_day: int | None, log_fn: Any) -> dict[str, Any]:
-    """Day `day` of each student (or `name`) in the serving variant (module docstring)."""
-    from lrm.config import SplitConfig
-    from lrm.errors import ConfigError
-    from lrm.train import days as carried
-    from lrm.train.export import CARD
+def _last_model(chains: Path, variant: str, days: list[int], first_served: int) -> Path:
+    from lrm.exfm.students import PREFIX
+    from lrm.train.days import model_of
 
-    if serving not in cfg.variants:
-        raise ConfigError(f"registry.variant: {serving!r} is not one of students.variants "
-                          f"{sorted(cfg.variants)}")
-    names = [name] if name is not None else list(cfg.models)
-    unknown = [n for n in names if n not in cfg.models]
-    if unknown:
-        raise ConfigError(f"--name: {unknown[0]!r} is not one of students.models "
-                          f"{sorted(cfg.models)}")
+    return model_of(chains / (variant if days[-1] >= first_served else PREFIX), days[-1])
+
+
+def _link(src: Path, dst: Path) -> None:
+    """A copy of model folder `src` at `dst` inside the stage's output (hard links)."""
+    import os
+
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if not f.name.startswith("."):  # lrm's marker and ledger are the chain's
+            try:
+                os.link(f, dst / f.name)
+            except OSError:
+                shutil.copy2(f, dst / f.name)
+
+
+def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any, data: Path,
+             out: Path, checkpoints: Path, day: int, name: str | None, eval_day: int | None,
+             log_fn: Any) -> dict[str, Any]:
+    """Day `day` of each VM (or `name`): its serving variant, or with auto every variant
+    and the pick of the day before (module docstring)."""
+    from lrm.errors import ConfigError
+    from lrm.exfm import students as S
+    from lrm.train import days as carried
+
+    chosen = [vm for vm in vms if name is None or vm.name == name]
+    if not chosen:
+        raise ConfigError(f"--name: {name!r} is not one of the vertical models "
+                          f"{[vm.name for vm in vms]}")
     held = day + 1 if eval_day is None else eval_day
     io.claim_dir(out, NAME)  # the day's models: lrm's, replaceable by this stage's next run
     done: dict[str, Any] = {}
-    for student in names:
-        chain, dst = checkpoints / student, out / student / serving
-        if day in carried.finished(chain) and (dst / CARD).is_file():
-            done[student] = {"skipped": True, "model": str(dst)}  # a run that stopped after it
-            continue
-        j = job(cfg.models[student], cfg.variants[serving], student, dst)
-        with progress.context(student=student, variant=serving, day=day):
-            r = carried.train_day(j.but(split=SplitConfig(days=[day], eval_day=held)), chain,
-                                  day, owner=NAME, log_fn=log_fn)
-        done[student] = {**carried.trained(r), "model": str(dst)}
-    return {"day": day, "eval_day": held, "variant": serving, "students": done}
+    picks = json.loads((out / SERVING).read_text()) if (out / SERVING).is_file() else {}
+    for vm in chosen:
+        variants = list(cfg.variants) if serving == "auto" else [serving]
+        yesterday: dict[str, float] = {}
+        trained: dict[str, Any] = {}
+        for v in variants:
+            chain = checkpoints / vm.name / v
+            before = carried.finished(chain, before=day)
+            if before:  # the variant's NE on the day before: the pick's validation
+                ne = carried.done_info(chain, before[-1]).get("eval", {}).get("ne")
+                if ne is not None:
+                    yesterday[v] = ne
+            dst = out / vm.name / v
+            if day in carried.finished(chain) and carried.model_of(chain, day).is_dir() \
+                    and (dst / "model.json").is_file():
+                trained[v] = {"skipped": True, "model": str(dst)}  # a run that stopped after
+                continue
+            job = job_for(vm, cfg.variants[v], data)
+            split = SplitConfig(days=[day], eval_day=held, verticals=vm.verticals)
+            with progress.context(student=vm.name, variant=v, day=day):
+                r = carried.train_day(job.but(split=split, out=dst), chain, day, owner=NAME,
+                                      log_fn=log_fn)
+            trained[v] = {**carried.trained(r), "model": str(dst)}
+        pick = serving if serving != "auto" else (
+            S.pick(yesterday) if S.LABELS_ONLY in yesterday else S.LABELS_ONLY)
+        picks[vm.name] = {"variant": pick, "vertical": vm.vertical}
+        done[vm.name] = {"serving": pick, "validation_ne": yesterday, "variants": trained}
+    io.write_json(picks, out / SERVING, stage=NAME)
+    return {"day": day, "eval_day": held, "serving_rule": serving, "students": done}
 
 
 STAGE = Stage(
     name=NAME, run=run, short=("students",), label=("name",),
-    reads={"cfg": "students", "base": "train", "exfm": "exfm", "loader": "loader",
-           "tables": "model.tables", "checkpoint": "checkpoint", "serving": "registry.variant"},
-    args={"data": Arg("--data", "augmented dataset", "in"),
+    reads={"cfg": "students", "base": "train", "loader": "loader", "tables": "model.tables",
+           "checkpoint": "checkpoint", "serving": "registry.variant"},
+    args={"data": Arg("--data", "augmented dataset (the days the teacher logs)", "in"),
+          "sessions": Arg("--sessions", "the sessions dataset (every day: the days before "
+                          "the teacher's are trained from here)", "in"),
           "plan": Arg("--plan", "sharding plan (lrm shard-plan, its entries students.NAME) "
                       "[default: torchrec's planner]", "in"),
           "out": Arg("--out", "folder of the students' models", "out"),
           "checkpoints": Arg("--checkpoints", "the students' per-day checkpoint folders "
-                             "(NAME/VARIANT; with --day: NAME)", "state"),
-          "day": Arg("--day", "train this day only, in the serving variant (the stream's)"),
-          "name": Arg("--name", "with --day: this student only [default: every one]"),
+                             "(VM/VARIANT)", "state"),
+          "day": Arg("--day", "train this day only (the stream's)"),
+          "name": Arg("--name", "with --day: this vertical model only [default: every one]"),
           "eval_data": Arg("--eval-data", "with --day: the dataset scored [default: --data]",
                            "in"),
           "eval_day": Arg("--eval-day", "with --day: the day scored [default: the next]"),

@@ -1,13 +1,23 @@
-"""Stage `teacher` (ExFM): the Wukong teacher on days [0, T) -> models/teacher, registered.
+"""Stage `teacher` (ExFM): the foundation model (Wukong on every vertical), version after
+version -> models/teacher, each registered.
 
     lrm teacher [--data data/sessions --out models/teacher]
+    lrm teacher --days 5 --days 6 --eval-day 8 --carry --out DIR   (one version: the stream's)
 
-Trains with the training loop (lrm.train: final eval on day T), then registers the model
-as a new version of `teacher.registry_name` (lrm-teacher), tagged with the model's content
-hash (the teacher version the augment stage records), as @challenger; @champion moves to
-it only when its NE on day T beats the champion's on day T by `registry.margin`
-(lrm.registry: the decision and both NEs are tags of the version). Training values are
-`train`'s with `teacher.train`'s overrides; the shape is `model.teacher` and `model.tables`.
+The FM trains on every vertical's days (several times any vertical model's data) and is
+retrained on its own cadence (lrm.exfm.schedule: its first version on days [0, T), a new one
+every `exfm.teacher_every` days, each going on from the one before with fresh optimizers,
+lrm.train.days), written as models/teacher/until=C/ with models/teacher/versions.json saying
+which version logs which day (`exfm.teacher_lag`: the FM lags the students). Each version is
+scored on day C (the day after its last one, every vertical) and registered as a new version
+of `teacher.registry_name` (lrm-teacher), tagged with its content hash, as @challenger;
+@champion moves to it only when its NE beats the champion's on the same day by
+`registry.margin`. Training values are `train`'s with `teacher.train`'s overrides; the shape
+is `model.teacher` and `model.tables`.
+
+With `--days` and `--carry` it trains one version as the streaming flow does: the days given,
+carried on from the newest version in `--checkpoints` (one folder per version), scored on
+`--eval-day`, its model in `--out`.
 """
 
 from __future__ import annotations
@@ -21,7 +31,6 @@ from lrm.config import (
     ExFMConfig,
     LoaderConfig,
     ModelConfig,
-    SplitConfig,
     TableConfig,
     TeacherModelConfig,
     TeacherStageConfig,
@@ -44,42 +53,74 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         metrics: Path | None = Path("metrics/teacher.json"),
         plot: Path | None = Path("plots/teacher.csv"), force: bool = False
         ) -> dict[str, Any]:
-    """Train the ExFM teacher (Wukong) on days [0, T) and register it as lrm-teacher."""
-    from lrm import registry
-    from lrm.serving import pyfunc
-    from lrm.train import build_job, train
+    """Train the foundation model (Wukong on every vertical), version after version, and
+    register each as lrm-teacher."""
+    import shutil
+
+    from lrm import io
+    from lrm.data.schema import day_files
+    from lrm.exfm import fm
+    from lrm.exfm.schedule import schedule
+    from lrm.train import build_job
+    from lrm.train import days as carried
+
+    job = build_job("teacher", train=with_overrides(base, cfg.train),
+                    model=ModelConfig(tables=tables, teacher=model), data=data,
+                    loader=loader, checkpoint=checkpoint, plan=plan)
+    log_fn = tracking.log_metrics if tracking.active() else None
+    if carry:  # one version, as the stream trains it
+        if not days or eval_day is None:
+            from lrm.errors import ConfigError
+            raise ConfigError("teacher --carry: give the version's --days and --eval-day")
+        return _one_version(cfg, job, data, days, eval_day, out, checkpoints, margin,
+                            tracking_cfg, log_fn)
+    sched = schedule(list(day_files(data)), exfm)
+    if io.owned_by_lrm(checkpoints) == NAME:  # another run's versions: this run starts over
+        shutil.rmtree(checkpoints)
+    with io.atomic_dir(out, stage=NAME, force=force) as tmp:
+        results = fm.train_versions(job, sched, tmp, checkpoints, owner=NAME, log_fn=log_fn)
+    m = {"kind": "teacher", **fm.summary(sched, results)}
+    history = [{**h, "version": c} for c, r in zip(sched.cuts, results, strict=True)
+               for h in r.history]
+    if plot is not None and history:
+        steps = [dict(h, step=i) for i, h in enumerate(history)]
+        plots.write_lines(steps, "step", ["loss", "ne_window", "eval_ne"], plot,
+                          title="teacher: per logged step, version after version", stage=NAME,
+                          force=force)
+    if tracking.active() and cfg.registry_name:
+        m["registry"] = {str(c): _register(cfg, fm.version_dir(out, c), data, c, margin,
+                                           tracking_cfg) for c in sched.cuts}
+    return m
+
+
+def _one_version(cfg: TeacherStageConfig, job: Any, data: Path, days: list[int],
+                 eval_day: int, out: Path, checkpoints: Path, margin: float,
+                 tracking_cfg: TrackingConfig, log_fn: Any) -> dict[str, Any]:
+    from lrm.config import SplitConfig as Split
     from lrm.train import days as carried
     from lrm.train.export import CARD, model_hash
 
-    train_days = list(days) if days else list(range(exfm.teacher_days))
-    held = exfm.teacher_days if eval_day is None else eval_day
-    job = build_job("teacher", train=with_overrides(base, cfg.train),
-                    model=ModelConfig(tables=tables, teacher=model), data=data,
-                    split=SplitConfig(days=train_days, eval_day=held), loader=loader,
-                    checkpoint=checkpoint, checkpoints=checkpoints, out=out, plan=plan,
-                    info={"stream_day": held} if carry else None)
-    log_fn = tracking.log_metrics if tracking.active() else None
-    if not carry:
-        r = train(job, log_fn=log_fn)
-    elif held in carried.finished(checkpoints) and (out / CARD).is_file():
-        r = None  # trained by a run that stopped after it: registered below
-    else:  # day `held` of the teacher carried from day to day
-        r = carried.train_day(job, checkpoints, held, owner=NAME, log_fn=log_fn)
-    m = r.summary("teacher") if r is not None else {"kind": "teacher", "skipped": True}
-    if carry:
-        m["train"] = carried.trained(r) if r is not None else {"skipped": True}
+    if eval_day in carried.finished(checkpoints) and (out / CARD).is_file():
+        m: dict[str, Any] = {"kind": "teacher", "train": {"skipped": True}}  # a run that
+    else:  # stopped after training it: registered below
+        r = carried.train_day(job.but(split=Split(days=days, eval_day=eval_day), out=out,
+                                      info={"stream_day": eval_day}),
+                              checkpoints, eval_day, owner=NAME, log_fn=log_fn)
+        m = {**r.summary("teacher"), "train": carried.trained(r)}
     m["content_hash"] = model_hash(out)
-    if plot is not None and r is not None and r.history:
-        plots.write_lines(r.history, "step", ["loss", "ne_window", "eval_ne"], plot,
-                          title="teacher: per logged step", stage=NAME, force=force)
-    if tracking.active():
-        if cfg.registry_name:
-            m["registry"] = registry.challenge(
-                out, cfg.registry_name, eval_data=data, eval_day=held, margin=margin,
-                evaluated_on=f"day {held}", cfg=tracking_cfg).as_dict()
-        else:
-            pyfunc.log_model(out, data, held)
+    if tracking.active() and cfg.registry_name:
+        m["registry"] = _register(cfg, out, data, eval_day, margin, tracking_cfg)
     return m
+
+
+def _register(cfg: TeacherStageConfig, folder: Path, data: Path, day: int, margin: float,
+              tracking_cfg: TrackingConfig) -> dict[str, Any]:
+    """A version of the FM as a new registered version, promoted on NE on `day`."""
+    from lrm import registry
+
+    return registry.challenge(folder, cfg.registry_name, eval_data=data, eval_day=day,
+                              margin=margin, evaluated_on=f"day {day}",
+                              cfg=tracking_cfg).as_dict()
 
 
 STAGE = Stage(
@@ -88,15 +129,16 @@ STAGE = Stage(
            "loader": "loader", "tables": "model.tables", "model": "model.teacher",
            "margin": "registry.margin", "tracking_cfg": "tracking"},
     args={"data": Arg("--data", "dataset folder", "in"),
-          "days": Arg("--days", "train days (repeat for more) [default: [0, T)]"),
-          "eval_day": Arg("--eval-day", "the day it is scored on [default: T]"),
-          "carry": Arg("--carry", "carry the teacher from day to day: --checkpoints holds "
-                       "its per-day folders (lrm.train.days), --eval-day is the day"),
+          "days": Arg("--days", "with --carry: the version's train days (repeat for more)"),
+          "eval_day": Arg("--eval-day", "with --carry: the day it is scored on"),
+          "carry": Arg("--carry", "one version, carried on from the newest in --checkpoints "
+                       "(the stream's): --days, --eval-day, its model in --out"),
           "plan": Arg("--plan", "sharding plan (lrm shard-plan, its entry teacher) "
                       "[default: torchrec's planner]", "in"),
-          "out": Arg("--out", "the teacher's model folder", "out"),
-          "checkpoints": Arg("--checkpoints", "checkpoint folder (with --carry: one "
-                             "folder per day)", "state"),
+          "out": Arg("--out", "the FM's versions (with --carry: the version's model folder)",
+                     "out"),
+          "checkpoints": Arg("--checkpoints", "the versions' checkpoint folders, one per "
+                             "version", "state"),
           "metrics": Arg("--metrics", "stage metrics file", "metrics"),
           "plot": Arg("--plot", "loss and NE per logged step (CSV; a PNG beside it)", "plot")},
 )

@@ -1,12 +1,15 @@
 """ExFM's data augmentation system: the teacher's logit logged beside every impression.
 
-    augment_dataset(teacher_dir, src, dst, days)    data/sessions -> data/augmented
+    augment_dataset(teachers, src, dst, days)    data/sessions -> data/augmented
 
-For each requested day the teacher (a saved model folder, lrm.train.export) scores every
-impression of `src/day=D` and `dst/day=D/` receives the same files (same names, same
+For each requested day its teacher (a saved model folder, lrm.train.export: the one model
+given, or per day the foundation model's version that served it, lrm.exfm.schedule) scores
+every impression of `src/day=D` and `dst/day=D/` receives the same files (same names, same
 session rows in the same order, every column as it was) plus `teacher_logit`, a
 list<float32> with one entry per impression, like the other per-impression columns. The
-output is row-aligned with its input: flatten both and impression i is the same row.
+output is row-aligned with its input: flatten both and impression i is the same row. The
+manifest holds the teacher's NE, AUC and calibration on the day, over every row and per
+vertical (the schema's vertical column).
 
 Versioning: the teacher's version is the content hash of its saved model (the card
 without its training summary, and the weights file), plus its MLflow registry version when
@@ -31,7 +34,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +145,14 @@ def _with_logits(rb: pa.RecordBatch, logits: np.ndarray) -> pa.Table:
     return pa.Table.from_batches([rb]).append_column(TEACHER_COLUMN, col)
 
 
+def _per_impression(rb: pa.RecordBatch, column: str | None, lists: pa.Array) -> np.ndarray:
+    """A session-level column's value for each impression (sessions layout)."""
+    assert column is not None
+    values = rb.column(rb.schema.get_field_index(column)).to_numpy(zero_copy_only=False)
+    lens = pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False)
+    return np.repeat(values, lens)
+
+
 def _check_teacher(card: ModelCard, src: Path) -> None:
     schema, layout = read_schema(src)
     if layout != "sessions":
@@ -167,6 +178,8 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
     loader = BatchLoader(src, batch_size, days=[day], dedup=True, hash_sizes=card.hash_sizes)
     stream = _Take(teacher_logits(model, loader))
     meter = StreamingMetrics(window=1)
+    names = loader.schema.verticals()  # the teacher's NE per vertical too
+    by_vertical = {v: StreamingMetrics(window=1) for v in names}
     rows = sessions = 0
     t0 = time.perf_counter()
     meta_version = json.dumps(asdict(version), sort_keys=True).encode()
@@ -183,13 +196,20 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
                     writer.add_key_value_metadata(kv)
                 # the stored columns (the item table goes over as it is)
                 for rb in parquet.iter_batches(f, group, pf.schema_arrow.names, file=pf):
-                    labels = pc.list_flatten(rb.column(rb.schema.get_field_index(LABEL)))
+                    label_lists = rb.column(rb.schema.get_field_index(LABEL))
+                    labels = pc.list_flatten(label_lists)
                     n = len(labels)
                     logits = stream.take(n, str(f))
                     writer.write_table(_with_logits(rb, logits).cast(schema))
-                    meter.update(torch.from_numpy(logits),
-                                 torch.from_numpy(labels.to_numpy(zero_copy_only=False)
-                                                  .astype(np.float32)))
+                    x = torch.from_numpy(logits)
+                    y = torch.from_numpy(labels.to_numpy(zero_copy_only=False)
+                                         .astype(np.float32))
+                    meter.update(x, y)
+                    if by_vertical:
+                        v = _per_impression(rb, loader.schema.vertical, label_lists)
+                        for k, m in by_vertical.items():
+                            if (rows_k := torch.from_numpy(v == k)).any():
+                                m.update(x[rows_k], y[rows_k])
                     rows += n
                     sessions += len(rb)
                     file_rows += len(rb)
@@ -204,59 +224,84 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
             raise DataError(src, None, None, f"day {day}: the teacher scored {extra} more "
                                              "impressions than the files hold")
         m = meter.compute()
+        keys = ("ne", "auc", "calibration", "ctr", "rows")
         manifest = {
             "day": day, "teacher": asdict(version), "source": fingerprint,
             "files": [f.name for f in files], "rows": rows, "sessions": sessions,
             "column": TEACHER_COLUMN,
-            "teacher_metrics": {k: m[k] for k in ("ne", "auc", "calibration", "ctr")},
+            "teacher_metrics": {k: m[k] for k in keys},
+            "teacher_metrics_by_vertical": {
+                names[k]: {key: v[key] for key in keys}
+                for k, mv in by_vertical.items() if mv.rows for v in [mv.compute()]},
             "seconds": round(time.perf_counter() - t0, 3),
         }
         io.write_json(manifest, tmp / MANIFEST)  # last: the day is complete
     return manifest
 
 
-def augment_dataset(teacher_dir: Path, src: Path, dst: Path, days: Sequence[int] | None = None,
-                    *, batch_size: int = 8192, registry: str | None = None,
-                    force: bool = False, content_hash: str | None = None) -> dict[str, Any]:
-    """Augment `days` of `src` (default: every day) into `dst`; skip days already current.
+def augment_dataset(teachers: Path | Mapping[int, Path], src: Path, dst: Path,
+                    days: Sequence[int] | None = None, *, batch_size: int = 8192,
+                    registry: Callable[[str], str | None] | None = None,
+                    force: bool = False) -> dict[str, Any]:
+    """Augment `days` of `src` (default: every day, or the days `teachers` maps) into `dst`;
+    skip days already current.
 
-    registry: the teacher's registry version ("lrm-teacher/3"), recorded when given.
-    content_hash: `model_hash(teacher_dir)`, when the caller already computed it.
-    Returns metrics: the teacher version, days written and skipped, rows, rows/s, and the
-    per-day manifests' teacher NE/AUC.
+    teachers: one model folder for every day, or day -> the model folder that logs it (the
+    foundation model's version that served the day, lrm.exfm.schedule).
+    registry: content hash -> the teacher's registry version ("lrm-teacher/3") or None,
+    recorded when given.
+    Returns metrics: the teacher version of each day, days written and skipped, rows,
+    rows/s, and the per-day manifests' teacher NE/AUC (over the day and per vertical).
     """
     src, dst = Path(src), Path(dst)
     available = day_files(src)
-    days = sorted(available) if days is None else sorted(set(days))
+    if isinstance(teachers, Mapping):
+        days = sorted(teachers) if days is None else sorted(set(days))
+        unknown = [d for d in days if d not in teachers]
+        if unknown:
+            raise ConfigError(f"augment: no teacher version logs days {unknown} (the first "
+                              f"version's first day is {min(teachers, default='none')})")
+        by_day = {d: Path(teachers[d]) for d in days}
+    else:
+        days = sorted(available) if days is None else sorted(set(days))
+        by_day = dict.fromkeys(days, Path(teachers))
     missing = [d for d in days if d not in available]
     if missing:
         raise ConfigError(f"augment.days: no data for days {missing} in {src} "
                           f"(days: {sorted(available)})")
-    version = TeacherVersion(hash=content_hash or model_hash(teacher_dir), registry=registry)
-    card = read_card(teacher_dir)
-    _check_teacher(card, src)
+    versions: dict[Path, TeacherVersion] = {}
+    for folder in dict.fromkeys(by_day.values()):  # each teacher hashed once
+        h = model_hash(folder)
+        versions[folder] = TeacherVersion(hash=h, registry=registry(h) if registry else None)
+        _check_teacher(read_card(folder), src)
     prints = {d: io.source_fingerprint(available[d]) for d in days}  # hashed once per day
     todo = [d for d in days
-            if force or not is_current(dst / f"day={d}", version, prints[d])]
+            if force or not is_current(dst / f"day={d}", versions[by_day[d]], prints[d])]
     skipped = [d for d in days if d not in todo]
     for d in skipped:
-        log.info("augment: day %d already augmented by teacher %s: skipped", d, version.label)
+        log.info("augment: day %d already augmented by teacher %s: skipped", d,
+                 versions[by_day[d]].label)
     written: dict[int, dict[str, Any]] = {}
     seconds = 0.0
     if todo:
-        model, _ = load_model(teacher_dir)
         total = BatchLoader(src, batch_size, days=todo).num_rows()
+        loaded: tuple[Path, Any] | None = None
         with Reporter("augment", total=total, unit="rows") as rep:
             for d in todo:
-                written[d] = augment_day(model, card, version, src, d, dst,
+                if loaded is None or loaded[0] != by_day[d]:  # days in order: each version
+                    loaded = (by_day[d], load_model(by_day[d]))  # loaded once
+                model, card = loaded[1]
+                written[d] = augment_day(model, card, versions[by_day[d]], src, d, dst,
                                          batch_size=batch_size, reporter=rep,
                                          fingerprint=prints[d])
                 seconds += written[d]["seconds"]
     per_day = {d: (written.get(d) or read_manifest(dst / f"day={d}") or {}) for d in days}
     rows = sum(written[d]["rows"] for d in written)
     return {
-        "teacher_version": asdict(version),
+        "teacher_version": {str(d): asdict(versions[by_day[d]]) for d in days},
         "days": days, "written": sorted(written), "skipped": skipped,
         "rows": rows, "rows_per_s": rows / seconds if seconds else 0.0,
         "teacher": {str(d): m.get("teacher_metrics", {}) for d, m in per_day.items()},
+        "teacher_by_vertical": {str(d): m.get("teacher_metrics_by_vertical", {})
+                                for d, m in per_day.items()},
     }

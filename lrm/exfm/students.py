@@ -1,15 +1,22 @@
-"""Students trained day by day on augmented data, and the table that compares them.
+"""The vertical models (VMs): long-lived students, one per vertical and size, and the table
+that compares how they learn from the foundation model.
 
-Streaming: a student trains on one day at a time after the teacher's cut-off T, each day
-carried on from the day before (lrm.train.days: the model and the optimizers' state, the
-procedure the stream's students follow too), and is evaluated on the next day with its
-serving head. Every student size runs every configuration ("variant": labels only,
-distillation on the serving head, auxiliary head, auxiliary head + adapter), each from the
-same initialization, so the variants differ only in how they learn from the teacher. A
-day's training is a job (lrm.train.job) with ExFM's loss (lrm.exfm.distill).
+A VM trains on its vertical only (split.verticals), every day from the first, each day
+starting from the day before's model (lrm.train.days: the one procedure, the stream's too),
+and is scored on the next day of its vertical with its serving head. Until the first day a
+foundation-model version logs (lrm.exfm.schedule.first_served) it learns from labels alone;
+from then on every variant of the ablation ("labels only", distillation on the serving head,
+auxiliary head, auxiliary head + adapter: lrm.exfm.distill) goes on from that same model,
+growing the parts it trains (its heads and adapter start fresh), so the variants differ only
+in how they learn from the FM. The labels-only variant is the user's real alternative: the
+VM trained on every day of its vertical without a foundation model.
 
-The teacher's NE on each day needs no model run: the augmented data holds its logit for
-every impression, and the augment manifest of the day already carries its NE and AUC.
+The serving variant (`registry.variant: auto`) is picked by measurement: the variant with
+the lowest NE on the validation day (the evaluation day before the last), and never one
+worse than labels only (`pick`); the last evaluation day is held out for the table.
+
+The teacher's NE on each day needs no model run: the augment manifests carry it, over the
+day and per vertical.
 """
 
 from __future__ import annotations
@@ -18,123 +25,182 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from lrm import progress
-from lrm.config import SplitConfig, default_variants
-from lrm.data.schema import day_files
+from lrm.config import DistillConfig, SplitConfig, StudentModelConfig, default_variants
+from lrm.data.schema import FeatureSchema
 from lrm.errors import ConfigError
 from lrm.exfm.augment import read_manifest
-from lrm.train.days import train_day
+from lrm.train.days import model_of, train_day
 from lrm.train.job import TrainJob
 from lrm.train.loop import LogFn
 
 log = logging.getLogger("lrm")
 
 VARIANTS = default_variants()  # the ablation of the issue, in table order
+LABELS_ONLY = "labels_only"
 LABELS = {
     "labels_only": "labels only",
     "distill_serving": "distillation on the serving head",
     "aux_head": "auxiliary head",
     "aux_adapter": "auxiliary head + adapter",
 }
+PREFIX = "_labels"  # the chain of a VM's days before the teacher serves
 
 
-def student_days(data: Path, teacher_days: int, days: Sequence[int] = ()) -> list[int]:
-    """The days students train on: `days`, or every day from T to the day before the last.
+@dataclass(frozen=True)
+class VerticalModel:
+    """One student: a vertical and a size."""
 
-    Each is evaluated on the next day, which must exist.
-    """
-    available = sorted(day_files(data))
-    chosen = sorted(days) if days else [d for d in available if teacher_days <= d < available[-1]]
-    if not chosen:
-        raise ConfigError(f"students: no day to train on after the teacher's days [0, "
-                          f"{teacher_days}) with a next day to evaluate on (days: {available})")
-    missing = sorted({d for d in chosen if d not in available}
-                     | {d + 1 for d in chosen if d + 1 not in available})
-    if missing:
-        raise ConfigError(f"students.days: {chosen} need days {missing}, absent from {data} "
-                          f"(days: {available}); every train day is evaluated on the next")
-    early = [d for d in chosen if d < teacher_days]
-    if early:
-        raise ConfigError(f"students.days: {early} are before T = {teacher_days} (the teacher's "
-                          f"days); students train on the days after the teacher's")
-    return chosen
+    name: str  # "search-small"; the size alone when the data is one vertical
+    vertical: int | None  # the vertical's id (None: every row, the data is one vertical)
+    size: str  # a key of students.models
+
+    @property
+    def verticals(self) -> list[int]:
+        return [] if self.vertical is None else [self.vertical]
 
 
-def stream_student(job: TrainJob, days: Sequence[int], chain: Path, *, owner: str,
-                   log_fn: LogFn | None = None) -> list[dict[str, Any]]:
-    """Train one student configuration (`job`: its model, loss, data and out) day by day
-    as a model carried through `chain`; `job.out` ends as the last day's model.
+def vertical_models(schema: FeatureSchema, sizes: Sequence[str]) -> list[VerticalModel]:
+    """A VM for every vertical of the data and every size, vertical by vertical."""
+    names = schema.verticals()
+    if len(names) <= 1:
+        return [VerticalModel(s, None, s) for s in sizes]
+    return [VerticalModel(f"{v}-{s}", k, s) for k, v in names.items() for s in sizes]
 
-    Day d trains on d and is evaluated on d + 1. Returns one row per day:
-    {train_day, day, steps, seconds, ne, auc, calibration, rows}.
-    """
+
+# (the VM, its variant, the data) -> the day's job (its split is set per day)
+JobFor = Callable[[VerticalModel, DistillConfig, Path], TrainJob]
+
+
+def train_vm(vm: VerticalModel, variants: Mapping[str, DistillConfig], job_for: JobFor, *,
+             sessions: Path, augmented: Path, days: Sequence[int], first_served: int,
+             chains: Path, owner: str, log_fn: LogFn | None = None
+             ) -> dict[str, list[dict[str, Any]]]:
+    """Every variant of `vm`, day by day (module docstring): `days` [0, last) each scored on
+    the next; the days before `first_served` from `sessions` (labels only, one chain), the
+    rest from `augmented` per variant, each going on from the labels-only model of the day
+    before. Returns variant -> its per-day rows (the shared days' rows in every variant).
+    Each variant's last model is its chain's last day's (lrm.train.days.model_of)."""
+    before = [d for d in days if d < first_served]
+    after = [d for d in days if d >= first_served]
+    labels = DistillConfig(distill=False)
+    with progress.context(student=vm.name):
+        shared = _days(job_for(vm, labels, sessions), vm, before, chains / PREFIX, owner,
+                       log_fn)
+    seed = model_of(chains / PREFIX, before[-1]) if before else None
+    out = {}
+    for name, variant in variants.items():
+        with progress.context(student=vm.name, variant=name):
+            out[name] = shared + _days(job_for(vm, variant, augmented), vm, after,
+                                       chains / name, owner, log_fn, seed=seed)
+    return out
+
+
+def _days(job: TrainJob, vm: VerticalModel, days: Sequence[int], chain: Path, owner: str,
+          log_fn: LogFn | None, seed: Path | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for d in days:
         t0 = time.perf_counter()
+        split = SplitConfig(days=[d], eval_day=d + 1, verticals=vm.verticals)
         with progress.context(day=d):
-            res = train_day(job.but(split=SplitConfig(days=[d], eval_day=d + 1)), chain, d,
-                            owner=owner, log_fn=log_fn)
+            res = train_day(job.but(split=split), chain, d, owner=owner, log_fn=log_fn,
+                            seed=seed)
         rows.append({"train_day": d, "day": d + 1, "steps": res.steps,
                      "seconds": round(time.perf_counter() - t0, 2),
                      **{k: res.eval[k] for k in ("ne", "auc", "calibration", "rows")}})
-        log.info("student day %d -> eval day %d: NE %.4f AUC %.4f", d, d + 1,
+        log.info("%s day %d -> eval day %d: NE %.4f AUC %.4f", vm.name, d, d + 1,
                  res.eval["ne"], res.eval["auc"])
     return rows
 
 
+def pick(ne: Mapping[str, float]) -> str:
+    """The serving variant: the lowest NE (on the validation day), and never one worse than
+    labels only (labels only itself when none beats it, or when it is not in `ne`)."""
+    if LABELS_ONLY in ne:
+        best = min(ne, key=lambda v: (ne[v], v != LABELS_ONLY))
+        return best if ne[best] < ne[LABELS_ONLY] else LABELS_ONLY
+    raise ConfigError("registry.variant auto: the variants must include labels_only (the "
+                      "served variant never does worse than it)")
+
+
 def teacher_per_day(augmented: Path, days: Sequence[int]) -> dict[int, dict[str, Any]]:
-    """The teacher's metrics on each augmented day, from the day manifests."""
+    """The teacher's metrics on each augmented day, from the day manifests: over the day,
+    and per vertical name (`by_vertical`)."""
     out = {}
     for d in days:
         m = read_manifest(Path(augmented) / f"day={d}")
         if m is None:
             raise ConfigError(f"students: day {d} of {augmented} is not augmented (no manifest); "
                               f"run the augment stage for it")
-        out[d] = {**m["teacher_metrics"], "teacher": m["teacher"]}
+        out[d] = {**m["teacher_metrics"], "teacher": m["teacher"],
+                  "by_vertical": m.get("teacher_metrics_by_vertical", {})}
     return out
 
 
 def report(results: Mapping[str, Mapping[str, list[dict[str, Any]]]],
-           teacher: Mapping[int, Mapping[str, Any]], teacher_days: int) -> dict[str, Any]:
-    """The ExFM table on the last evaluation day, and NE per day (for the plot).
+           vms: Sequence[VerticalModel], schema: FeatureSchema,
+           teacher: Mapping[int, Mapping[str, Any]], *, validation_day: int | None,
+           serving: str) -> dict[str, Any]:
+    """The ExFM table on the last evaluation day, per vertical (the FM's NE on it, and every
+    VM's variants), the serving pick per VM, and NE per day (for the plot).
 
-    results: student -> variant -> per-day rows (stream_student); teacher: day -> metrics.
+    results: VM name -> variant -> per-day rows; teacher: day -> metrics (augment's).
+    serving: registry.variant ("auto": picked on `validation_day`, see `pick`).
     """
     last = max(r["day"] for per in results.values() for rows in per.values() for r in rows)
+    names = schema.verticals()
     t = teacher[last]
-    table = [{"model": f"teacher (stale: trained to day {teacher_days})",
-              "ne": t["ne"], "auc": t["auc"]}]
-    students: dict[str, Any] = {}
-    for s, per in results.items():
-        students[s] = {}
-        for v in _ordered(per):
-            rows = per[v]
-            final = next(r for r in rows if r["day"] == last)
-            students[s][v] = {"ne": final["ne"], "auc": final["auc"],
-                              "calibration": final["calibration"]}
-            table.append({"model": f"student {s}, {LABELS.get(v, v)}", "ne": final["ne"],
-                          "auc": final["auc"]})
+    verticals: dict[str, Any] = {}
+    table = []
+    for vm in vms:
+        per = results[vm.name]
+        vname = names.get(vm.vertical, "all") if vm.vertical is not None else "all"
+        fm = t["by_vertical"].get(vname, t) if vm.vertical is not None else t
+        vert = verticals.setdefault(vname, {"teacher": {k: fm.get(k) for k in
+                                                        ("ne", "auc", "calibration")},
+                                            "students": {}})
+        final = {v: next(r for r in per[v] if r["day"] == last) for v in _ordered(per)}
+        valid = {v: next((r["ne"] for r in per[v] if r["day"] == validation_day), math.nan)
+                 for v in final} if validation_day is not None else {}
+        chosen = (pick(valid) if serving == "auto" and valid else
+                  LABELS_ONLY if serving == "auto" else serving)
+        base = final[LABELS_ONLY]["ne"] if LABELS_ONLY in final else None
+        vert["students"][vm.size] = {
+            "model": vm.name, "serving": chosen, "validation_ne": valid,
+            "variants": {v: {k: r[k] for k in ("ne", "auc", "calibration", "rows")}
+                         for v, r in final.items()},
+            "gain_vs_labels_only": {v: base / r["ne"] for v, r in final.items()
+                                    if base is not None and v != LABELS_ONLY},
+            "teacher_gain": (base / fm["ne"]) if base is not None and fm.get("ne") else None}
+        if len(table) == 0 or table[-1]["vertical"] != vname:
+            table.append({"vertical": vname, "model": "foundation model (teacher)",
+                          "ne": fm.get("ne"), "auc": fm.get("auc")})
+        for v, r in final.items():
+            table.append({"vertical": vname, "model": f"{vm.size}, {LABELS.get(v, v)}"
+                          + (" (served)" if v == chosen else ""), "ne": r["ne"],
+                          "auc": r["auc"]})
     per_day = []
     days = sorted({r["day"] for per in results.values() for rows in per.values() for r in rows})
     for d in days:
-        point: dict[str, Any] = {"day": d, "teacher": teacher[d]["ne"]}
+        point: dict[str, Any] = {"day": d}
+        if d in teacher:
+            point["teacher"] = teacher[d]["ne"]
         for s, per in results.items():
             for v, rows in per.items():
                 point[f"{s}/{v}"] = next((r["ne"] for r in rows if r["day"] == d), math.nan)
         per_day.append(point)
-    gains = {}
-    for s, per in students.items():
-        if "labels_only" in per:
-            base = per["labels_only"]["ne"]
-            gains[s] = {v: base / m["ne"] for v, m in per.items() if v != "labels_only"}
-    return {"eval_day": last, "teacher_days": teacher_days,
-            "teacher": {"ne": t["ne"], "auc": t["auc"], "calibration": t.get("calibration")},
-            "students": students, "gain_vs_labels_only": gains, "table": table,
-            "per_day": per_day}
+    return {"eval_day": last, "validation_day": validation_day, "serving_rule": serving,
+            "teacher": {"ne": t["ne"], "auc": t["auc"], "calibration": t.get("calibration"),
+                        "version": t.get("teacher")},
+            "verticals": verticals, "table": table, "per_day": per_day,
+            "serving": {vm.name: verticals[names.get(vm.vertical, "all")
+                                           if vm.vertical is not None else "all"]
+                        ["students"][vm.size]["serving"] for vm in vms}}
 
 
 def _ordered(variants: Mapping[str, Any]) -> list[str]:
@@ -144,9 +210,14 @@ def _ordered(variants: Mapping[str, Any]) -> list[str]:
 
 def markdown(table: Sequence[Mapping[str, Any]]) -> str:
     """The table as GitHub markdown."""
-    lines = ["| model | NE | AUC |", "|---|---|---|"]
-    lines += [f"| {r['model']} | {r['ne']:.4f} | {r['auc']:.4f} |" for r in table]
+    lines = ["| vertical | model | NE | AUC |", "|---|---|---|---|"]
+    lines += [f"| {r['vertical']} | {r['model']} | {_f(r['ne'])} | {_f(r['auc'])} |"
+              for r in table]
     return "\n".join(lines) + "\n"
+
+
+def _f(x: Any) -> str:
+    return "n/a" if x is None else f"{float(x):.4f}"
 
 
 def mean_spread(values: Sequence[float]) -> dict[str, float]:
@@ -154,3 +225,7 @@ def mean_spread(values: Sequence[float]) -> dict[str, float]:
     vals = list(values)
     return {"mean": statistics.fmean(vals), "spread": max(vals) - min(vals),
             "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+
+
+__all__ = ["LABELS", "LABELS_ONLY", "VARIANTS", "VerticalModel", "markdown", "mean_spread",
+           "pick", "report", "teacher_per_day", "train_vm", "vertical_models"]

@@ -7,9 +7,11 @@ and optimizer state, or, after a failed run of D, D's own newest checkpoint. The
 and registering are the teacher and student stages' (flows/streaming.py runs them through
 the stage runner); this module holds what the flow decides with.
 
-The teacher: retrained every `streaming.teacher_every` days on the days since its last
-window (the first time on [0, D)), scored on day D (a day it has not seen), registered as
-`teacher.registry_name`.
+The teacher (the foundation model): retrained every `exfm.teacher_every` days on the days
+since its last window, each version trained through day D - `exfm.teacher_lag` (it lags the
+students as in the ExFM stage, lrm.exfm.schedule: the first time on [0, D - lag + 1)),
+scored on day D (a day it has not seen), registered as `teacher.registry_name`; its
+@champion logs day D.
 """
 
 from __future__ import annotations
@@ -34,28 +36,32 @@ def teacher_state(paths: StreamPaths) -> dict[str, Any] | None:
 
 
 def teacher_due(paths: StreamPaths, cfg: ParamsConfig, day: int) -> list[int] | None:
-    """The days the teacher trains on at day `day`, or None when it is not due."""
+    """The days the teacher trains on at day `day`, or None when it is not due: those since
+    its last window, through day - exfm.teacher_lag."""
+    end = day - cfg.exfm.teacher_lag + 1  # the first day it may not see
     state = teacher_state(paths)
     if state is None:
-        return list(range(day))
+        return list(range(max(end, 1)))
     until = int(state["until"])
-    every = cfg.streaming.teacher_every
-    if every == 0 or day - until < every:
+    every = cfg.exfm.teacher_every
+    if every == 0 or day - until < every or end <= int(state.get("trained_until", until)):
         return None
-    return list(range(until, day))
+    return list(range(int(state.get("trained_until", until)), end))
 
 
 def not_due(paths: StreamPaths, cfg: ParamsConfig) -> dict[str, Any]:
     """What the day's record says of a teacher that is not due: its last window, the next."""
     state = teacher_state(paths) or {}
-    every = cfg.streaming.teacher_every
+    every = cfg.exfm.teacher_every
     return {"due": False, "until": state.get("until"),
             "next": int(state["until"]) + every if every and state else None}
 
 
 def record_teacher(paths: StreamPaths, day: int, window: list[int], version: str) -> None:
-    """The teacher's step of day `day` is over: its window and registered version."""
-    io.write_json({"until": day, "window": window, "version": version},
+    """The teacher's step of day `day` is over: its window (through `trained_until` - 1)
+    and registered version."""
+    io.write_json({"until": day, "trained_until": window[-1] + 1 if window else day,
+                   "window": window, "version": version},
                   paths.teacher_state(), stage=STAGE)
 
 

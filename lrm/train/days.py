@@ -29,6 +29,7 @@ hash into them.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 from pathlib import Path
@@ -56,6 +57,15 @@ def finished(chain: Path, before: int | None = None) -> list[int]:
                   if (p / DONE).is_file() and (before is None or d < before))
 
 
+def done_info(chain: Path, day: int) -> dict[str, Any]:
+    """What a finished day recorded (`trained`: its steps, start and eval), or {}."""
+    try:
+        doc = json.loads((Path(chain) / f"day={day}" / DONE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
 def model_of(chain: Path, day: int) -> Path:
     """Day `day`'s model folder in the chain."""
     return Path(chain) / f"day={day}" / MODEL
@@ -68,16 +78,19 @@ def newest(chain: Path, before: int | None = None) -> Path | None:
 
 
 def train_day(job: TrainJob, chain: Path, day: int, *, owner: str,
-              log_fn: LogFn | None = None) -> TrainResult:
+              log_fn: LogFn | None = None, seed: Path | None = None) -> TrainResult:
     """Train `job` (day D's data: its split, held-out day and out) as day D of the model
     whose days live in `chain` (module docstring); the day's model is saved in the chain and
-    at `job.out`, and the day's folder is marked finished."""
+    at `job.out`, and the day's folder is marked finished.
+
+    seed: the model folder the chain's first day starts from (another chain's day: a VM's
+    labels-only days before the teacher serves, lrm.exfm.students); None: fresh."""
     chain = Path(chain)
     io.claim_dir(chain, owner)
     folder = chain / f"day={day}"
     io.claim_dir(folder, owner)
     own, _ = Store(folder).newest_restorable()
-    prev = newest(chain, before=day)
+    prev = newest(chain, before=day) or seed
     start: dict[str, Any] = {"start": "resume"} if own is not None or prev is None else \
         {"start": "warm", "init_from": prev}
     run = job.but(checkpoints=folder, out=model_of(chain, day),
@@ -125,5 +138,5 @@ def trained(result: TrainResult) -> dict[str, Any]:
             "eval": result.eval}
 
 
-__all__ = ["DONE", "KEEP", "MODEL", "finish", "finished", "model_of", "newest", "train_day",
-           "trained"]
+__all__ = ["DONE", "KEEP", "MODEL", "done_info", "finish", "finished", "model_of", "newest",
+           "train_day", "trained"]

@@ -30,6 +30,7 @@ checkpointed position, so it reproduces the uninterrupted run bit for bit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 
 from lrm.checkpoint import CheckpointManager
+from lrm.config import ModelConfig
 from lrm.data.batch import Batch
 from lrm.dist import Dist, intra_op_threads, loader_workers, process_group, quiet_libraries
 from lrm.errors import ConfigError, DataError
@@ -312,6 +314,7 @@ class _Run:
                     "train_days": self.data.train_days, "eval_day": self.data.eval_day,
                     "eval": final, "world_size": env.world_size, "batch_size": sched.batch_size,
                     "recd": job.loader.recd, "loader_workers": self.workers,
+                    "verticals": list(job.split.verticals),
                     "schedule": sched.summary(), "validation": validation, "start": job.start,
                     "init_from": str(job.init_from) if job.init_from else None,
                     "fp8": self.fp8, "sharding": sharding, **job.info}
@@ -366,16 +369,39 @@ def _fp8_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if is_fp8(m)]
 
 
-def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: Any,
+# an ExFM student may grow the parts its distillation trains (lrm.models.exfm) on a model
+# without them: they start fresh, everything else from the model (lrm.exfm.students)
+_GROWN = ("aux_head.", "adapter.")
+
+
+def _grows(then: ModelConfig, now: ModelConfig) -> bool:
+    """Whether `now` is `then` with an ExFM student's auxiliary head or adapter added."""
+    plain = {"aux_head": False, "adapter": False}
+    return (then.student.aux_head <= now.student.aux_head
+            and then.student.adapter <= now.student.adapter and then != now
+            and dataclasses.replace(then, student=dataclasses.replace(then.student, **plain))
+            == dataclasses.replace(now, student=dataclasses.replace(now.student, **plain)))
+
+
+def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
                 sizes: dict[str, int]) -> None:
     """Load a saved model's weights (plain tensors) into the sharded model."""
     card = read_card(path)
-    if card.kind != kind or card.model != model_cfg or card.hash_sizes != sizes:
+    grown = kind == "student" and card.kind == kind and _grows(card.model, model_cfg)
+    if card.kind != kind or card.hash_sizes != sizes or (card.model != model_cfg
+                                                          and not grown):
         raise ConfigError(f"init_from {path}: a {card.kind} with another config or table "
                           f"sizes than this {kind}; it cannot start this run")
     weights = torch.load(Path(path) / WEIGHTS, map_location="cpu", weights_only=True)
-    dmp.load_state_dict(dict(weights))  # DMP renames the keys of the dict it is given
-    log.info("started from the weights of %s", path)
+    # DMP renames the keys of the dict it is given
+    missing, unexpected = dmp.load_state_dict(dict(weights), strict=not grown)
+    fresh = [k for k in missing if not any(p in k for p in _GROWN)]
+    if fresh or unexpected:
+        raise ConfigError(f"init_from {path}: its weights do not fit this {kind} (missing "
+                          f"{fresh[:3]}, unexpected {list(unexpected)[:3]})")
+    log.info("started from the weights of %s%s", path,
+             f" (the ExFM parts it grows start fresh: {len(missing)} tensors)" if missing
+             else "")
 
 
 def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *,

@@ -1,6 +1,8 @@
-"""ExFM's stages through their command lines: teacher -> augment -> student on tiny data
-(4 days, T = 1: students stream over days 1 and 2), the registry, idempotent augment, the
-table and the plot; and bad input -> exit status 2 with one line."""
+"""ExFM's stages through their command lines, on tiny data with two verticals (5 days): the
+foundation model's versions (T = 1, a new one every 2 days, lagging 2), augment by the version
+that served each day, the vertical models day by day in every variant (labels only before
+the teacher serves, then each variant going on from that model), the table, the serving pick
+and its registration; and bad input -> exit status 2 with one line."""
 
 from __future__ import annotations
 
@@ -14,18 +16,22 @@ import mlflow
 import pytest
 import yaml
 
-from lrm.config import DedupConfig, GenerateConfig
+from lrm.config import DedupConfig, GenerateConfig, VerticalConfig
 from lrm.data import dedup, synthetic
+from lrm.train.export import model_hash
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-WORLD = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=4,
+WORLD = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=5,
                        sessions_per_day=1200, mean_session_length=6.0, max_history=20,
-                       drift=0.3, seed=5)
+                       drift=0.3, seed=5,
+                       verticals=[VerticalConfig(name="north", share=0.6),
+                                  VerticalConfig(name="south", share=0.4, base_ctr=0.05,
+                                                 position=2.0, own=0.5)])
 SMALL_TRAIN = {"batch_size": 512, "lr": 0.01, "log_every": 5, "threads": 1}
 PARAMS = {
-    "exfm": {"teacher_days": 1},
+    "exfm": {"teacher_days": 1, "teacher_every": 2, "teacher_lag": 2},
     "model": {"tables": {"max_rows": 5000},
               "teacher": {"embedding_dim": 8, "dense_embeddings": 1, "dense_mlp": [8],
                           "layers": 1, "fm_embeddings": 4, "lcb_embeddings": 4, "fm_rank": 4,
@@ -34,8 +40,7 @@ PARAMS = {
     "augment": {"batch_size": 1000},
     "students": {
         "train": SMALL_TRAIN,
-        "models": {"a": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [16, 8]},
-                   "b": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [8]}},
+        "models": {"a": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [16, 8]}},
         "variants": {"labels_only": {"distill": False},
                      "distill_serving": {"aux_head": False, "adapter": False},
                      "aux_head": {"adapter": False},
@@ -71,54 +76,86 @@ def _ok(r):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
 
 
-def test_teacher_augment_student_chain(world, tmp_path):
+def test_teacher_augment_student_register_chain(world, tmp_path):
     r = _stage(tmp_path, "teacher", "--data", str(world))
     _ok(r)
     assert "Successfully loaded" not in r.stdout + r.stderr  # fbgemm's import chatter is quiet
     t = json.loads((tmp_path / "metrics/teacher.json").read_text())
-    assert t["train_days"] == [0] and t["eval_day"] == 1
-    reg = t["registry"]  # the first version: no champion to beat, it becomes champion
-    assert (reg["name"], reg["version"], reg["promoted"]) == ("lrm-teacher", "1", True)
-    assert reg["champion"] is None and reg["challenger"]["ne"] == pytest.approx(t["eval"]["ne"])
+    # versions 1 (days [0, 1)) and 3 (it goes on with days 1-2); 3 logs day 4 = 3 + lag - 1
+    assert (t["cuts"], t["lag"], t["first_served"]) == ([1, 3], 2, 2)
+    assert t["versions"]["1"]["train_days"] == [0] and t["versions"]["1"]["eval_day"] == 1
+    assert t["versions"]["3"]["train_days"] == [1, 2] and t["versions"]["3"]["eval_day"] == 3
+    fm = tmp_path / "models" / "teacher"
+    assert json.loads((fm / "versions.json").read_text()) == {"cuts": [1, 3], "lag": 2}
+    v3 = json.loads((fm / "until=3" / "model.json").read_text())["info"]
+    assert v3["start"] == "warm" and v3["init_from"].endswith("day=1/model")  # from version 1
+    reg = t["registry"]  # each version registered; the first has no champion to beat
+    assert (reg["1"]["name"], reg["1"]["version"], reg["1"]["promoted"]) == \
+        ("lrm-teacher", "1", True)
+    assert reg["3"]["version"] == "2" and reg["3"]["champion_version"] == "1"
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     client = mlflow.MlflowClient()
-    mv = client.get_model_version_by_alias("lrm-teacher", "champion")
-    assert str(mv.version) == "1" and mv.tags["lrm.content_hash"] == t["content_hash"]
+    assert client.get_model_version("lrm-teacher", "1").tags["lrm.content_hash"] == \
+        model_hash(fm / "until=1")
 
     _ok(_stage(tmp_path, "augment", "--data", str(world)))
     a = json.loads((tmp_path / "metrics/augment.json").read_text())
-    assert a["days"] == [1, 2, 3] and a["written"] == [1, 2, 3]
-    assert a["teacher_version"] == {"hash": t["content_hash"], "registry": "lrm-teacher/1"}
+    assert a["days"] == [2, 3, 4] and a["written"] == [2, 3, 4]  # the days a version serves
+    by_day = {d: v["hash"] for d, v in a["teacher_version"].items()}
+    assert by_day == {"2": model_hash(fm / "until=1"), "3": model_hash(fm / "until=1"),
+                      "4": model_hash(fm / "until=3")}  # lagging: day 3 not yet by version 3
+    assert a["teacher_version"]["4"]["registry"] == "lrm-teacher/2"
+    assert set(a["teacher_by_vertical"]["4"]) == {"north", "south"}
     _ok(_stage(tmp_path, "augment", "--data", str(world)))  # idempotent
     again = json.loads((tmp_path / "metrics/augment.json").read_text())
-    assert again["written"] == [] and again["skipped"] == [1, 2, 3]
+    assert again["written"] == [] and again["skipped"] == [2, 3, 4]
 
-    r = _stage(tmp_path, "student")
+    r = _stage(tmp_path, "student", "--data", "data/augmented", "--sessions", str(world))
     _ok(r)  # every progress line says which student, variant and day it belongs to
-    assert "[student a labels_only day 1: train student]" in r.stderr, r.stderr[-3000:]
+    assert "[student north-a day 0: train student]" in r.stderr, r.stderr[-3000:]
+    assert "[student south-a aux_head day 3: train student]" in r.stderr
     rep = json.loads((tmp_path / "metrics/exfm.json").read_text())
-    assert rep["eval_day"] == 3 and rep["days"] == {"train": [1, 2], "eval": [2, 3]}
-    assert [r["model"] for r in rep["table"]] == [
-        "teacher (stale: trained to day 1)",
-        "student a, labels only", "student a, distillation on the serving head",
-        "student a, auxiliary head", "student a, auxiliary head + adapter",
-        "student b, labels only", "student b, distillation on the serving head",
-        "student b, auxiliary head", "student b, auxiliary head + adapter"]
-    assert all(0 < r["ne"] < 2 and 0 < r["auc"] < 1 for r in rep["table"])
-    assert rep["teacher"]["ne"] == a["teacher"]["3"]["ne"]
-    assert set(rep["gain_vs_labels_only"]["a"]) == {"distill_serving", "aux_head", "aux_adapter"}
+    assert (rep["eval_day"], rep["validation_day"]) == (4, 3)
+    assert rep["days"] == {"train": [0, 1, 2, 3], "eval": [1, 2, 3, 4], "first_served": 2}
+    assert set(rep["verticals"]) == {"north", "south"}
+    for name in ("north", "south"):
+        v = rep["verticals"][name]
+        assert v["teacher"]["ne"] == a["teacher_by_vertical"]["4"][name]["ne"]
+        s = v["students"]["a"]
+        assert set(s["variants"]) == {"labels_only", "distill_serving", "aux_head",
+                                      "aux_adapter"}
+        assert all(0 < m["ne"] < 2 for m in s["variants"].values())
+        # the pick: the best on the validation day, and never worse than labels only
+        valid = s["validation_ne"]
+        assert s["serving"] == min(valid, key=valid.get) or s["serving"] == "labels_only"
+        assert valid[s["serving"]] <= valid["labels_only"]
+    serving = json.loads((tmp_path / "models/students/serving.json").read_text())
+    assert serving == {f"{v}-a": {"variant": rep["verticals"][v]["students"]["a"]["serving"],
+                                  "vertical": i} for i, v in enumerate(("north", "south"))}
     with open(tmp_path / "plots/exfm_ne.csv") as f:
         rows = list(csv.DictReader(f))
-    assert [r["day"] for r in rows] == ["2", "3"]
-    assert {"teacher", "a/labels_only", "b/aux_adapter"} <= set(rows[0])
-    assert (tmp_path / "metrics/exfm.md").read_text().startswith("| model | NE | AUC |")
-    for s in ("a", "b"):
+    assert [r["day"] for r in rows] == ["1", "2", "3", "4"]
+    assert {"north-a/labels_only", "south-a/aux_adapter"} <= set(rows[0])
+    assert (tmp_path / "metrics/exfm.md").read_text().startswith("| vertical | model |")
+    chains = tmp_path / "checkpoints" / "students"
+    for vm in ("north-a", "south-a"):
         for v in ("labels_only", "aux_adapter"):
-            card = json.loads((tmp_path / f"models/students/{s}/{v}/model.json").read_text())
-            assert card["info"]["train_days"] == [2]  # the last day, carried on from day 1
-            assert card["info"]["start"] == "warm"  # from the day before's model
-    full = json.loads((tmp_path / "models/students/a/aux_adapter/model.json").read_text())
+            card = json.loads((tmp_path / f"models/students/{vm}/{v}/model.json").read_text())
+            assert card["info"]["train_days"] == [3] and card["info"]["start"] == "warm"
+        first = json.loads((chains / vm / "aux_adapter" / "day=2" / "model" /
+                            "model.json").read_text())["info"]  # the variant's first day
+        # the labels-only model of the day before the teacher's first day
+        assert tmp_path / first["init_from"] == chains / vm / "_labels" / "day=1" / "model"
+        assert first["verticals"] == [0 if vm == "north-a" else 1]
+    full = json.loads((tmp_path / "models/students/north-a/aux_adapter/model.json").read_text())
     assert full["model"]["student"]["aux_head"] and full["model"]["student"]["adapter"]
+
+    _ok(_stage(tmp_path, "register"))
+    done = json.loads((tmp_path / "metrics/register.json").read_text())["students"]
+    for vm, s in serving.items():
+        assert done[vm]["name"] == f"lrm-student-{vm}" and done[vm]["variant"] == s["variant"]
+        mv = client.get_model_version(f"lrm-student-{vm}", done[vm]["version"])
+        assert mv.tags["lrm.variant"] == s["variant"]
 
 
 def test_bad_input_exits_2_with_one_line(world, tmp_path):
@@ -131,5 +168,5 @@ def test_bad_input_exits_2_with_one_line(world, tmp_path):
     assert r.returncode == 2 and "students.variants.x.weight" in r.stderr
     bad = json.loads(json.dumps(PARAMS))
     bad["exfm"]["teacher_days"] = 9
-    r = _stage(tmp_path, "student", "--data", str(world), params=bad)
-    assert r.returncode == 2 and "no day to train on" in r.stderr
+    r = _stage(tmp_path, "teacher", "--data", str(world), params=bad)
+    assert r.returncode == 2 and "the data's last day is 4" in r.stderr
