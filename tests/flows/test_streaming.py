@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 from flows.streaming import main as streaming_main
 from flows.streaming import streaming
 from lrm import registry
-from lrm.config import GenerateConfig
+from lrm.config import GenerateConfig, from_dict
 from lrm.data import synthetic
 from lrm.train import days as chains
 from tests.conftest import HARNESS_STARTUP_S
@@ -33,21 +33,21 @@ from tests.test_registry import _scrambled
 pytestmark = pytest.mark.slow
 
 WORLD = {"users": 2000, "ads": 300, "advertisers": 40, "categories": 8, "days": 3,
-         "sessions_per_day": 150, "mean_session_length": 4.0, "max_history": 20}
+         "sessions_per_day": 150, "mean_session_length": 4.0, "max_history": 20,
+         "verticals": [{"name": "all"}]}  # one surface: a vertical model per size
 TINY = {
     "generate": WORLD,
     "dedup": {"rows_per_file": 100},
     "train": {"batch_size": 128, "log_every": 2, "threads": 1},
     "checkpoint": {"every": 2},  # 3-4 steps a day: a checkpoint mid-day, one at its end
-    "exfm": {"teacher_days": 1},
+    "exfm": {"teacher_days": 1, "teacher_every": 2, "teacher_lag": 1},
     "augment": {"batch_size": 1024},
     "loader": {"prefetch": 1, "num_workers": 1},
     "model": {"teacher": {"embedding_dim": 8, "dense_embeddings": 1, "dense_mlp": [8],
                           "layers": 1, "fm_embeddings": 4, "lcb_embeddings": 4, "fm_rank": 4,
                           "fm_mlp": [16], "top_mlp": [16]}},
     "students": {"models": {"small": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [8]}}},
-    "registry": {"margin": 0.0},
-    "streaming": {"teacher_every": 2},
+    "registry": {"margin": 0.0, "variant": "aux_adapter"},
 }
 STUDENT, TEACHER = "lrm-student-small", "lrm-teacher"
 PLANTED_DAY = 2
@@ -165,7 +165,7 @@ def test_three_days_each_processed_once(world):
 def test_students_start_each_day_from_the_day_before(world):
     trained = [r["students"]["small"]["train"] for r in world["records"]]
     assert trained[0]["start"] == "fresh"  # the first day
-    chain = world["root"] / "stream" / "checkpoints" / "students" / "small"
+    chain = world["root"] / "stream" / "checkpoints" / "students" / "small" / "aux_adapter"
     for d, now in enumerate(trained[1:], start=2):
         assert now["start"] == "warm" and now["steps"] > 0  # its own steps
         # the day before's model
@@ -231,7 +231,7 @@ def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(
 
     root, params = world["root"], world["params"]
     stream = root / "stream"
-    chain = stream / "checkpoints" / "students" / "small"
+    chain = stream / "checkpoints" / "students" / "small" / "aux_adapter"
     real = distill.ExFMLoss.__call__
     calls = {"n": 0}
 
@@ -276,7 +276,7 @@ def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
     """Files dropped in the inbox become days by content; day D + 1 there: scored on it."""
     inbox = tmp_path / "stream" / "incoming"
     inbox.mkdir(parents=True)
-    cfg = GenerateConfig(**WORLD, seed=11)
+    cfg = from_dict(GenerateConfig, {**WORLD, "seed": 11}, "generate")
     for d in range(3):  # days 0 (the teacher's), 1 and 2
         pq.write_table(synthetic.generate_day(cfg, d), inbox / f"export-{d}.parquet")
     (inbox / "zz-copy-of-day-1.parquet").write_bytes((inbox / "export-1.parquet").read_bytes())
@@ -331,7 +331,7 @@ def test_a_stream_day_honours_train_fp8_and_the_streaming_plan(harness, tmp_path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.chdir(tmp_path)
     world = tmp_path / "world"  # the plan's statistics: the same world's days
-    synthetic.generate(GenerateConfig(**WORLD), world / "raw")
+    synthetic.generate(from_dict(GenerateConfig, WORLD, "generate"), world / "raw")
     dedup.dedup_dataset(world / "raw", world / "sessions", DedupConfig(rows_per_file=100))
     plan = tmp_path / "plan.json"
     execute(shard_plan.STAGE, {"data": world / "sessions", "out": plan,
@@ -360,3 +360,42 @@ def test_a_stream_day_honours_train_fp8_and_the_streaming_plan(harness, tmp_path
     for info in (student, teacher):
         assert info["sharding"]["t_user_id"] == "column_wise on ranks [0]"
         assert info["sharding"]["t_ad_id"] == "table_wise on ranks [0]"
+
+
+def test_a_stream_of_two_verticals_serves_each_vertical_models_pick(harness, tmp_path,
+                                                                       monkeypatch):
+    """With registry.variant auto the stream runs the ExFM stage's procedure: every variant
+    of every vertical model each day, the one served the best on the day before (never one
+    worse than labels only; labels only on the first day), registered per vertical model
+    with its variant."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    two = [{"name": "north", "share": 0.6}, {"name": "south", "share": 0.4, "base_ctr": 0.05}]
+    params = _write_params(tmp_path, generate={"verticals": two, "sessions_per_day": 300},
+                           registry={"variant": "auto"},
+                           students={"variants": {"labels_only": {"distill": False},
+                                                  "aux_head": {"adapter": False}}})
+    state = streaming(days=2, params=[str(params)], return_state=True)
+    assert state.is_completed(), state.message
+    first, second = state.result()
+    assert set(first["students"]) == {"north-small", "south-small"}
+    names = asyncio.run(_task_run_names())
+    assert names.count("student north-small day 2") == 1
+    client = registry.client()
+    for vm in ("north-small", "south-small"):
+        assert first["students"][vm]["variant"] == "labels_only"  # nothing to pick from yet
+        s = second["students"][vm]
+        valid = s["validation_ne"]  # each variant's NE on day 1's evaluation
+        assert set(valid) == {"labels_only", "aux_head"}
+        want = "aux_head" if valid["aux_head"] < valid["labels_only"] else "labels_only"
+        assert s["variant"] == want
+        chain = tmp_path / "stream" / "checkpoints" / "students" / vm
+        assert sorted(p.name for p in chain.iterdir() if p.is_dir()) == \
+            ["aux_head", "labels_only"]  # both variants carried day to day
+        d = s["decision"]
+        assert d["name"] == f"lrm-student-{vm}"
+        assert client.get_model_version(d["name"], d["version"]).tags["lrm.variant"] == want
+        vertical = 0 if vm == "north-small" else 1
+        card = json.loads((tmp_path / "stream" / "models" / "students" / "day=2" / vm / want /
+                           "model.json").read_text())
+        assert card["info"]["verticals"] == [vertical]  # trained on its vertical alone
