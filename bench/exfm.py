@@ -1,15 +1,18 @@
 """ExFM benchmarks: `python bench/exfm.py [--quick]` prints one JSON line per case.
 
-exfm.augment       augment rows/s (teacher forward + reading + writing the augmented days)
-                   vs the teacher's bare inference rows/s on the same batches
-exfm.student_gain  NE of the student with auxiliary head + adapter (candidate) vs the
-                   labels-only student (baseline) on the same evaluation day, mean over 3
-                   student seeds (same data and teacher), with every seed's figures, their
-                   spread, the paired per-seed differences, and the full table of the four
-                   variants and the teacher (NE, AUC, calibration: mean, spread) in one line
+exfm.teacher_gain   a line per vertical: the foundation model's NE on the vertical's held-out
+                    last day (candidate) against the best labels-only vertical model's (its
+                    size with the lowest mean NE over the seeds), ratio = labels-only / FM
+exfm.student_gain   a line per vertical x size: labels-only NE (baseline) against the served
+                    variant's (candidate, picked on the validation day by registry.variant
+                    auto), every seed's figures, their spread, `gain_over_spread` (mean NE
+                    gain / the larger seed spread) and the full variant table
+exfm.augment        augment rows/s against the teacher's bare forward on the same batches
 
-The default run uses params.yaml's generate / exfm / teacher / students sections (first
-student only); --quick a small world (under a minute on 2 cores).
+The labels-only vertical model is trained on every day of its vertical: the user's real
+alternative. The default run uses params.yaml's world and models with 3 student seeds
+(minutes to hours on 2 cores: it prints how long each part took); --quick a small world
+(under a minute).
 """
 
 from __future__ import annotations
@@ -26,14 +29,16 @@ from bench.cases import exfm_cases  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
-    ap.add_argument("--only", choices=["augment", "student_gain"], default=None)
-    ap.add_argument("--seeds", type=int, default=3, help="student seeds for student_gain")
+    ap.add_argument("--only", choices=["augment", "gains"], default=None)
+    ap.add_argument("--seeds", type=int, default=None,
+                    help="student seeds (default: 3; --quick: 1)")
     args = ap.parse_args()
+    seeds = args.seeds or (1 if args.quick else 3)
     with exfm_cases.world(args.quick) as w:
+        if args.only in (None, "gains"):
+            exfm_cases.run_gains(w, seeds=seeds)
         if args.only in (None, "augment"):
             exfm_cases.run_augment(w)
-        if args.only in (None, "student_gain"):
-            exfm_cases.run_student_gain(w, seeds=args.seeds)
 
 
 if __name__ == "__main__":

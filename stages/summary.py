@@ -2,8 +2,9 @@
 
     lrm summary [--eval metrics/eval.json --exfm metrics/exfm.json]
 
-`metrics/summary.json` holds NE and AUC per model (the baselines, the teacher and every
-student variant on the last evaluation day) and is the one file `dvc metrics show` lists,
+`metrics/summary.json` holds NE and AUC per model (the baselines; per vertical on the last
+evaluation day the foundation model, and each student size's labels-only and served
+variant) and is the one file `dvc metrics show` lists,
 so its default view reads at a glance; `metrics/summary.md` is the same as a table, which
 `make run` prints at the end. The stages' own metrics files keep every detail.
 """
@@ -43,11 +44,13 @@ def headline(evaluation: dict[str, Any], exfm: dict[str, Any]) -> dict[str, Any]
     out[f"baseline_day{next(iter(evaluation.values())).get('day', '')}"] = {
         name: pick(m) for name, m in evaluation.items() if isinstance(m, dict)}
     day = exfm.get("eval_day", "")
-    ex = {"teacher": pick(exfm.get("teacher", {}))}
-    for s, per in exfm.get("students", {}).items():
-        for v, m in per.items():
-            ex[f"{s}/{v}"] = pick(m)
-    out[f"exfm_day{day}"] = ex
+    for vertical, v in exfm.get("verticals", {}).items():  # the FM, each size's labels-only
+        ex = {"teacher": pick(v.get("teacher", {}))}  # and served variant
+        for size, s in v.get("students", {}).items():
+            ex[f"{size}/labels_only"] = pick(s["variants"]["labels_only"])
+            if s["serving"] != "labels_only":
+                ex[f"{size}/{s['serving']} (served)"] = pick(s["variants"][s["serving"]])
+        out[f"exfm_day{day}_{vertical}"] = ex
     return out
 
 

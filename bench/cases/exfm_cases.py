@@ -1,8 +1,13 @@
-"""ExFM benchmark cases (bench/exfm.py): augment throughput, and the student's NE gain.
+"""ExFM benchmark cases (bench/exfm.py): the foundation model's lead, each vertical model's gain
+from it, and augment's throughput.
 
-The world: the synthetic log with params.yaml's `generate` section (drift on), the teacher
-trained by the ordinary loop on days [0, T) with the `teacher` section, the students' days
-augmented by it. --quick: 4 days of 4,000 sessions, T = 2, smaller teacher and student.
+The world and the procedure are the pipeline's: params.yaml's `generate` world (its
+verticals), the foundation model's versions on their cadence and lag (lrm.exfm.fm, the
+teacher stage's), every day augmented by the version that served it, and each vertical
+model trained by the student stage's procedure (lrm.exfm.students.train_vm: labels only
+until the teacher serves, then every variant), scored on each vertical's last day. Seeds
+change the students' initialization and data order (the world and the FM are the same).
+--quick: a small world of two verticals, one size, two variants, one seed (under a minute).
 """
 
 from __future__ import annotations
@@ -19,32 +24,34 @@ import torch
 import yaml
 
 from bench.common import emit
-from lrm.config import (
-    DedupConfig,
-    ParamsConfig,
-    SplitConfig,
-    StudentStageConfig,
-    from_dict,
-    with_overrides,
-)
+from lrm.config import DedupConfig, DistillConfig, ModelConfig, ParamsConfig, from_dict, \
+    with_overrides
 from lrm.data import dedup, synthetic
 from lrm.data.loader import BatchLoader
+from lrm.data.schema import day_files, read_schema
+from lrm.dist import quiet_libraries
+from lrm.exfm import fm
 from lrm.exfm import students as S
 from lrm.exfm.augment import augment_dataset, teacher_logits
-from lrm.train import TrainJob, train
-from lrm.dist import quiet_libraries
+from lrm.exfm.schedule import schedule
+from lrm.models.flops import flops_per_example
+from lrm.train import build_job
 from lrm.train.export import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = {
-    "generate": {"days": 4, "sessions_per_day": 4000},
-    "exfm": {"teacher_days": 2},
-    "model": {"teacher": {"embedding_dim": 16, "layers": 2, "fm_mlp": [128],
-                          "top_mlp": [128, 32]}},
+    "generate": {"days": 5, "sessions_per_day": 3000, "users": 5000, "ads": 1000,
+                 "verticals": [{"name": "north", "share": 0.6},
+                               {"name": "south", "share": 0.4, "base_ctr": 0.05}]},
+    "exfm": {"teacher_days": 2, "teacher_every": 2, "teacher_lag": 2},
+    "model": {"teacher": {"embedding_dim": 16, "layers": 2, "fm_mlp": [64],
+                          "top_mlp": [64, 32]}},
     "teacher": {"train": {"batch_size": 512}},
     "students": {"train": {"batch_size": 512},
                  "models": {"small": {"embedding_dim": 8, "bottom_mlp": [32],
-                                      "top_mlp": [64, 32]}}},
+                                      "top_mlp": [64, 32]}},
+                 "variants": {"labels_only": {"distill": False},
+                              "aux_adapter": {"aux_head": True, "adapter": True}}},
 }
 
 
@@ -57,8 +64,9 @@ def _params(quick: bool) -> dict[str, Any]:
 
 
 def _merge(into: dict[str, Any], over: dict[str, Any]) -> None:
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(into.get(k), dict):
+    for k, v in over.items():  # QUICK's models and variants are the whole sets
+        if isinstance(v, dict) and isinstance(into.get(k), dict) and k not in ("models",
+                                                                               "variants"):
             _merge(into[k], v)
         else:
             into[k] = v
@@ -66,43 +74,38 @@ def _merge(into: dict[str, Any], over: dict[str, Any]) -> None:
 
 @contextmanager
 def world(quick: bool) -> Iterator[dict[str, Any]]:
-    """Data, teacher and augmented days in a temporary folder (see the module docstring)."""
+    """Data, the FM's versions and the augmented days, in a temporary folder."""
     quiet_libraries()
-    p = _params(quick)
-    pc = from_dict(ParamsConfig, p, "params")
-    gen, exfm, mcfg, acfg, loader = pc.generate, pc.exfm, pc.model, pc.augment, pc.loader
-    scfg = pc.students
-    teacher_train = with_overrides(pc.train, pc.teacher.train)
-    student_train = with_overrides(pc.train, scfg.train)
+    pc = from_dict(ParamsConfig, _params(quick), "params")
     with tempfile.TemporaryDirectory(prefix="lrm-bench-exfm-") as tmp:
         root = Path(tmp)
-        synthetic.generate(gen, root / "raw")
+        synthetic.generate(pc.generate, root / "raw")
         dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
-        T = exfm.teacher_days
+        sched = schedule(list(day_files(root / "sessions")), pc.exfm)
+        job = build_job("teacher", train=with_overrides(pc.train, pc.teacher.train),
+                        model=pc.model, data=root / "sessions", loader=pc.loader,
+                        checkpoint=pc.checkpoint)
         t0 = time.perf_counter()
-        res = train(TrainJob(kind="teacher", train=teacher_train, model=mcfg,
-                             data=root / "sessions",
-                             split=SplitConfig(days=list(range(T)), eval_day=T), loader=loader,
-                             out=root / "teacher"))
-        teacher_s = time.perf_counter() - t0
-        days = [d for d in range(gen.days) if d >= T]
-        aug = augment_dataset(root / "teacher", root / "sessions", root / "augmented", days,
-                              batch_size=acfg.batch_size)
-        yield {"root": root, "sessions": root / "sessions", "augmented": root / "augmented",
-               "teacher": root / "teacher", "teacher_eval": res.eval, "teacher_s": teacher_s,
-               "augment": aug, "days": days, "exfm": exfm, "students": scfg, "loader": loader,
-               "student_train": student_train,
-               "augment_cfg": acfg, "generate": gen, "tables": mcfg.tables, "quick": quick}
+        (root / "fm").mkdir()
+        fm.train_versions(job, sched, root / "fm", root / "chains" / "fm", owner="bench")
+        fm_s = time.perf_counter() - t0
+        teachers = fm.teachers_by_day(root / "fm", list(day_files(root / "sessions")))
+        aug = augment_dataset(teachers, root / "sessions", root / "augmented",
+                              batch_size=pc.augment.batch_size)
+        yield {"root": root, "params": pc, "sched": sched, "fm_s": fm_s, "augment": aug,
+               "teachers": teachers, "quick": quick}
 
 
 def run_augment(w: dict[str, Any]) -> dict[str, Any]:
     """Augment rows/s vs the teacher's bare forward over the same batches (best of 2)."""
-    model, card = load_model(w["teacher"])
-    batch = w["augment_cfg"].batch_size
-    days = w["days"]
+    day = max(w["teachers"])
+    folder = w["teachers"][day]
+    model, card = load_model(folder)
+    batch = w["params"].augment.batch_size
+    sessions = w["root"] / "sessions"
 
     def bare() -> int:
-        loader = BatchLoader(w["sessions"], batch, days=days, hash_sizes=card.hash_sizes)
+        loader = BatchLoader(sessions, batch, days=[day], hash_sizes=card.hash_sizes)
         return sum(len(x) for x in teacher_logits(model, loader))
 
     best_bare = best_aug = float("inf")
@@ -112,71 +115,105 @@ def run_augment(w: dict[str, Any]) -> dict[str, Any]:
         rows = bare()
         best_bare = min(best_bare, time.perf_counter() - t0)
         t0 = time.perf_counter()
-        augment_dataset(w["teacher"], w["sessions"], w["root"] / "aug-bench", days,
-                        batch_size=batch, force=True)
+        augment_dataset(folder, sessions, w["root"] / "aug-bench", [day], batch_size=batch,
+                        force=True)
         best_aug = min(best_aug, time.perf_counter() - t0)
-    # the skip path: every day current, only the hashing is paid
-    t0 = time.perf_counter()
-    skipped = augment_dataset(w["teacher"], w["sessions"], w["root"] / "aug-bench", days,
+    t0 = time.perf_counter()  # the skip path: the day current, only the hashing is paid
+    skipped = augment_dataset(folder, sessions, w["root"] / "aug-bench", [day],
                               batch_size=batch)
     skip_s = time.perf_counter() - t0
     assert skipped["written"] == []
     return emit("exfm.augment", "augment_vs_bare_teacher_forward", "rows/s",
                 candidate=round(rows / best_aug, 1), baseline=round(rows / best_bare, 1),
-                better="higher", rows=rows, days=days, batch_size=batch,
+                better="higher", rows=rows, day=day, batch_size=batch,
                 seconds_augment=round(best_aug, 3), seconds_bare=round(best_bare, 3),
                 seconds_rerun_skipped=round(skip_s, 3), threads=torch.get_num_threads(),
                 quick=w["quick"])
 
 
-def run_student_gain(w: dict[str, Any], seeds: int = 3) -> dict[str, Any]:
-    """NE of aux head + adapter vs labels only, on the last eval day, over `seeds` seeds."""
-    scfg: StudentStageConfig = w["students"]
-    name, size = next(iter(scfg.models.items()))
-    variants = scfg.variants
-    if "labels_only" not in variants or "aux_adapter" not in variants:
-        variants = S.VARIANTS
-    days = S.student_days(w["augmented"], w["exfm"].teacher_days, scfg.days)
-    eval_day = days[-1] + 1
-    ne: dict[str, list[float]] = {v: [] for v in variants}
-    auc: dict[str, list[float]] = {v: [] for v in variants}
-    cal: dict[str, list[float]] = {v: [] for v in variants}
-    t0 = time.perf_counter()
+def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
+    """The student stage's report for each seed (every vertical model, every variant)."""
+    pc: ParamsConfig = w["params"]
+    root = w["root"]
+    sessions, augmented = root / "sessions", root / "augmented"
+    schema, _ = read_schema(sessions)
+    vms = S.vertical_models(schema, list(pc.students.models))
+    days = sorted(day_files(sessions))[:-1]
+    served = sorted(day_files(augmented))
+    evals = [d + 1 for d in days]
+    reports = []
     for seed in range(seeds):
-        train_cfg = dataclasses.replace(w["student_train"], seed=seed)
-        for v, dcfg in variants.items():
-            rows = S.stream_student(size, dcfg, train_cfg, w["augmented"], days,
-                                    w["root"] / "students" / f"{v}-{seed}", tables=w["tables"],
-                                    loader_cfg=w["loader"])
-            ne[v].append(rows[-1]["ne"])
-            auc[v].append(rows[-1]["auc"])
-            cal[v].append(rows[-1]["calibration"])
-    teacher = S.teacher_per_day(w["augmented"], [eval_day])[eval_day]
-    table = {"teacher": {"ne": teacher["ne"], "auc": teacher["auc"],
-                         "calibration": teacher["calibration"]}}
-    table.update({v: {"ne": S.mean_spread(ne[v]), "auc": S.mean_spread(auc[v]),
-                      "calibration": S.mean_spread(cal[v])} for v in variants})
-    gains = [b / c for b, c in zip(ne["labels_only"], ne["aux_adapter"], strict=True)]
-    diffs = [b - c for b, c in zip(ne["labels_only"], ne["aux_adapter"], strict=True)]
-    base, cand = S.mean_spread(ne["labels_only"]), S.mean_spread(ne["aux_adapter"])
-    return emit("exfm.student_gain", f"{name}_aux_adapter_vs_labels_only", "NE",
-                candidate=round(cand["mean"], 5), baseline=round(base["mean"], 5),
-                better="lower", seeds=list(range(seeds)),
-                candidate_per_seed=[round(x, 5) for x in ne["aux_adapter"]],
-                baseline_per_seed=[round(x, 5) for x in ne["labels_only"]],
-                spread={"candidate": round(cand["spread"], 5),
-                        "baseline": round(base["spread"], 5),
-                        "ratio": round(max(gains) - min(gains), 5)},
-                mean={"candidate": round(cand["mean"], 5), "baseline": round(base["mean"], 5),
-                      "ratio": round(sum(gains) / len(gains), 5)},
-                # seeds change the student's initialization and data order, and move every
-                # variant alike: the per-seed (paired) NE differences are the sharper test
-                paired_ne_diff={k: round(v, 5) for k, v in S.mean_spread(diffs).items()},
-                wins=sum(d > 0 for d in diffs),
-                gain_beyond_spread=(sum(diffs) / len(diffs)
-                                    > max(cand["spread"], base["spread"])),
-                gain_in_every_seed=min(diffs) > 0,
-                table=table, eval_day=eval_day, train_days=days,
-                teacher_days=w["exfm"].teacher_days, drift=w["generate"].drift,
-                sessions_per_day=w["generate"].sessions_per_day,
-                seconds=round(time.perf_counter() - t0, 1), quick=w["quick"])
+        cfg = dataclasses.replace(with_overrides(pc.train, pc.students.train), seed=seed)
+
+        def job_for(vm: S.VerticalModel, variant: DistillConfig, data: Path) -> Any:
+            return build_job("student", train=cfg,  # noqa: B023 (this seed's)
+                             model=ModelConfig(tables=pc.model.tables,
+                                               student=pc.students.models[vm.size]),
+                             data=data, loader=pc.loader, checkpoint=pc.checkpoint,
+                             distill=variant)
+
+        results = {vm.name: S.train_vm(vm, pc.students.variants, job_for, sessions=sessions,
+                                       augmented=augmented, days=days, first_served=served[0],
+                                       chains=root / "chains" / f"seed{seed}" / vm.name,
+                                       owner="bench")
+                   for vm in vms}
+        reports.append(S.report(results, vms, schema,
+                                S.teacher_per_day(augmented, [d for d in evals if d in served]),
+                                validation_day=evals[-2], serving="auto"))
+    return reports
+
+
+def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
+    """exfm.teacher_gain per vertical, exfm.student_gain per vertical x size, the table."""
+    pc: ParamsConfig = w["params"]
+    t0 = time.perf_counter()
+    reports = students(w, seeds)
+    seconds = round(time.perf_counter() - t0, 1)
+    schema, _ = read_schema(w["root"] / "sessions")
+    flops = {"teacher": _flops("teacher", pc.model, schema),
+             **{s: _flops("student", ModelConfig(tables=pc.model.tables, student=m), schema)
+                for s, m in pc.students.models.items()}}
+    common = {"seeds": list(range(seeds)), "eval_day": reports[0]["eval_day"],
+              "validation_day": reports[0]["validation_day"], "fm_cuts": list(w["sched"].cuts),
+              "teacher_lag": w["sched"].lag, "flops_per_example": flops,
+              "fm_seconds": round(w["fm_s"], 1), "students_seconds": seconds,
+              "quick": w["quick"]}
+    out = []
+    for vname, v in reports[0]["verticals"].items():
+        fm_ne = v["teacher"]["ne"]  # the FM's NE on the vertical's last day (one FM)
+        labels = {s: [r["verticals"][vname]["students"][s]["variants"]["labels_only"]["ne"]
+                      for r in reports] for s in v["students"]}
+        best = min(labels, key=lambda s: S.mean_spread(labels[s])["mean"])
+        b = S.mean_spread(labels[best])
+        out.append(emit("exfm.teacher_gain", vname, "NE", candidate=round(fm_ne, 5),
+                        baseline=round(b["mean"], 5), better="lower",
+                        best_labels_only=best, labels_only_per_seed=labels[best],
+                        labels_only_spread=round(b["spread"], 5), **common))
+        for size in v["students"]:
+            per = [r["verticals"][vname]["students"][size] for r in reports]
+            served = [p["serving"] for p in per]
+            base = [p["variants"]["labels_only"]["ne"] for p in per]
+            cand = [p["variants"][s]["ne"] for p, s in zip(per, served, strict=True)]
+            gains = [b_ / c for b_, c in zip(base, cand, strict=True)]
+            # seeds move every variant alike: the gain (NE) against the larger spread
+            spread = max(S.mean_spread(base)["spread"], S.mean_spread(cand)["spread"])
+            gain = S.mean_spread([b_ - c for b_, c in zip(base, cand, strict=True)])["mean"]
+            table = {var: {k: S.mean_spread([p["variants"][var][k] for p in per])
+                           for k in ("ne", "auc", "calibration")}
+                     for var in per[0]["variants"]}
+            table["teacher"] = v["teacher"]
+            out.append(emit("exfm.student_gain", f"{vname}/{size}", "NE",
+                            candidate=round(S.mean_spread(cand)["mean"], 5),
+                            baseline=round(S.mean_spread(base)["mean"], 5), better="lower",
+                            served=served, candidate_per_seed=cand, baseline_per_seed=base,
+                            gain_per_seed=[round(g, 5) for g in gains],
+                            spread=round(spread, 5),
+                            gain_over_spread=round(gain / spread, 2) if spread else None,
+                            table=table, **common))
+    return out
+
+
+def _flops(kind: str, cfg: ModelConfig, schema: Any) -> int:
+    from lrm.models import build_model
+
+    return round(flops_per_example(build_model(kind, schema, cfg), schema))  # type: ignore[arg-type]

@@ -19,13 +19,15 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.slow
 
 TINY = {
-    "generate": {"users": 2000, "ads": 300, "advertisers": 40, "categories": 8, "days": 3,
-                 "sessions_per_day": 150, "mean_session_length": 4.0, "max_history": 20},
+    "generate": {"users": 2000, "ads": 300, "advertisers": 40, "categories": 8, "days": 4,
+                 "sessions_per_day": 150, "mean_session_length": 4.0, "max_history": 20,
+                 "verticals": [{"name": "all"}]},
     "dedup": {"rows_per_file": 100},
     "train": {"batch_size": 256, "log_every": 2},
     "checkpoint": {"every": 0},
-    # ExFM: teacher on day 0, students train on day 1 and are evaluated on day 2
-    "exfm": {"teacher_days": 1},
+    # ExFM: one teacher version (day 0) logging days 1-3; students train on days 0-2 (labels
+    # only on day 0), the validation day is 2, the table's day 3
+    "exfm": {"teacher_days": 1, "teacher_every": 0, "teacher_lag": 1},
     "augment": {"batch_size": 1024},
     "students": {"models": {"small": {"embedding_dim": 4, "bottom_mlp": [8], "top_mlp": [8]}}},
 }
@@ -81,12 +83,12 @@ def test_dvc_repro_on_a_fresh_clone_then_up_to_date(tmp_path):
     assert gen["rows"] == ded["rows"] > 0 and ded["sessions"] < ded["rows"]
     ev = json.loads((repo / "metrics/eval.json").read_text())
     for kind in ("student", "teacher"):
-        assert ev[kind]["rows"] > 0 and math.isfinite(ev[kind]["ne"]) and ev[kind]["day"] == 2
+        assert ev[kind]["rows"] > 0 and math.isfinite(ev[kind]["ne"]) and ev[kind]["day"] == 3
     exfm = json.loads((repo / "metrics/exfm.json").read_text())
-    assert exfm["eval_day"] == 2 and len(exfm["table"]) == 1 + 4  # teacher + 4 variants
+    assert exfm["eval_day"] == 3 and len(exfm["table"]) == 1 + 4  # teacher + 4 variants
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {"baseline_day2", "exfm_day2"}
-    assert summary["baseline_day2"]["student"]["ne"] == round(ev["student"]["ne"], 4)
+    assert set(summary) == {"baseline_day3", "exfm_day3_all"}
+    assert summary["baseline_day3"]["student"]["ne"] == round(ev["student"]["ne"], 4)
 
     # plots read offline: PNGs with content, one point per logged step / per day
     for png in ("train_student.png", "train_teacher.png", "exfm_ne.png"):

@@ -31,7 +31,7 @@ def test_the_flow_runs_every_node_as_a_named_task_and_leaves_the_clone_clean(
     assert state.is_completed(), state.message
     out = state.result()
     assert list(out) == [n.name for n in dag.SYNTHETIC.nodes]
-    assert out["train_student"]["kind"] == "student" and out["summary"]["exfm_day2"]
+    assert out["train_student"]["kind"] == "student" and out["summary"]["exfm_day3_all"]
 
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
