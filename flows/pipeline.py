@@ -34,6 +34,8 @@ def pipeline(name: str = "lrm", params: list[str] | None = None,
     out: dict[str, Any] = {}
     try:
         cfg = load_params([Path(f) for f in files] if files else None)
+        for run_id in tracking.close_dead_runs(cfg.tracking):  # a killed run's, before this
+            print(f"closed MLflow run {run_id}: left RUNNING by a process that is gone")
         with tracking.run(f"pipeline_{pipe.name}", cfg=cfg.tracking,
                           tags={"lrm.pipeline": pipe.name}):
             for n in pipe.nodes:

@@ -106,20 +106,28 @@ def teacher(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
         return models.not_due(paths, cfg)
     m = _stage(teacher_stage.STAGE, {
         "data": paths.sessions, "days": window, "eval_day": day, "carry": True,
-        "checkpoints": paths.teacher_chain(), "out": paths.teacher_model(day),
+        "defer": True, "checkpoints": paths.teacher_chain(), "out": paths.teacher_model(day),
         "plan": cfg.streaming.plan or None,
         "metrics": paths.reports / f"teacher_day={day}.json", "plot": None}, cfg, day)
     decision = m["registry"]
     models.record_teacher(paths, day, window, decision["version"])
     return {"due": True, "window": window, "train": m["train"], "decision": decision,
-            "champion": registry.alias_version(name, registry.CHAMPION, cfg.tracking)}
+            "champion": _champion_after(decision, name, cfg)}
+
+
+def _champion_after(decision: dict[str, Any], name: str, cfg: ParamsConfig) -> str | None:
+    """@champion of `name` once the day's decision is carried out (at the end of the day)."""
+    if decision["promoted"]:
+        return str(decision["version"])
+    return registry.alias_version(name, registry.CHAMPION, cfg.tracking)
 
 
 @task(task_run_name="augment day {day}", cache_policy=NO_CACHE)
-def augment_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool
-                 ) -> dict[str, Any]:
-    """Day D (and D + 1) augmented by the teacher's champion: the augment stage itself."""
-    version, folder = models.teacher_champion(paths, cfg)
+def augment_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool,
+                 champion: str | None) -> dict[str, Any]:
+    """Day D (and D + 1) augmented by the teacher's champion of the day (`champion`: the
+    version the day's decision makes champion; None: the registry's): the augment stage."""
+    version, folder = models.teacher_champion(paths, cfg, champion)
     want = [day, day + 1] if next_day else [day]
     run_cfg = dataclasses.replace(cfg, augment=dataclasses.replace(cfg.augment, days=want))
     metrics = _stage(augment.STAGE, {
@@ -153,13 +161,25 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> dict[
         "plot": None}, cfg, day)["students"][name]
     r = _stage(register.STAGE, {
         "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
-        "evaluated_on": plan.label,
+        "evaluated_on": plan.label, "defer": True,
         "metrics": paths.reports / f"register_{name}_day={day}.json"}, cfg, day)
     decision = r["students"][name]
     return {"train": m["variants"][m["serving"]], "variant": m["serving"],
             "validation_ne": m["validation_ne"], "decision": decision,
-            "champion": registry.alias_version(decision["name"], registry.CHAMPION,
-                                               cfg.tracking)}
+            "champion": _champion_after(decision, decision["name"], cfg)}
+
+
+@task(task_run_name="promote day {day}", cache_policy=NO_CACHE)
+def promote(cfg: ParamsConfig, day: int, decisions: list[dict[str, Any]]) -> list[str]:
+    """The day's decisions carried out, once every step of the day is done: @champion moves
+    to each promoted version (a failed day moves none; a day run again moves them once)."""
+    moved = []
+    for d in decisions:
+        fields = {k: d[k] for k in registry.Decision.__dataclass_fields__}
+        registry.complete(registry.Decision(**fields), cfg.tracking)
+        if d["promoted"]:
+            moved.append(f"{d['name']} v{d['version']}")
+    return moved
 
 
 @task(task_run_name="report day {day}", cache_policy=NO_CACHE)
@@ -195,7 +215,7 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         coll = collisions(cfg, paths, day)
         tracking.log_metrics({f"collisions/{f}": c["lookup_collisions"] for f, c in coll.items()})
         t = teacher(cfg, paths, day)
-        aug = augment_days(cfg, paths, day, next_day)
+        aug = augment_days(cfg, paths, day, next_day, t.get("champion"))
         ev = evaluation_data(cfg, paths, day)
         vms = vertical_models(read_schema(paths.sessions)[0], list(cfg.students.models))
         students = {vm.name: student(cfg, paths, vm.name, day) for vm in vms}
@@ -208,6 +228,9 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         for name, s in students.items():
             tracking.log_metrics({f"{name}/challenger_ne": s["decision"]["challenger"]["ne"],
                                   f"{name}/promoted": float(s["decision"]["promoted"])})
+        # last but the record: the champions move only once every step of the day is done
+        promote(cfg, day, ([t["decision"]] if t.get("due") else [])
+                + [s["decision"] for s in students.values()])
     ledger.write(paths, day, record)  # last: the day is done
     for name, s in students.items():
         d = s["decision"]
@@ -231,6 +254,8 @@ def streaming(days: int | None = None, day: int | None = None,
                               "the first teacher's; the stream's first day is T")
         with lock.exclusive(paths.root, purpose="lrm streaming"):
             ledger.claim(paths)
+            for run_id in tracking.close_dead_runs(cfg.tracking):  # a killed day's runs
+                print(f"closed MLflow run {run_id}: left RUNNING by a process that is gone")
             available = None
             if cfg.streaming.source == "folder":
                 inbox = Path(cfg.streaming.watch) if cfg.streaming.watch else paths.incoming

@@ -210,8 +210,10 @@ def scores(model_dir: Path, data: Path, day: int, batch_size: int = 8192) -> dic
 
 def decide(name: str, version: str, challenger: Mapping[str, float],
            champion: Mapping[str, float] | None, champion_version: str | None, *,
-           margin: float, evaluated_on: str, cfg: TrackingConfig | None = None) -> Decision:
-    """Apply the rule to scores on the same data; tag the version, then move @champion."""
+           margin: float, evaluated_on: str, cfg: TrackingConfig | None = None,
+           promote: bool = True) -> Decision:
+    """Apply the rule to scores on the same data; tag the version, then move @champion
+    (promote=False: leave that to `complete`, e.g. once a stream day is over)."""
     promoted, reason = judge(float(challenger["ne"]),
                              float(champion["ne"]) if champion else None, margin)
     d = Decision(name=name, version=str(version), promoted=promoted, reason=reason,
@@ -220,13 +222,13 @@ def decide(name: str, version: str, challenger: Mapping[str, float],
     c = client(cfg)
     for k, v in d.tags().items():
         c.set_model_version_tag(name, str(version), k, v)
-    if promoted:
-        c.set_registered_model_alias(name, CHAMPION, str(version))
-    return d
+    return complete(d, cfg) if promote else d
 
 
-def _finish(d: Decision, cfg: TrackingConfig | None) -> Decision:
-    """A decision found on a version: complete a promotion a stopped run did not finish."""
+def complete(d: Decision, cfg: TrackingConfig | None = None) -> Decision:
+    """Carry out a decision: @champion moves to a promoted version, unless the champion has
+    moved on since the decision compared with it (idempotent: a version already champion
+    stays). A run that stopped between tagging and moving the alias completes it so."""
     if d.promoted:
         now = alias_version(d.name, CHAMPION, cfg)
         if now != d.version and now == d.champion_version:
@@ -236,13 +238,15 @@ def _finish(d: Decision, cfg: TrackingConfig | None) -> Decision:
 
 def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, margin: float,
               evaluated_on: str, cfg: TrackingConfig | None = None,
-              batch_size: int = 8192, version_tags: Mapping[str, str] | None = None
-              ) -> Decision:
+              batch_size: int = 8192, version_tags: Mapping[str, str] | None = None,
+              promote: bool = True) -> Decision:
     """The whole promotion path of a freshly trained model folder.
 
     Register it (once) as @challenger, score it and the current @champion on the same day
-    of `eval_data`, and move @champion only when the rule says so. Run again on the same
-    folder, it changes nothing (the version's decision is read back from its tags).
+    of `eval_data`, and move @champion only when the rule says so (promote=False: the
+    decision is made and tagged, the caller moves @champion later with `complete`). Run
+    again on the same folder, it changes nothing (the version's decision is read back from
+    its tags).
     """
     version, _ = register(model_dir, name, example_data=eval_data, example_day=eval_day,
                           cfg=cfg)
@@ -251,7 +255,7 @@ def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, mar
     tags = _version(name, version, cfg).tags
     found = _decision_from_tags(name, version, tags, margin)
     if found is not None:
-        return _finish(found, cfg)
+        return complete(found, cfg) if promote else found
     champ_version = alias_version(name, CHAMPION, cfg)
     mine = scores(model_dir, eval_data, eval_day, batch_size)
     theirs = None
@@ -262,7 +266,7 @@ def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, mar
     elif champ_version == version:  # an earlier attempt promoted it but left no tags
         champ_version = None
     return decide(name, version, mine, theirs, champ_version, margin=margin,
-                  evaluated_on=evaluated_on, cfg=cfg)
+                  evaluated_on=evaluated_on, cfg=cfg, promote=promote)
 
 
 def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: float,

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lrm.config import TrackingConfig
+
+
+PID_TAG, HOST_TAG = "lrm.pid", "lrm.host"  # the process a run belongs to (close_dead_runs)
 
 
 def tracking_uri(cfg: TrackingConfig | None = None) -> str:
@@ -77,11 +81,46 @@ def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig 
     mlflow.set_tracking_uri(uri)
     _use_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment, uri)
     nested = mlflow.active_run() is not None
-    with mlflow.start_run(run_name=name, nested=nested, tags=dict(tags or {})) as active:
+    owner = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}  # close_dead_runs
+    with mlflow.start_run(run_name=name, nested=nested,
+                          tags={**owner, **dict(tags or {})}) as active:
         if params:
             flat = {k: str(v)[:6000] for k, v in _flatten(params).items()}
             mlflow.log_params(flat)
         yield active
+
+
+def close_dead_runs(cfg: TrackingConfig | None = None) -> list[str]:
+    """Close as KILLED the runs of this experiment left RUNNING by a process of this host
+    that is gone (a killed stage or stream day: MLflow cannot end a run its process never
+    ended); returns their ids. Runs of live processes, and of other hosts, are left."""
+    import mlflow
+
+    cfg = cfg or TrackingConfig()
+    mlflow.set_tracking_uri(tracking_uri(cfg))
+    exp = mlflow.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME")
+                                        or cfg.experiment)
+    if exp is None:
+        return []
+    client = mlflow.MlflowClient()
+    closed = []
+    for r in client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'",
+                                max_results=1000):
+        pid, host = r.data.tags.get(PID_TAG), r.data.tags.get(HOST_TAG)
+        if host == socket.gethostname() and pid and pid.isdigit() and not _alive(int(pid)):
+            client.set_terminated(r.info.run_id, status="KILLED")
+            closed.append(r.info.run_id)
+    return closed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def active() -> bool:

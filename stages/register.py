@@ -27,7 +27,7 @@ SERVING = "serving.json"  # the student stage's: VM -> {variant, vertical}
 def run(*, reg: RegistryConfig, tracking: TrackingConfig,
         models: Path = Path("models/students"),
         data: Path = Path("data/augmented"), day: int | None = None, name: str | None = None,
-        evaluated_on: str | None = None,
+        evaluated_on: str | None = None, defer: bool = False,
         metrics: Path | None = Path("metrics/register.json")) -> dict[str, Any]:
     """Register each vertical model's serving variant; @champion moves only when NE
     improves."""
@@ -51,7 +51,8 @@ def run(*, reg: RegistryConfig, tracking: TrackingConfig,
         decisions[vm] = {**registry.challenge(
             Path(models) / vm / variant, registry.student_model(vm, reg), eval_data=data,
             eval_day=day, margin=reg.margin, evaluated_on=evaluated_on or f"day {day}",
-            cfg=tracking, version_tags={registry.VARIANT_TAG: variant}).as_dict(),
+            cfg=tracking, version_tags={registry.VARIANT_TAG: variant},
+            promote=not defer).as_dict(),
                         "variant": variant}
     return {"eval_day": day, "students": decisions}
 
@@ -65,6 +66,8 @@ STAGE = Stage(
           "name": Arg("--name", "register this vertical model only [default: every one]"),
           "evaluated_on": Arg("--evaluated-on", "what the scores are of, for the version's "
                               "tags [default: day DAY]"),
+          "defer": Arg("--defer", "judge each but leave @champion where it is (the stream "
+                       "moves it once the day is complete: lrm.registry.complete)"),
           "metrics": Arg("--metrics", "stage metrics file: one decision per vertical model",
                          "metrics")},
 )

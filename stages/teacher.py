@@ -48,7 +48,7 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         model: TeacherModelConfig, margin: float, tracking_cfg: TrackingConfig,
         data: Path = Path("data/sessions"),
         days: list[int] | None = None, eval_day: int | None = None, carry: bool = False,
-        plan: Path | None = None,
+        defer: bool = False, plan: Path | None = None,
         out: Path = Path("models/teacher"), checkpoints: Path = Path("checkpoints/teacher"),
         metrics: Path | None = Path("metrics/teacher.json"),
         plot: Path | None = Path("plots/teacher.csv"), force: bool = False
@@ -73,7 +73,7 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
             from lrm.errors import ConfigError
             raise ConfigError("teacher --carry: give the version's --days and --eval-day")
         return _one_version(cfg, job, data, days, eval_day, out, checkpoints, margin,
-                            tracking_cfg, log_fn)
+                            tracking_cfg, log_fn, defer)
     sched = schedule(list(day_files(data)), exfm)
     if io.owned_by_lrm(checkpoints) == NAME:  # another run's versions: this run starts over
         shutil.rmtree(checkpoints)
@@ -95,7 +95,7 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
 
 def _one_version(cfg: TeacherStageConfig, job: Any, data: Path, days: list[int],
                  eval_day: int, out: Path, checkpoints: Path, margin: float,
-                 tracking_cfg: TrackingConfig, log_fn: Any) -> dict[str, Any]:
+                 tracking_cfg: TrackingConfig, log_fn: Any, defer: bool) -> dict[str, Any]:
     from lrm.config import SplitConfig as Split
     from lrm.train import days as carried
     from lrm.train.export import CARD, model_hash
@@ -109,18 +109,19 @@ def _one_version(cfg: TeacherStageConfig, job: Any, data: Path, days: list[int],
         m = {**r.summary("teacher"), "train": carried.trained(r)}
     m["content_hash"] = model_hash(out)
     if tracking.active() and cfg.registry_name:
-        m["registry"] = _register(cfg, out, data, eval_day, margin, tracking_cfg)
+        m["registry"] = _register(cfg, out, data, eval_day, margin, tracking_cfg,
+                                  promote=not defer)
     return m
 
 
 def _register(cfg: TeacherStageConfig, folder: Path, data: Path, day: int, margin: float,
-              tracking_cfg: TrackingConfig) -> dict[str, Any]:
+              tracking_cfg: TrackingConfig, promote: bool = True) -> dict[str, Any]:
     """A version of the FM as a new registered version, promoted on NE on `day`."""
     from lrm import registry
 
     return registry.challenge(folder, cfg.registry_name, eval_data=data, eval_day=day,
-                              margin=margin, evaluated_on=f"day {day}",
-                              cfg=tracking_cfg).as_dict()
+                              margin=margin, evaluated_on=f"day {day}", cfg=tracking_cfg,
+                              promote=promote).as_dict()
 
 
 STAGE = Stage(
@@ -133,6 +134,8 @@ STAGE = Stage(
           "eval_day": Arg("--eval-day", "with --carry: the day it is scored on"),
           "carry": Arg("--carry", "one version, carried on from the newest in --checkpoints "
                        "(the stream's): --days, --eval-day, its model in --out"),
+          "defer": Arg("--defer", "judge it but leave @champion where it is (the stream "
+                       "moves it once the day is complete: lrm.registry.complete)"),
           "plan": Arg("--plan", "sharding plan (lrm shard-plan, its entry teacher) "
                       "[default: torchrec's planner]", "in"),
           "out": Arg("--out", "the FM's versions (with --carry: the version's model folder)",

@@ -40,3 +40,29 @@ def test_a_store_in_this_folder_keeps_mlflows_own_layout(tmp_path, monkeypatch):
     (note,) = tmp_path.rglob("note.txt")
     experiment = mlflow.get_experiment_by_name("lrm")
     assert note.relative_to(tmp_path).parts[:2] == ("mlruns", experiment.experiment_id)
+
+
+def test_runs_left_running_by_a_dead_process_are_closed_as_killed(tmp_path, monkeypatch):
+    """A SIGKILLed stage or stream day cannot end its MLflow run; the next run closes it.
+    Runs of a live process or of another host are left as they are."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+    with tracking.run("first") as r:  # the experiment, and a run tagged with this process
+        assert r.data.tags[tracking.PID_TAG] == str(os.getpid())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    client = mlflow.MlflowClient()
+    exp = mlflow.get_experiment_by_name("lrm").experiment_id
+    host = socket.gethostname()
+    runs = {name: client.create_run(exp, tags={tracking.PID_TAG: pid, tracking.HOST_TAG: h},
+                                    run_name=name).info.run_id
+            for name, pid, h in (("killed", dead, host), ("alive", str(os.getpid()), host),
+                                 ("elsewhere", dead, "another-host"))}
+    assert tracking.close_dead_runs() == [runs["killed"]]
+    status = {n: client.get_run(i).info.status for n, i in runs.items()}
+    assert status == {"killed": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING"}

@@ -43,6 +43,8 @@ def teacher_due(paths: StreamPaths, cfg: ParamsConfig, day: int) -> list[int] | 
     if state is None:
         return list(range(max(end, 1)))
     until = int(state["until"])
+    if until == day:  # this day's own step, by a run of the day that then failed: again
+        return [int(d) for d in state["window"]]  # (the stage finds it trained: it judges)
     every = cfg.exfm.teacher_every
     if every == 0 or day - until < every or end <= int(state.get("trained_until", until)):
         return None
@@ -73,10 +75,13 @@ def registry_name(cfg: ParamsConfig) -> str:
     return cfg.teacher.registry_name
 
 
-def teacher_champion(paths: StreamPaths, cfg: ParamsConfig) -> tuple[str, Path]:
-    """(version, model folder) of the teacher's @champion (downloaded once per version)."""
+def teacher_champion(paths: StreamPaths, cfg: ParamsConfig, version: str | None = None
+                     ) -> tuple[str, Path]:
+    """(version, model folder) of the teacher's @champion, or of `version` (the day's
+    champion-to-be: promotions move the alias at the end of the day); downloaded once per
+    version."""
     name = registry_name(cfg)
-    version = registry.alias_version(name, registry.CHAMPION, cfg.tracking)
+    version = version or registry.alias_version(name, registry.CHAMPION, cfg.tracking)
     if version is None:
         raise ConfigError(f"streaming: {name} has no @{registry.CHAMPION} to augment with")
     dst = paths.registered(name, version)

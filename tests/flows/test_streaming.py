@@ -399,3 +399,39 @@ def test_a_stream_of_two_verticals_serves_each_vertical_models_pick(harness, tmp
         card = json.loads((tmp_path / "stream" / "models" / "students" / "day=2" / vm / want /
                            "model.json").read_text())
         assert card["info"]["verticals"] == [vertical]  # trained on its vertical alone
+
+
+def test_a_failed_day_moves_no_champion_and_its_rerun_moves_them_once(harness, tmp_path,
+                                                                         monkeypatch):
+    """A day's promotions take effect when the day completes: a teacher judged better (here
+    made so) in a day that then fails leaves @champion where it was; the day run again
+    completes and moves it."""
+    from lrm.exfm import distill
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    params = _write_params(tmp_path, exfm={"teacher_every": 1})  # a new teacher every day
+    state = streaming(days=1, params=[str(params)], return_state=True)
+    assert state.is_completed(), state.message
+    assert registry.alias_version(TEACHER, registry.CHAMPION) == "1"
+    judge = registry.judge
+
+    def better(new, old, margin):  # the day's teacher wins whatever it scores
+        return (True, "planted") if old is not None else judge(new, old, margin)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "judge", better)
+        mp.setattr(distill.ExFMLoss, "__call__", lambda *a: (_ for _ in ()).throw(
+            RuntimeError("the day dies in its students' training")))
+        failed = streaming(days=1, params=[str(params)], return_state=True)
+    assert failed.is_failed()
+    c = registry.client()
+    assert c.get_model_version(TEACHER, "2").tags["lrm.decision"] == "promoted"  # judged,
+    assert registry.alias_version(TEACHER, registry.CHAMPION) == "1"  # but not carried out
+    assert not (tmp_path / "stream" / "days" / "day=2.json").exists()
+    state = streaming(days=1, params=[str(params)], return_state=True)
+    assert state.is_completed(), state.message
+    (rec,) = state.result()
+    assert rec["day"] == 2 and rec["teacher"]["decision"]["version"] == "2"
+    assert registry.alias_version(TEACHER, registry.CHAMPION) == "2"  # now the day is done
+    assert rec["augmented_by"] == f"{TEACHER} v2"  # and the day was logged by it
