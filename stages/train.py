@@ -9,7 +9,8 @@ its share of each batch (gloo on CPU, nccl with one GPU per process); `--plan` p
 tables as plans/sharding.json says (stage shard_plan, its entry KIND). Values come from
 params.yaml (`train`, `split`, `checkpoint`, `loader`, `model.tables`, `model.KIND`); every
 `--section.key` option overrides one. Periodic checkpoints go to `--checkpoints` (kept out
-of DVC's outputs); `--resume` goes on from the newest one. Only rank 0 logs to MLflow
+of DVC's outputs); `--resume` goes on from the newest one. A run without it refuses a
+checkpoint folder holding another run's checkpoints (another --out) unless `--force`. Only rank 0 logs to MLflow
 (params, per-step metrics, the final model as a pyfunc) and writes the metrics and plot.
 """
 
@@ -49,7 +50,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
     job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
                     data=data, split=split, loader=loader, checkpoint=checkpoint,
                     checkpoints=checkpoints, start="resume" if resume else "fresh",
-                    eval_data=eval_data, out=out, plan=plan)
+                    eval_data=eval_data, out=out, plan=plan, force=force)
     result = train_model(job, log_fn=tracking.log_metrics if tracking.active() else None)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc

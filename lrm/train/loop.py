@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
@@ -171,7 +172,7 @@ class _Run:
                                self.sizes, job.teacher_column)
         assert self.loaders.train_batches == sched.epoch_batches, (self.loaders, sched)
         self.stream = EpochStream(self.loaders.train, sched.epoch_batches)
-        self.stopper = EarlyStopping(self.dmp, self.state, cfg.patience)
+        self.stopper = EarlyStopping(self.dmp, self.state, cfg.patience, fetch=self._fetch)
 
         # -- checkpoints: everything a resume needs is a stateful part -----------------
         self.parts = {"model": self.dmp, "optim": self.opt, "train": self.state,
@@ -181,13 +182,16 @@ class _Run:
             self.ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
                 job.checkpoints, env, job.checkpoint,
                 run_identity(kind, job.model, self.sizes, cfg, sched.batch_size,
-                             sched.epoch_batches, env, data, job.loader)))
+                             sched.epoch_batches, env, data, job.loader),
+                owner=_owner(job.out, job.checkpoints)))
             # AdamW's state is lazy: made (a dummy step) only when there is one to load
             self.resumed_from = self.ckpt.start(self.parts, job.resume, new_data=job.new_data,
-                                                prepare=dense_opt.init_state)
+                                                prepare=dense_opt.init_state, force=job.force)
             self.opt.zero_grad(set_to_none=True)
             self.guard.reset(self.state.step)
             self.stopper.resumed(self.state.step)
+            if self.state.best_step >= 0:  # its checkpoint stays through retention
+                self.ckpt.pin(self.state.best_step)
         self.history: list[dict[str, float]] = []
         self.meter = Meter(env, cfg.ne_window)
         self.batch_rows = 0  # impressions of the latest step's batch (this rank)
@@ -203,7 +207,7 @@ class _Run:
         total = sched.steps
         reporter = Reporter(f"train {self.kind}", total=max(total - state.step, 0)
                             * sched.batch_size, unit="samples") if env.is_main else None
-        stopped_early = False
+        stopped_early = self._catch_up()
         with contextlib.closing(iter(self.stream)) as it, \
                 (reporter or contextlib.nullcontext(_Quiet())) as rep:
             self.meter.resume_clock()
@@ -227,6 +231,19 @@ class _Run:
                          "stopped at step %d of %d", self.kind, cfg.patience, state.step, total)
         self.guard.check()
         return stopped_early
+
+    def _catch_up(self) -> bool:
+        """Where a resumed run starts: a checkpoint saved at a validation step holds the
+        state before that validation (saves come first); run it now, as the run never
+        stopped did. True when the run had already stopped early there."""
+        state, sched = self.state, self.sched
+        if self.resumed_from is None or not sched.val_batches:
+            return False
+        if state.stale >= self.cfg.patience:
+            return True
+        if sched.validates_at(state.step) and state.validated_at < state.step < sched.steps:
+            return self._validate()
+        return False
 
     def _advance(self, segment: Iterator[Batch], rep: Any, total: int) -> None:
         """One optimizer step and its bookkeeping: counts, logs, checkpoint."""
@@ -272,11 +289,23 @@ class _Run:
         return ev
 
     def _validate(self) -> bool:
-        """Score the validation slice; True when training should stop."""
+        """Score the validation slice; True when training should stop. A better state is
+        kept as a checkpoint too (saved now unless this step just was), pinned through
+        retention: a run resumed after it restores it at the end (`_fetch`)."""
+        state = self.state
         ev = _evaluate(self.dmp, self.loaders.validation_batches(), self.env, max_batches=None)
-        stop = self.stopper.update(ev["ne"], self.state.step)
-        self._log_point({"val_ne": ev["ne"], "val_best_ne": self.state.best_ne})
+        stop = self.stopper.update(ev["ne"], state.step)
+        state.validated_at = state.step
+        self._log_point({"val_ne": ev["ne"], "val_best_ne": state.best_ne})
+        if self.ckpt is not None and state.best_step == state.step:
+            if self.ckpt.saved_at != state.step:
+                self.ckpt.save(state.step, self.parts)
+            self.ckpt.pin(state.step)
         return stop
+
+    def _fetch(self, step: int) -> bool:
+        """The model's weights of `step` from this run's checkpoint of it (see _validate)."""
+        return self.ckpt is not None and self.ckpt.restore_model(step, self.parts)
 
     def _non_finite(self, step: int, value: float) -> str:
         here = value if not math.isfinite(value) else "finite here, not on every rank"
@@ -290,10 +319,10 @@ class _Run:
     def finish(self, stopped_early: bool) -> TrainResult:
         """Final checkpoint, the best validated state back, final eval, the model saved."""
         job, env, state, sched = self.job, self.env, self.state, self.sched
+        if sched.val_batches and not stopped_early and state.validated_at != state.step:
+            self._validate()  # the final state competes too
         if self.ckpt is not None:  # the run's own last state: a resume with more steps goes
             self.ckpt.finish(state.step, self.parts)  # on from it as an uninterrupted run would
-        if sched.val_batches and not stopped_early:
-            self._validate()  # the final state competes too
         restored = self.stopper.restore(state.step) if sched.val_batches else None
         if restored is not None:
             log.info("train %s: restored the state of step %d (validation NE %.5f)", self.kind,
@@ -325,6 +354,13 @@ class _Run:
             world_size=env.world_size, train_days=self.data.train_days,
             eval_day=self.data.eval_day, schedule=sched.summary(), validation=validation,
             fp8=self.fp8, sharding=sharding)
+
+
+def _owner(out: Path | None, checkpoints: Path) -> str | None:
+    """The run a checkpoint folder's checkpoints are of: its model folder, relative to the
+    checkpoint folder (so a moved project keeps its pairs)."""
+    return None if out is None else os.path.relpath(Path(out).resolve(),
+                                                    Path(checkpoints).resolve())
 
 
 def _steps(dmp: nn.Module, opt: torch.optim.Optimizer, env: Dist, step_fn: Any,

@@ -54,10 +54,11 @@ def run(spec: dict[str, Any]) -> None:
             progress.write(f"{step}\n")
 
     data = Path(spec["data"])
+    ck = Path(spec["checkpoints"]) if spec.get("checkpoints") else None
     train(TrainJob(kind="student",
                    train=tiny_train(steps=spec["steps"], log_every=1, device="cpu"),
                    model=SMALL_MODEL, data=data, loader=LoaderConfig(prefetch=2, num_workers=1),
                    checkpoint=CheckpointConfig(**spec["checkpoint"]),
-                   checkpoints=Path(spec["checkpoints"]) if spec.get("checkpoints") else None,
-                   out=Path(spec["out"]), plan=_plan(data), start="resume"), log_fn=log_fn)
+                   checkpoints=ck, out=Path(spec["out"]), plan=_plan(data),
+                   start="resume" if ck is not None else "fresh"), log_fn=log_fn)
     progress.write("done\n")

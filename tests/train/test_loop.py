@@ -253,6 +253,47 @@ def test_an_overfitting_run_stops_early_and_keeps_its_best_validated_state(datas
         v["best_ne"], abs=1e-5)
 
 
+class _Stop(Exception):
+    pass
+
+
+def test_a_run_stopped_after_its_best_validation_resumes_to_the_same_model(datasets,
+                                                                          tmp_path):
+    """The early-stopping state is part of what a checkpoint restores: stopped after its
+    best validation (at a checkpoint that is not the best step) and resumed, a run stops
+    where the uninterrupted one stopped and keeps the same best state, bit for bit."""
+    cfg = tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2, log_every=1,
+                     val_every=6)
+    ck_cfg = CheckpointConfig(every=7, deltas=0, keep=1)  # one chain kept, and the pinned
+
+    def job(name, **kw):
+        return TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=datasets["sessions"],
+                        loader=LOADER, checkpoint=ck_cfg, checkpoints=tmp_path / f"ck-{name}",
+                        out=tmp_path / name, **kw)
+
+    ref = train(job("ref"))
+    best, stop = ref.validation["best_step"], ref.steps
+    assert ref.validation["stopped_early"] and ref.validation["restored"] == best < stop
+    assert best % ck_cfg.every  # the best step is no periodic checkpoint: saved on its own
+    # stopped at the first checkpoint of a validation step after the best: the periodic
+    # save comes before that step's validation, which the resumed run must run itself
+    kill = next(s for s in range(best + 1, stop)
+                if s % ck_cfg.every == 0 and s % cfg.val_every == 0)
+
+    def log_fn(point, step):
+        if step > kill:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        train(job("k"), log_fn=log_fn)
+    assert max(s for s, _ in _steps(tmp_path / "ck-k")) == kill
+    r = train(job("k", start="resume"))
+    assert r.resumed_from == kill and r.steps == stop
+    assert r.validation == ref.validation
+    got, want = _weights(tmp_path / "k"), _weights(tmp_path / "ref")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_the_output_starts_at_the_training_ctr(datasets, tmp_path):
     tiny = dict(lr=1e-12, embedding_lr=1e-12)  # one step that moves nothing measurable
     train(TrainJob(kind="student", train=tiny_train(steps=1, **tiny), model=SMALL_MODEL,
