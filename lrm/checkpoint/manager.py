@@ -70,8 +70,27 @@ def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     for k in sorted(set(then) | set(now)):
         if then.get(k) != now.get(k):
             a, b = json.dumps(then.get(k), sort_keys=True), json.dumps(now.get(k), sort_keys=True)
-            out.append(f"{k}: {a[:120]} then, {b[:120]} now")
+            if k == "data" and isinstance(then.get(k), dict) and isinstance(now.get(k), dict):
+                out.append(f"data: {_data_difference(then[k], now[k])}")
+            else:
+                out.append(f"{k}: {a[:120]} then, {b[:120]} now")
     return out
+
+
+def _data_difference(then: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """The first file of the data identity (day -> [[name, rows, sha256], ...]) that differs."""
+    for day in sorted(set(then) | set(now), key=lambda d: int(d) if str(d).isdigit() else -1):
+        a, b = then.get(day), now.get(day)
+        if a is None or b is None:
+            return f"day {day} {'is new' if a is None else 'is gone'}"
+        names_a, names_b = [f[0] for f in a], [f[0] for f in b]
+        if names_a != names_b:
+            return f"day {day}'s files {names_a} then, {names_b} now"
+        for fa, fb in zip(a, b, strict=True):
+            if fa != fb:
+                what = "rows" if fa[1:2] != fb[1:2] else "content (sha256)"
+                return f"day {day}'s {fa[0]} changed its {what}"
+    return "differs"
 
 
 def _tables(state: Mapping[str, Any]) -> dict[str, list[TableShard]]:

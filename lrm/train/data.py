@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection
 
+from lrm import io
 from lrm.config import LoaderConfig, SplitConfig, TrainConfig
 from lrm.data import parquet
 from lrm.data.batch import Batch
@@ -273,8 +274,10 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
                  loader_cfg: LoaderConfig) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it: the model, its tables, the
     batch cut (the batch size the schedule chose, the batches an epoch trains on) and the
-    data's shape (rows of every file of the train days: the same rows cut the same batches;
-    values may differ, e.g. after fixing a NaN), as JSON-able values."""
+    data by content (every file of the train days: its name, rows and sha256, the hash lrm
+    recorded when it wrote the file while the file is unchanged: lrm.io.file_sha256), as
+    JSON-able values. Data changed since the checkpoint (even with the same files and rows,
+    e.g. labels rewritten) is another run: going on from it would mix two datasets."""
     files = data.data.files
     return {
         "kind": kind, "model": dataclasses.asdict(getattr(model_cfg, kind)),
@@ -282,6 +285,6 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
         "batch_size": batch_size, "epoch_batches": epoch_batches,
         "world_size": env.world_size, "seed": cfg.seed,
         "recd": loader_cfg.recd, "train_days": data.train_days,
-        "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows] for f in files[d]]
-                 for d in data.train_days},
+        "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows, io.file_sha256(f)]
+                          for f in files[d]] for d in data.train_days},
     }

@@ -8,6 +8,7 @@ import traceback
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -130,7 +131,8 @@ def test_resume_from_a_quantized_chain_stays_close(datasets, tmp_path):
     ("batch", "batch_size"),
     ("kind", "kind"),
     ("tables", "table_rows"),
-    ("data", "data"),
+    ("data", "data: day 1's part-00000.parquet changed its rows"),
+    ("labels", r"data: day 1's part-00000.parquet changed its content \(sha256\)"),
 ])
 def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, says):
     data, ck = datasets["sessions"], tmp_path / "ck"
@@ -144,13 +146,21 @@ def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, say
     elif change == "tables":
         model = dataclasses.replace(SMALL_MODEL, tables=dataclasses.replace(
             SMALL_MODEL.tables, max_rows=100))
-    else:  # the same day folders, but one file rewritten with fewer rows
+    else:  # the same day folders, one file rewritten: fewer rows, or its labels inverted
         import shutil
 
         data = tmp_path / "changed"
         shutil.copytree(datasets["sessions"], data)
         f = sorted((data / "day=1").glob("*.parquet"))[0]
-        pq.write_table(parquet.read_table(f).slice(0, 50), f)
+        t = parquet.read_table(f)
+        if change == "labels":  # the same names and counts: only the content tells
+            lab = t.column("label").combine_chunks()
+            flipped = pa.ListArray.from_arrays(lab.offsets, pc.subtract(
+                pa.scalar(1, pa.int8()), lab.flatten()))
+            t = t.set_column(t.schema.get_field_index("label"), "label", flipped)
+        else:
+            t = t.slice(0, 50)
+        pq.write_table(t.replace_schema_metadata(pq.read_schema(f).metadata), f)
     with pytest.raises(ConfigError, match=f"cannot resume .*{says}") as err:
         train(TrainJob(kind=kind, train=cfg, model=model, data=data, loader=LOADER, checkpoints=ck,
                        start="resume"))
