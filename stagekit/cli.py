@@ -204,7 +204,7 @@ def command(stage: Stage) -> Callable[..., None]:
         try:
             overrides = {opts[k].key: parse_option(opts[k], v) for k, v in kw.items()
                          if k in opts and v is not None}
-            args = {k: v for k, v in kw.items() if k not in opts}
+            args = stage.beside_outputs({k: v for k, v in kw.items() if k not in opts})
             params = load_params(files, overrides)
             execute(stage, args, params, force=force)
         except LrmError as e:
