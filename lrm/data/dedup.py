@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from lrm import io
 from lrm.config import DedupConfig
-from lrm.data import histories, items, parquet
+from lrm.data import histories, items, parquet, values
 from lrm.data.schema import (
     DAY,
     LABEL,
@@ -427,7 +427,7 @@ def _file_chunks(path: Path, schema: FeatureSchema, day: int,
     if META_KEY in file_meta and FeatureSchema.from_json(file_meta[META_KEY].decode()) != schema:
         raise DataError(path, None, None, "schema differs from the dataset's first file")
     first = 0
-    for rb in parquet.iter_batches(path, rows, file=pf):
+    for rb in parquet.iter_batches(path, rows, file=pf, check=values.checker(schema, path)):
         t = pa.Table.from_batches([rb])
         _check_layout(t, schema, "impressions", path)
         _check_day(t, day, path)

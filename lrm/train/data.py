@@ -27,7 +27,7 @@ from torchrec import EmbeddingBagCollection
 
 from lrm import io
 from lrm.config import LoaderConfig, SplitConfig, TrainConfig
-from lrm.data import parquet
+from lrm.data import parquet, values
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.dataset import Dataset
@@ -96,13 +96,15 @@ def scan_days(data: Path | Dataset, days: Sequence[int], hashed: Sequence[str] =
               cap: int = 0) -> DataStats:
     """Rows and clicks of `days` (the label column only), and the distinct ids of each
     `hashed` feature while it has at most `cap` (each stops being counted past that)."""
-    files = Dataset.open(data).files
+    ds = Dataset.open(data)
+    files = ds.files
     rows = positives = 0
     seen: dict[str, np.ndarray] = {f: np.empty(0, np.int64) for f in hashed}
     for d in days:
         for f in files[d]:
             counting = [k for k in seen if len(seen[k]) <= cap] if rows < SCAN_ROWS else []
-            t = parquet.read_table(f, columns=[LABEL, *counting])
+            t = parquet.read_table(f, columns=[LABEL, *counting],  # labels checked before
+                                   check=values.checker(ds.schema, f))  # a step runs
             labels = _flat(t.column(LABEL))
             rows += len(labels)
             positives += int(pc.sum(labels).as_py() or 0)

@@ -312,8 +312,8 @@ class _Run:
         last = (self.ckpt.last if self.ckpt else None) or "none"
         return (f"train {self.kind}: the loss is not finite ({here}) at step {step} (its update "
                 f"was skipped; stopped at step {self.state.step}). Last good checkpoint: "
-                f"{last}. Check the data (NaN/inf dense values) or lower train.lr / "
-                f"train.embedding_lr, then --resume")
+                f"{last}. Lower train.lr / train.embedding_lr and --resume from it, or check "
+                f"the data (dense values too large to learn from?) and start afresh")
 
     # -- finish --------------------------------------------------------------------------
     def finish(self, stopped_early: bool) -> TrainResult:

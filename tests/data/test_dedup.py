@@ -26,7 +26,7 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
                      schema: FeatureSchema = SCHEMA, max_len: int = 5, users: int = 0
                      ) -> pa.Table:
     """A small impressions-layout table with every awkward case: one-impression sessions,
-    null and empty histories, nulls inside histories, null ids, negative ids, null dense.
+    null and empty histories, nulls inside histories, null ids, null dense.
 
     Sessions come from `users` users (default n_sessions // 3, the user key never null),
     in no order; a user's histories are windows sliding over her own stream (0-3 new items
@@ -40,8 +40,8 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
     sid = (first_session + rng.permutation(n_sessions * 3)[:n_sessions])[rep]
     user = rng.integers(0, max(1, users or n_sessions // 3), n_sessions)
 
-    def ids(k: int, hi: int, null_p: float, neg: bool = False) -> pa.Array:
-        v = rng.integers(-hi if neg else 0, hi, k)
+    def ids(k: int, hi: int, null_p: float) -> pa.Array:
+        v = rng.integers(0, hi, k)
         return pa.array(v, mask=rng.random(k) < null_p, type=pa.int64())
 
     cols: dict[str, pa.Array] = {
@@ -73,7 +73,7 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
     cols["position"] = pa.array(pos)
     cols["label"] = pa.array((rng.random(n) < 0.3).astype(np.int8))
     for c in schema.item_sparse:
-        cols[c] = ids(n, 40, 0.1, neg=True)
+        cols[c] = ids(n, 40, 0.1)
     for c in schema.dense:
         cols[c] = pa.array(rng.random(n).astype(np.float32), mask=rng.random(n) < 0.1)
     return pa.Table.from_pydict(cols, schema=schema.arrow("impressions"))

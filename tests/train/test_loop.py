@@ -187,10 +187,15 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(da
     assert [s for s, _ in _steps(ck)] == good
     assert not out.exists()  # no final model from a failed run
 
-    # the kept checkpoint is usable: resume on clean data runs to the end
-    r = train(TrainJob(kind="student", train=tiny_train(steps=good[-1] + 2), model=SMALL_MODEL,
-                       data=datasets["sessions"], loader=LOADER, checkpoints=ck, start="resume"))
+    # the kept checkpoint is usable: resumed (on its own data) it makes a model
+    r = train(TrainJob(kind="student", train=tiny_train(steps=good[-1]), model=SMALL_MODEL,
+                       data=data, loader=LOADER, checkpoints=ck, start="resume"))
     assert r.resumed_from == good[-1] and math.isfinite(r.eval["ne"])
+    # data fixed is other data: a resume would mix two datasets, so it starts afresh
+    with pytest.raises(ConfigError, match="day 1's part-00000.parquet changed its content"):
+        train(TrainJob(kind="student", train=tiny_train(steps=40), model=SMALL_MODEL,
+                       data=datasets["sessions"], loader=LOADER, checkpoints=ck,
+                       start="resume"))
 
 
 def test_bad_split_is_a_config_error(datasets):
