@@ -294,6 +294,9 @@ def atomic_dir(out: Path, *, stage: Stage = None, force: bool = False) -> Iterat
         yield tmp
         _write_marker(tmp, recorded, _listing(tmp))
         check_replaceable(out, names, force=force)  # someone may have put something there since
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _named(e, out) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -409,11 +412,21 @@ def _write_file(path: Path, fill: Callable[[Path], str | None], stage: Stage,
                 ledger[path.name] = {"stage": _recorded(names), "sha256": digest, "bytes": size,
                                      "mtime_ns": os.lstat(path).st_mtime_ns}
                 _write_ledger(path.parent, ledger)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _named(e, path) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
     return size
+
+
+def _named(err: OSError, path: Path) -> OSError:
+    """`err` naming the output being written when it names no file (pyarrow's do not)."""
+    if err.filename is not None or err.errno is None:
+        return err
+    return type(err)(err.errno, os.strerror(err.errno), str(path))
 
 
 def _write_ledger(folder: Path, ledger: dict[str, dict[str, Any]]) -> None:

@@ -54,7 +54,7 @@ from lrm.train.data import EpochStream, TrainData, fit_tables, loaders, model_ha
     per_rank_batch, run_identity
 from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import predict, score
-from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
+from lrm.train.export import ModelCard, load_weights, read_card, save_model
 from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.job import TrainJob, bce_loss
@@ -407,8 +407,7 @@ def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: Any,
     if card.kind != kind or card.model != model_cfg or card.hash_sizes != sizes:
         raise ConfigError(f"init_from {path}: a {card.kind} with another config or table "
                           f"sizes than this {kind}; it cannot start this run")
-    weights = torch.load(Path(path) / WEIGHTS, map_location="cpu", weights_only=True)
-    dmp.load_state_dict(dict(weights))  # DMP renames the keys of the dict it is given
+    dmp.load_state_dict(load_weights(path))  # DMP renames the keys of the dict it is given
     log.info("started from the weights of %s", path)
 
 
