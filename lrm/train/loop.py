@@ -1,4 +1,4 @@
-"""Training a job: one process or `torchrun --nproc_per_node=N`, CPU (gloo) or GPU (nccl).
+"""Training a job: one process or N (`python -m lrm.launch`, torchrun), CPU (gloo) or GPU (nccl).
 
 `train(job)` runs a `TrainJob` (lrm.train.job: what to train on what, and how it starts) in
 three parts, read top to bottom:
