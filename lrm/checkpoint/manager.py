@@ -151,27 +151,37 @@ class CheckpointManager:
         `init_state`, a dummy step that creates AdamW's lazy state to load into: run
         without a checkpoint to overwrite it, it would change the run).
         """
-        decision = self._choose(resume, new_data, force) if self.env.is_main else None
-        decision = self.env.broadcast(decision)  # type: ignore[assignment]
-        assert isinstance(decision, dict)
-        self._seq, self._nonce = decision["seq"], decision["nonce"]
         model = parts.get("model")
         if self._tracker is None and hasattr(model, "model_trackers"):
             self._tracker = RowTracker(model)  # type: ignore[arg-type]
-        if "error" in decision:
-            raise ConfigError(decision["error"])
-        if not decision.get("lineage"):
-            return None
-        found = {e.name: e for e in self.store.entries() if e.manifest is not None}
-        if not set(decision["lineage"]) <= found.keys():
-            raise CheckpointError(f"{self.root}: checkpoints {decision['lineage']} changed "
-                                  f"while resuming")
-        lineage = [found[n] for n in decision["lineage"]]
-        if prepare is not None:
-            prepare()
         names = set(parts) - ({"train", "data"} if new_data else set())
-        t0 = time.perf_counter()
-        n = self._load(lineage, parts, names)
+        bad: dict[str, str] = {}  # checkpoints that verified but could not be restored
+        while True:
+            decision = self._choose(resume, new_data, force, bad) if self.env.is_main else None
+            decision = self.env.broadcast(decision)  # type: ignore[assignment]
+            assert isinstance(decision, dict)
+            self._seq, self._nonce = decision["seq"], decision["nonce"]
+            if "error" in decision:
+                raise ConfigError(decision["error"])
+            if not decision.get("lineage"):
+                return None
+            found = {e.name: e for e in self.store.entries() if e.manifest is not None}
+            if not set(decision["lineage"]) <= found.keys():
+                raise CheckpointError(f"{self.root}: checkpoints {decision['lineage']} "
+                                      f"changed while resuming")
+            lineage = [found[n] for n in decision["lineage"]]
+            if prepare is not None and not bad:
+                prepare()
+            t0 = time.perf_counter()
+            failed: CheckpointError | None = None
+            try:  # a failed restore is passed over like a damaged checkpoint: the next one
+                n = self._load(lineage, parts, names)  # rewrites every value it touched
+            except CheckpointError as e:
+                failed = e
+            if not self.env.any(failed is not None):
+                break
+            why = str(failed) if failed is not None else "another rank could not restore it"
+            bad[lineage[-1].name] = f"cannot be restored ({why})"
         if self._tracker is not None:
             self._tracker.clear()
         head = lineage[-1]
@@ -213,20 +223,26 @@ class CheckpointManager:
             log.info("starting afresh in %s: removed %d checkpoint(s) of an earlier run: %s",
                      self.root, len(gone), ", ".join(p.name for p in gone))
 
-    def _choose(self, resume: bool, new_data: bool, force: bool) -> dict[str, Any]:
-        """Rank 0: the checkpoint to resume (verified) or why none; the next seq. A fresh
-        start clears the folder first, unless it refuses (`_foreign`)."""
+    def _choose(self, resume: bool, new_data: bool, force: bool,
+                bad: Mapping[str, str]) -> dict[str, Any]:
+        """Rank 0: the checkpoint to resume (verified, none of `bad`) or why none; the next
+        seq. A fresh start clears the folder first, unless it refuses (`_foreign`)."""
         refused = None if resume or force else self._foreign()
         if refused is not None:
             return {"seq": 0, "nonce": "", "error": refused}
-        self._tidy(resume)
+        if not bad:
+            self._tidy(resume)
         out: dict[str, Any] = {"seq": self.store.next_seq(), "nonce": secrets.token_hex(4)}
         if not resume:
             return out
         if self.store.legacy():
             log.info("%s: ignoring %d DCP step-N/ folder(s) of an older lrm (their metadata "
                      "is pickled; lrm does not read them)", self.root, len(self.store.legacy()))
-        lineage, skipped = self.store.newest_restorable()
+        lineage, skipped = self.store.newest_restorable(bad)
+        if lineage is None and bad:  # the parts hold what a failed restore wrote: no start
+            out["error"] = (f"no checkpoint in {self.root} can be restored ({'; '.join(skipped)}"
+                            f"); start afresh without --resume")
+            return out
         if lineage is None:
             why = f" ({'; '.join(skipped)})" if skipped else ""
             log.info("no restorable checkpoint in %s%s: starting from scratch", self.root, why)

@@ -116,13 +116,20 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, A
     return {"bytes": w.size, "sha256": w.sha.hexdigest()}
 
 
+def _first_sentence(text: str) -> str:
+    """A library's message cut to its first sentence, terminal escapes dropped."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
+    first = text.splitlines()[0] if text else ""
+    return first.split(". ")[0][:200]
+
+
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A file of save_tensors: weights-only (no pickle of objects), memory-mapped."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001  (any unreadable file is a bad checkpoint)
         raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+                              f"{_first_sentence(str(e))})") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                             for k, v in obj.items()):
         raise CheckpointError(f"{path}: not a flat dict of tensors")
@@ -356,14 +363,18 @@ class Store:
             cur = parent
         return chain[::-1], problems
 
-    def newest_restorable(self) -> tuple[list[Entry] | None, list[str]]:
+    def newest_restorable(self, bad: Mapping[str, str] | None = None
+                          ) -> tuple[list[Entry] | None, list[str]]:
         """(the lineage of the newest restorable checkpoint or None, the problems of every
-        newer checkpoint passed over on the way)."""
+        newer checkpoint passed over on the way). bad: {name: why} of checkpoints a restore
+        found wrong: passed over too, with every checkpoint built on them."""
+        bad = bad or {}
         entries = self.entries()
         by_name = {e.name: e for e in entries}
         skipped: list[str] = []
         for e in reversed(entries):
             chain, problems = self.lineage(e, by_name)
+            problems += [f"{c.path}: {bad[c.name]}" for c in chain if c.name in bad]
             if not problems:
                 return chain, skipped
             skipped.append(f"{e.name}: {problems[0]}")
