@@ -49,6 +49,24 @@ def _raw(root, case=None):
     return path
 
 
+def set_value(path, column: str, value: object, row: int = 0) -> None:
+    """Rewrite a dataset file (either layout) with `value` as row `row`'s value of `column`
+    (the first of its list in the sessions layout); the file's metadata kept."""
+    t = parquet.read_table(path)
+    i = t.schema.get_field_index(column)
+    arr = t.column(column).combine_chunks()
+    if pa.types.is_list(arr.type):
+        flat = arr.flatten().to_pylist()
+        flat[arr.offsets[row].as_py()] = value
+        arr = pa.ListArray.from_arrays(arr.offsets, pa.array(flat, arr.type.value_type))
+    else:
+        vals = arr.to_pylist()
+        vals[row] = value
+        arr = pa.array(vals, arr.type)
+    pq.write_table(t.set_column(i, t.schema.field(i), arr).replace_schema_metadata(
+        pq.read_schema(path).metadata), path)
+
+
 @pytest.mark.parametrize("case", list(BAD))
 def test_dedup_names_file_row_group_row_and_column_and_writes_nothing(tmp_path, case):
     bad = _raw(tmp_path / "raw", case)
@@ -69,23 +87,11 @@ def test_the_loader_and_the_scan_name_the_bad_value(tmp_path, case, layout):
     dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig(rows_per_file=1000))
     path = day_files(tmp_path / layout)[0][0]
     col, value, says = BAD[case]
-    t = parquet.read_table(path)
-    i = t.schema.get_field_index(col)
     if layout == "raw":
         _raw(tmp_path / "raw", case)
         row_group, row = 1, 7
     else:  # the first impression of session row 3 of row group 0 (every row group: 128)
-        arr = t.column(col).combine_chunks()
-        if pa.types.is_list(arr.type):
-            flat = arr.flatten().to_pylist()
-            flat[arr.offsets[3].as_py()] = value
-            arr = pa.ListArray.from_arrays(arr.offsets, pa.array(flat, arr.type.value_type))
-        else:
-            vals = arr.to_pylist()
-            vals[3] = value
-            arr = pa.array(vals, arr.type)
-        pq.write_table(t.set_column(i, t.schema.field(i), arr).replace_schema_metadata(
-            pq.read_schema(path).metadata), path)
+        set_value(path, col, value, row=3)
         row_group, row = 0, 3
     where = f"{path}, field {col}: row group {row_group}, row {row}: "
     with pytest.raises(DataError) as err:

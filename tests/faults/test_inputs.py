@@ -17,15 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import mlflow
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 
-from lrm.data import parquet
 from lrm.data.schema import day_files
 from tests.conftest import REPO
+from tests.data.test_values import set_value
 
 pytestmark = pytest.mark.slow
 
@@ -39,23 +37,6 @@ PARAMS = {"train": {"batch_size": 256, "steps": 4, "threads": 1, "log_every": 2}
 class _Evil:
     def __reduce__(self):  # unpickling it would create a file in the case's folder
         return (open, ("pwned", "w"))
-
-
-def _set(path: Path, column: str, value: object) -> None:
-    """Put `value` into the first row of `column` of a dataset file (either layout)."""
-    t = parquet.read_table(path)
-    i = t.schema.get_field_index(column)
-    arr = t.column(column).combine_chunks()
-    if pa.types.is_list(arr.type):
-        flat = arr.flatten().to_pylist()
-        flat[0] = value
-        arr = pa.ListArray.from_arrays(arr.offsets, pa.array(flat, arr.type.value_type))
-    else:
-        vals = arr.to_pylist()
-        vals[0] = value
-        arr = pa.array(vals, arr.type)
-    pq.write_table(t.set_column(i, t.schema.field(i), arr).replace_schema_metadata(
-        pq.read_schema(path).metadata), path)
 
 
 def _tree(path: Path) -> dict[str, str] | None:
@@ -121,7 +102,7 @@ def runs(datasets, tmp_path_factory) -> dict[str, list[tuple]]:
         data = Path(shutil.copytree(datasets[layout], cwd / layout))
         if name in BAD:
             _, column, value = BAD[name]
-            _set(day_files(data)[1][0], column, value)
+            set_value(day_files(data)[1][0], column, value)
         done = []
         for argv, says, kept in steps:
             argv = argv(cwd) if callable(argv) else argv
