@@ -77,7 +77,8 @@ def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                   **{kw: dataclasses.asdict(c) if dataclasses.is_dataclass(c) else c
                      for kw, c in configs.items()}}
     with lock.exclusive_all(outputs, purpose=f"lrm {title}"), progress.context(stage=title), \
-            io.running(stage.name), tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
+            io.running(stage.name), \
+            tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
                          tags={"lrm.stage": stage.name, **(tags or {})}):
         metrics = stage.run(**call)
         tracking.log_metrics(metrics)

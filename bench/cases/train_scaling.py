@@ -47,7 +47,8 @@ def _launch(procs: int, spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
     f = tmp / f"spec-{procs}.json"
     f.write_text(json.dumps({**spec, "result": str(tmp / f"result-{procs}.json")}))
     r = subprocess.run([sys.executable, "-m", "lrm.launch", f"--nproc-per-node={procs}",
-                        str(ROOT / "bench" / "train.py"), "--worker", str(f)], cwd=ROOT, capture_output=True, text=True,
+                        str(ROOT / "bench" / "train.py"), "--worker", str(f)], cwd=ROOT,
+                       capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"lrm.launch {procs} failed:\n{r.stderr[-3000:]}")

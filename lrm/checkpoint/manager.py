@@ -362,10 +362,10 @@ class CheckpointManager:
 
     # -- the best state: kept through retention, read back -------------------------------
     def _of_this_run(self, step: int) -> Entry | None:
-        """The newest checkpoint of `step` written by this run (its identity and owner)."""
+        """The newest checkpoint of `step` written by this run: its identity (the same model,
+        data and batch cut make the same state at a step, whichever start wrote it)."""
         found = [e for e in self.store.entries() if e.step == step and e.manifest is not None
-                 and e.manifest.get("identity") == self.identity
-                 and e.manifest.get("owner") == self.owner]
+                 and e.manifest.get("identity") == self.identity]
         return found[-1] if found else None
 
     def pin(self, step: int) -> bool:
@@ -376,7 +376,8 @@ class CheckpointManager:
             self._pinned = self.last.name
         else:
             entry = self._of_this_run(step) if self.env.is_main else None
-            self._pinned = self.env.broadcast(entry.name if entry else None)  # type: ignore[assignment]
+            name = self.env.broadcast(entry.name if entry else None)
+            self._pinned = name if isinstance(name, str) else None
         return self._pinned is not None
 
     def restore_model(self, step: int, parts: Mapping[str, Stateful]) -> bool:

@@ -355,8 +355,8 @@ class Store:
                 problems.append(f"{cur.path}: parent {parent.name} is not an earlier "
                                 f"checkpoint of its chain")
                 break
-            if parent.manifest is not None and \
-                    parent.manifest["sha256"] != cur.manifest["parent_sha256"]:  # type: ignore[index]
+            linked = (cur.manifest or {}).get("parent_sha256")
+            if parent.manifest is not None and parent.manifest["sha256"] != linked:
                 problems.append(f"{cur.path}: its parent {parent.name} is not the checkpoint "
                                 f"it was written after (another manifest sha256)")
                 break
