@@ -557,11 +557,9 @@ def owned_by_lrm(path: Path) -> str | None:
     return stage if isinstance(stage, str) else None
 
 
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file: as lrm recorded it when it wrote the file (its folder's
-    ledger, or the marker of the lrm folder holding it) while its size and mtime are
-    unchanged, else read and hashed here (a dataset's identity without rereading it)."""
-    path = Path(path)
+def _written(path: Path) -> dict[str, Any] | None:
+    """What lrm recorded of the file when it wrote it (its folder's ledger, or the marker of
+    the lrm folder holding it), while the file is unchanged since; else None."""
     rec = _read_ledger(path.parent).get(path.name)
     if rec is None:
         for folder in path.parents:
@@ -571,9 +569,20 @@ def file_sha256(path: Path) -> str:
                 rel = path.relative_to(folder).as_posix()
                 rec = listed.get(rel) if isinstance(listed, dict) else None
                 break
-    if isinstance(rec, dict) and "sha256" in rec and not _changed(path, rec):
-        return str(rec["sha256"])
-    return sha256_file(path)
+    ok = isinstance(rec, dict) and "sha256" in rec and not _changed(path, rec)
+    return rec if ok else None  # type: ignore[return-value]
+
+
+def written_by_lrm(path: Path) -> bool:
+    """Whether lrm wrote the file as it is now (recorded with its hash, unchanged since)."""
+    return _written(Path(path)) is not None
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file: as lrm recorded it when it wrote the file while it is
+    unchanged, else read and hashed here (a dataset's identity without rereading it)."""
+    rec = _written(Path(path))
+    return str(rec["sha256"]) if rec is not None else sha256_file(path)
 
 
 def _real(path: Path) -> Path:

@@ -118,3 +118,23 @@ def test_a_folder_named_like_a_day_that_is_not_one_is_an_error(tmp_path):
     with pytest.raises(DataError, match=r"day=two: not a day folder"):
         dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
     assert not (tmp_path / "sessions").exists()
+
+
+def test_a_run_checks_every_value_of_files_lrm_did_not_write_before_it_starts(tmp_path):
+    """A file changed since lrm wrote it (or from elsewhere) is checked whole when a run
+    opens its data, wherever the bad value lies: a DataError before a step or a checkpoint,
+    even far past where a short run would read. lrm's own unchanged files are not reread."""
+    from lrm.config import SplitConfig
+    from lrm.train.data import TrainData
+
+    _raw(tmp_path / "raw")
+    more = make_impressions(40, seed=6, day=1, first_session=10**6, schema=SCHEMA_V)
+    part_path(tmp_path / "raw", 1).parent.mkdir()
+    pq.write_table(more, part_path(tmp_path / "raw", 1), row_group_size=ROW_GROUP_ROWS)
+    dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+    split = SplitConfig(days=[0], eval_day=1)
+    TrainData.open(tmp_path / "sessions", split)  # lrm's own files: fine, none reread
+    path = day_files(tmp_path / "sessions")[1][0]  # the held-out day, read only at the end
+    set_value(path, "d_bid", float("nan"), row=5)
+    with pytest.raises(DataError, match=rf"^{path}, field d_bid: row group 0, row 5: nan"):
+        TrainData.open(tmp_path / "sessions", split)
