@@ -539,6 +539,14 @@ def write_json(obj: Any, path: Path, *, stage: str | None = None, force: bool = 
 # ---------------------------------------------------------------- paths
 
 
+def replaceable(path: Path, stage: Stage = None) -> bool:
+    """Whether lrm may replace `path` for `stage` without --force (check_replaceable)."""
+    try:
+        return _why_not_replaceable(Path(path), _names(stage)) is None
+    except OSError:
+        return False
+
+
 def owned_by_lrm(path: Path) -> str | None:
     """The stage that wrote `path` (a marked folder, or a ledgered file unchanged since), else
     None."""
