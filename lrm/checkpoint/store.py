@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from lrm.errors import LrmError
+from lrm.errors import LrmError, first_sentence
 from lrm.io import fsync_dir, sha256_file
 
 log = logging.getLogger("lrm")
@@ -116,20 +116,13 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, A
     return {"bytes": w.size, "sha256": w.sha.hexdigest()}
 
 
-def _first_sentence(text: str) -> str:
-    """A library's message cut to its first sentence, terminal escapes dropped."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
-    first = text.splitlines()[0] if text else ""
-    return first.split(". ")[0][:200]
-
-
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A file of save_tensors: weights-only (no pickle of objects), memory-mapped."""
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001  (any unreadable file is a bad checkpoint)
         raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: "
-                              f"{_first_sentence(str(e))})") from None
+                              f"{first_sentence(str(e))})") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                             for k, v in obj.items()):
         raise CheckpointError(f"{path}: not a flat dict of tensors")

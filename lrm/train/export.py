@@ -23,7 +23,7 @@ from lrm import io
 from lrm.checkpoint.store import save_tensors
 from lrm.config import ModelConfig, from_dict
 from lrm.data.schema import FeatureSchema
-from lrm.errors import DataError
+from lrm.errors import DataError, first_sentence
 from lrm.models import build_model
 
 FORMAT = 1
@@ -106,9 +106,8 @@ def load_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, to
     except FileNotFoundError:
         raise DataError(path, None, None, f"not a model folder (no {WEIGHTS})") from None
     except Exception as e:  # noqa: BLE001  (unpickling refused, truncated, not torch's)
-        why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise DataError(f, None, None, f"not a state dict of plain tensors, refused unread "
-                        f"({why})") from None
+                        f"({first_sentence(str(e)) or type(e).__name__})") from None
     if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                            for k, v in sd.items()):
         raise DataError(f, None, None, "not a state dict of plain tensors")
