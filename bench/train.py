@@ -4,7 +4,7 @@ per case.
 train.vs_torchrec        lrm's student vs torchrec's own DLRM on the same batches (samples/s, NE)
 train.dedup              student samples/s on RecD batches vs plain batches (session data)
 train.vs_plain_pytorch   the project's student step vs the same student in plain PyTorch
-train.scaling            lrm.train.train under torchrun with 2 processes vs 1 (CPU, gloo)
+train.scaling            lrm.train.train as 2 processes vs 1 (lrm.launch; CPU, gloo)
 train.collections        the tables' lookup step in lrm's two collections vs one (ms, and the
                          pooled rows the output dist carries)
 train.end_to_end         lrm.train.train's steady samples/s (loader and loop included) vs the
@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.batch is not None and args.batch < 1:
         ap.error(f"--batch must be at least 1, got {args.batch}")
-    if args.worker is not None:  # one process of train.scaling (under torchrun or alone)
+    if args.worker is not None:  # one process of train.scaling (under lrm.launch or alone)
         train_scaling.worker(args.worker)
         return
     if args.threads:

@@ -159,16 +159,23 @@ def promote(name: str = typer.Argument(..., help="registered model, e.g. lrm-stu
 
 @models_app.command("rollback")
 def rollback(name: str = typer.Argument(..., help="registered model"),
-             version: str = typer.Argument(..., help="an earlier version to make @champion"),
+             version: str = typer.Argument(..., help="an earlier @champion to make @champion "
+                                                     "again"),
+             force: bool = typer.Option(False, "--force", help="also a version that was never "
+                                                               "@champion (the NE rule kept it)"),
              params: list[Path] = PARAMS_OPT) -> None:
-    """Point @champion back at an earlier version (no NE check: the operator's call)."""
+    """Point @champion back at an earlier champion (no NE check: the operator's call)."""
     from lrm import registry
 
     try:
-        was = registry.rollback(name, version, _cfg(params).tracking)
+        was, overrode = registry.rollback(name, version, _cfg(params).tracking, force=force)
     except LrmError as e:
         raise fail(e) from None
-    print(f"{name}: @champion is v{version} again (was v{was})", file=sys.stdout)
+    if overrode is None:
+        print(f"{name}: @champion is v{version} again (was v{was})", file=sys.stdout)
+    else:
+        print(f"{name}: @champion is v{version} (was v{was}), by force: {overrode}",
+              file=sys.stdout)
 
 
 def main() -> None:

@@ -270,7 +270,12 @@ def render(pipe: Pipeline) -> str:
         body: dict[str, Any] = {}
         if node.desc:
             body["desc"] = node.desc
-        body["cmd"] = command(st, node.args, explicit)
+        # every file the run writes is named on its command line: a stage run by hand
+        # puts what is not named beside its output (Stage.beside_outputs), DVC's where the
+        # DAG says
+        own = {k: args[k] for k, a in st.args.items() if args.get(k) is not None and (
+            a.role in ("metrics", "summary", "plot", "state") or (a.role == "out" and a.file))}
+        body["cmd"] = command(st, {**node.args, **own}, explicit)
         if rel is not None:
             body["wdir"] = str(rel)
         ins = [str(p) for p in st.paths(args, "in")]

@@ -1,8 +1,12 @@
-"""The process group: torchrun's when launched by it, else a 1-rank group of our own.
+"""The process group: lrm.launch's or torchrun's when launched by one, else a 1-rank group
+of our own.
 
 DistributedModelParallel needs a process group even in one process, so a plain
 `python -m stages.train` gets a 1-rank group over a FileStore in a temporary folder (no
-port to pick). gloo on CPU, nccl on GPUs (one per process, `LOCAL_RANK`).
+port to pick). Under `python -m lrm.launch` (one host) the ranks meet in the FileStore the
+launcher names (LRM_STORE): no network listener; under torchrun, its env:// rendezvous (a
+TCP store on every interface: several hosts). gloo on CPU, nccl on GPUs (one per process,
+`LOCAL_RANK`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from lrm.errors import ConfigError
+from lrm.launch import STORE_ENV
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,12 @@ def process_group(device: str = "auto") -> Iterator[Dist]:
     owned, tmp = False, None
     if not dist.is_initialized():
         owned = True
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if os.environ.get(STORE_ENV) and "RANK" in os.environ:  # lrm.launch: one host
+            world = int(os.environ["WORLD_SIZE"])
+            store = dist.FileStore(os.environ[STORE_ENV], world)
+            dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=world, timeout=timedelta(minutes=30))
+        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend, timeout=timedelta(minutes=30))
         else:
             tmp = tempfile.mkdtemp(prefix="lrm-pg-")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,3 +40,11 @@ class OutputError(LrmError):
 
 class LockedError(LrmError):
     """An output or checkpoint folder another run (or this process) holds the lock on."""
+
+
+def first_sentence(text: str, limit: int = 200) -> str:
+    """A library's message cut to its first sentence for a one-line error (terminal escapes
+    dropped: torch colours its advice)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text).strip()
+    first = text.splitlines()[0] if text else ""
+    return first.split(". ")[0][:limit]

@@ -6,10 +6,13 @@ to a sibling temporary path, checked, and renamed into place.
 
 Ownership: lrm replaces a path only when it can tell that lrm wrote what is there now.
 - A folder written by `atomic_dir` carries MARKER (`.lrm-output.json`): the stage that wrote it,
-  the lrm version, when, and the files it held. It may be replaced by the same stage (or, from a
-  caller that names no stage, by any), and only while it holds no file lrm did not write: a
-  user's notes dropped into a model folder stop the replace. An empty folder holds nothing to
-  lose and may be replaced too.
+  the lrm version, when, and the files it held, each with its size, sha256 and mtime. It may be
+  replaced by the same stage (or, from a caller that names no stage, by any), and only while it
+  holds no file lrm did not write: a user's notes dropped into a model folder, or a file of it
+  the user replaced or edited (its hash differs; the hash is read again only when the size or
+  mtime moved), stop the replace. An empty folder holds nothing to lose and may be replaced too.
+- A writer that names no stage records the stage running (stagekit's runner says which, for
+  the length of a stage's run: `running`), else "lrm".
 - A file written by `write_text`/`write_json`/`write_parquet` is listed in its folder's LEDGER
   (`.lrm-written.json`) with the stage and its sha256. It may be overwritten only while it still
   has that hash (lrm wrote it and nobody changed it since) and, when the writer names a stage,
@@ -27,8 +30,10 @@ anything is touched: no `--force` makes replacing one's own input safe.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -55,6 +60,22 @@ _TMP_DIR = re.compile(r"^\..+\.tmp-[0-9a-f]{8}$")  # atomic_dir's temporary fold
 _LOCK_FILE = re.compile(r"^\..+\.lock$")  # lrm.lock's files: PARENT/.NAME.lock
 
 Stage = str | Iterable[str] | None
+_running: contextvars.ContextVar[str | None] = contextvars.ContextVar("lrm_stage", default=None)
+
+
+@contextlib.contextmanager
+def running(stage: str) -> Iterator[None]:
+    """Writers inside the block that name no stage record `stage` (the stage being run)."""
+    token = _running.set(stage)
+    try:
+        yield
+    finally:
+        _running.reset(token)
+
+
+def _recorded(names: tuple[str, ...] | None) -> str:
+    """The stage a writer records: the first it names, else the one running, else "lrm"."""
+    return names[0] if names else (_running.get() or ANY_STAGE)
 
 
 def fsync_dir(path: Path) -> None:
@@ -104,27 +125,55 @@ def _read_marker(folder: Path) -> dict[str, Any] | None:
     return m if isinstance(m, dict) and isinstance(m.get("stage"), str) else None
 
 
-def _listing(folder: Path) -> list[str]:
-    """Every non-folder entry under `folder` (relative POSIX paths), symlinks not followed."""
+def _files(folder: Path) -> Iterator[str]:
+    """Every non-folder entry under `folder` (relative POSIX paths) but the marker, symlinks
+    not followed, as the walk finds them (a caller may stop at the first)."""
     def unreadable(e: OSError) -> None:
         raise e  # never take a folder we cannot list for an empty one
 
-    out = []
     for d, dirs, files in os.walk(folder, onerror=unreadable):
         rel = Path(d).relative_to(folder)
-        out += [(rel / n).as_posix() for n in files]
-        out += [(rel / n).as_posix() for n in dirs if os.path.islink(os.path.join(d, n))]
-    return sorted(x for x in out if x != MARKER)
+        for n in [*files, *(n for n in dirs if os.path.islink(os.path.join(d, n)))]:
+            if (x := (rel / n).as_posix()) != MARKER:
+                yield x
+
+
+def _listing(folder: Path) -> list[str]:
+    """Every non-folder entry under `folder`, sorted (see `_files`)."""
+    return sorted(_files(folder))
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """What a marker keeps of a file it lists: size, sha256 and mtime (a symlink: its target)."""
+    st = os.lstat(path)
+    if os.path.islink(path):
+        return {"symlink": os.readlink(path)}
+    return {"bytes": st.st_size, "sha256": sha256_file(path), "mtime_ns": st.st_mtime_ns}
+
+
+def _changed(path: Path, rec: Any) -> bool:
+    """Whether the file at `path` is no longer what lrm recorded (`_record`, or a ledger
+    entry). The hash is read again only when the size or the mtime moved."""
+    if not isinstance(rec, dict):
+        return False  # a listing of names only (markers before hashes): the name is all
+    if "symlink" in rec:
+        return not (os.path.islink(path) and os.readlink(path) == rec["symlink"])
+    st = os.lstat(path)
+    if os.path.islink(path) or st.st_size != rec.get("bytes"):
+        return True
+    return st.st_mtime_ns != rec.get("mtime_ns") and sha256_file(path) != rec.get("sha256")
 
 
 def _foreign(folder: Path, marker: dict[str, Any]) -> list[str]:
-    """Files under an lrm folder that lrm did not write: not in its marker's listing, not in
-    their folder's ledger, not lrm's own bookkeeping, and not accounted for by a nested folder's
-    own marker (say a day folder written later by another atomic_dir)."""
+    """Files under an lrm folder that lrm did not write: not in its marker's listing (or
+    changed since it was written), not in their folder's ledger, not lrm's own bookkeeping,
+    and not accounted for by a nested folder's own marker (say a day folder written later
+    by another atomic_dir)."""
     listed = marker.get("files")
-    if not isinstance(listed, list):
+    if isinstance(listed, list):  # a marker before hashes: names only
+        listed = dict.fromkeys(listed)
+    if not isinstance(listed, dict):
         return []  # a marker without a listing: everything in the folder counts as lrm's
-    listed_set = set(listed)
     found: list[str] = []
 
     def scan(d: Path, rel: str) -> None:
@@ -139,8 +188,13 @@ def _foreign(folder: Path, marker: dict[str, Any]) -> list[str]:
                     scan(Path(e.path), r + "/")
                 else:
                     found.extend(f"{r}/{x}" for x in _foreign(Path(e.path), nested))
-            elif not (r in listed_set or e.name in (MARKER, LEDGER) or e.name in ledger
-                      or _is_lock_file(Path(e.path))):
+            elif r in listed:
+                if _changed(Path(e.path), listed[r]):
+                    found.append(f"{r} (changed since lrm wrote it)")
+            elif e.name in ledger:
+                if _changed(Path(e.path), ledger[e.name]):
+                    found.append(f"{r} (changed since lrm wrote it)")
+            elif not (e.name in (MARKER, LEDGER) or _is_lock_file(Path(e.path))):
                 found.append(r)
 
     scan(folder, "")
@@ -164,9 +218,10 @@ def _why_not_replaceable(out: Path, names: tuple[str, ...] | None) -> str | None
     if not out.is_dir():
         return f"not written by {who} (it is a file)"
     marker = _read_marker(out)
-    if marker is None:
-        n = len(_listing(out)) + (1 if (out / MARKER).exists() else 0)
-        return None if n == 0 else f"not written by {who} (it holds {_plural(n, 'file')})"
+    if marker is None:  # a file or two are enough to refuse: never walk a stranger's tree
+        seen = list(itertools.islice(_files(out), 2))
+        shown = seen[0] + (" and more" if len(seen) > 1 else "") if seen else ""
+        return None if not seen else f"not written by {who} (it holds {shown})"
     if names is not None and marker["stage"] not in names:
         return f"not written by {who} (it was written by stage {marker['stage']})"
     foreign = _foreign(out, marker)
@@ -201,7 +256,7 @@ def _write_marker(folder: Path, stage: str, files: list[str] | None) -> None:
     doc: dict[str, Any] = {"stage": stage, "lrm": getattr(lrm, "__version__", "0"),
                            "written": _now()}
     if files is not None:
-        doc["files"] = files
+        doc["files"] = {f: _record(folder / f) for f in files}
     (folder / MARKER).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
@@ -230,7 +285,7 @@ def atomic_dir(out: Path, *, stage: Stage = None, force: bool = False) -> Iterat
     out = Path(out)
     names = _names(stage)
     check_replaceable(out, names, force=force)
-    recorded = names[0] if names else ANY_STAGE
+    recorded = _recorded(names)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -239,6 +294,9 @@ def atomic_dir(out: Path, *, stage: Stage = None, force: bool = False) -> Iterat
         yield tmp
         _write_marker(tmp, recorded, _listing(tmp))
         check_replaceable(out, names, force=force)  # someone may have put something there since
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _named(e, out) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -322,7 +380,7 @@ def _check_file(path: Path, names: tuple[str, ...] | None, force: bool) -> None:
     if names is not None and entry.get("stage") not in names:
         raise OutputError(f"{path}: not written by {_who(names)} (it was written by stage "
                           f"{entry.get('stage')}); {how}")
-    if path.stat().st_size != entry.get("bytes") or sha256_file(path) != entry.get("sha256"):
+    if _changed(path, entry):
         raise OutputError(f"{path}: changed since lrm {entry.get('stage')} wrote it; {how}")
 
 
@@ -351,14 +409,24 @@ def _write_file(path: Path, fill: Callable[[Path], str | None], stage: Stage,
                     _check_file(path, names, force)
                 os.replace(tmp, path)
                 ledger = _read_ledger(path.parent)
-                ledger[path.name] = {"stage": names[0] if names else ANY_STAGE,
-                                     "sha256": digest, "bytes": size}
+                ledger[path.name] = {"stage": _recorded(names), "sha256": digest, "bytes": size,
+                                     "mtime_ns": os.lstat(path).st_mtime_ns}
                 _write_ledger(path.parent, ledger)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise _named(e, path) from e
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
     return size
+
+
+def _named(err: OSError, path: Path) -> OSError:
+    """`err` naming the output being written when it names no file (pyarrow's do not)."""
+    if err.filename is not None or err.errno is None:
+        return err
+    return type(err)(err.errno, os.strerror(err.errno), str(path))
 
 
 def _write_ledger(folder: Path, ledger: dict[str, dict[str, Any]]) -> None:
@@ -443,7 +511,7 @@ def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> list[Path]:
         _remove(path)
     created = [d for d in (path, *path.parents) if not d.exists()]  # innermost first
     path.mkdir(parents=True, exist_ok=True)
-    _write_marker(path, names[0] if names else ANY_STAGE, None)
+    _write_marker(path, _recorded(names), None)
     return created
 
 
@@ -471,6 +539,14 @@ def write_json(obj: Any, path: Path, *, stage: str | None = None, force: bool = 
 # ---------------------------------------------------------------- paths
 
 
+def replaceable(path: Path, stage: Stage = None) -> bool:
+    """Whether lrm may replace `path` for `stage` without --force (check_replaceable)."""
+    try:
+        return _why_not_replaceable(Path(path), _names(stage)) is None
+    except OSError:
+        return False
+
+
 def owned_by_lrm(path: Path) -> str | None:
     """The stage that wrote `path` (a marked folder, or a ledgered file unchanged since), else
     None."""
@@ -483,11 +559,38 @@ def owned_by_lrm(path: Path) -> str | None:
     if not path.is_file():
         return None
     entry = _read_ledger(path.parent).get(path.name)
-    if (entry is None or path.stat().st_size != entry.get("bytes")
-            or sha256_file(path) != entry.get("sha256")):
+    if entry is None or _changed(path, entry):
         return None
     stage = entry.get("stage")
     return stage if isinstance(stage, str) else None
+
+
+def _written(path: Path) -> dict[str, Any] | None:
+    """What lrm recorded of the file when it wrote it (its folder's ledger, or the marker of
+    the lrm folder holding it), while the file is unchanged since; else None."""
+    rec = _read_ledger(path.parent).get(path.name)
+    if rec is None:
+        for folder in path.parents:
+            marker = _read_marker(folder)
+            if marker is not None:
+                listed = marker.get("files")
+                rel = path.relative_to(folder).as_posix()
+                rec = listed.get(rel) if isinstance(listed, dict) else None
+                break
+    ok = isinstance(rec, dict) and "sha256" in rec and not _changed(path, rec)
+    return rec if ok else None  # type: ignore[return-value]
+
+
+def written_by_lrm(path: Path) -> bool:
+    """Whether lrm wrote the file as it is now (recorded with its hash, unchanged since)."""
+    return _written(Path(path)) is not None
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file: as lrm recorded it when it wrote the file while it is
+    unchanged, else read and hashed here (a dataset's identity without rereading it)."""
+    rec = _written(Path(path))
+    return str(rec["sha256"]) if rec is not None else sha256_file(path)
 
 
 def _real(path: Path) -> Path:

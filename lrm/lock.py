@@ -149,6 +149,11 @@ def exclusive(path: Path, *, purpose: str = "") -> Iterator[LockInfo]:
             who = _describe(rec) if rec else "another process (it has not written its details yet)"
             raise LockedError(f"{target} is in use by {who}; wait for it or stop it "
                               f"(lock file {lf})") from None
+        except OSError as e:  # filelock opens with O_NOFOLLOW: a symlink is never followed
+            why = f"a symbolic link to {os.readlink(lf)}; lrm never follows one" \
+                if lf.is_symlink() else e.strerror or str(e)
+            raise LockedError(f"{target}: cannot take its lock file {lf} ({why}); remove it "
+                              f"if no run of lrm is using {target}") from None
         try:
             if found["previous"].strip():
                 _took_over(target, found["previous"])

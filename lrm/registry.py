@@ -287,20 +287,36 @@ def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: 
                   evaluated_on=f"day {eval_day} of {eval_data} (manual promotion)", cfg=cfg)
 
 
-def rollback(name: str, version: str, cfg: TrackingConfig | None = None) -> str:
-    """Point @champion at an earlier version (no NE check: the operator's call); returns
-    the version that was champion."""
-    _version(name, version, cfg)
+def rollback(name: str, version: str, cfg: TrackingConfig | None = None, *,
+             force: bool = False) -> tuple[str, str | None]:
+    """Point @champion back at an earlier champion (no NE check: the operator's call);
+    returns (the version that was champion, what `force` overrode or None).
+
+    Only a version that was @champion before (promoted by the NE rule, or rolled back to)
+    is an earlier champion; any other earlier version, one the rule kept out, needs
+    `force`, and the returned line (also its tag) says which decision it overrides."""
+    mv = _version(name, version, cfg)
     now = alias_version(name, CHAMPION, cfg)
     if now is None:
         raise ConfigError(f"registry: {name} has no @{CHAMPION} to roll back")
     if int(version) >= int(now):
         raise ConfigError(f"registry: rollback goes to an earlier version than the champion "
                           f"v{now}; got v{version} (use `lrm models promote` to go forward)")
+    tags = dict(mv.tags or {})
+    overrides = None
+    if tags.get(DECISION_TAG) != "promoted" and ROLLBACK_TAG not in tags:
+        why = (f"the NE rule kept it ({tags.get(REASON_TAG) or tags[DECISION_TAG]})"
+               if DECISION_TAG in tags else "it was never judged")
+        overrides = f"v{version} was never @{CHAMPION}: {why}"
+        if not force:
+            raise ConfigError(f"registry: rollback goes to an earlier @{CHAMPION}, and "
+                              f"{overrides}; pass --force to make it @{CHAMPION} anyway")
     c = client(cfg)
-    c.set_model_version_tag(name, str(version), ROLLBACK_TAG, f"champion again, replacing v{now}")
+    note = f"champion again, replacing v{now}" if overrides is None else \
+        f"made champion by force, replacing v{now} ({overrides})"
+    c.set_model_version_tag(name, str(version), ROLLBACK_TAG, note)
     c.set_registered_model_alias(name, CHAMPION, str(version))
-    return now
+    return now, overrides
 
 
 # ------------------------------------------------------------------------- reading

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import errno
 import inspect
+import os
 import io as _stdio
 import sys
 import tokenize
@@ -126,10 +128,25 @@ def setup_logging() -> None:
     progress.setup_logging()
 
 
-def fail(err: BaseException) -> typer.Exit:
+def fail(err: BaseException | str) -> typer.Exit:
     """Report a user-facing error on stderr; the caller raises the returned Exit(2)."""
     print(f"error: {err}", file=sys.stderr)
     return typer.Exit(2)
+
+
+# what a user fixes outside lrm (space, quota, a read-only or forbidden folder): one line,
+# exit 2, like bad input (every output is written through a temporary: nothing replaced)
+USER_OS_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
+                            errno.EPERM})
+
+
+def os_failure(err: OSError) -> str | None:
+    """The one line for an OSError a user fixes (USER_OS_ERRORS), else None."""
+    if err.errno not in USER_OS_ERRORS:
+        return None
+    where = f"{err.filename}: " if err.filename else ""
+    return (f"{where}{err.strerror or os.strerror(err.errno)} (nothing was replaced; "
+            f"free the space or fix the folder's permissions, then run again)")
 
 
 def _options(stage: Stage) -> tuple[list[ConfigOption], dict[str, list[str]]]:
@@ -204,11 +221,15 @@ def command(stage: Stage) -> Callable[..., None]:
         try:
             overrides = {opts[k].key: parse_option(opts[k], v) for k, v in kw.items()
                          if k in opts and v is not None}
-            args = {k: v for k, v in kw.items() if k not in opts}
+            args = stage.beside_outputs({k: v for k, v in kw.items() if k not in opts})
             params = load_params(files, overrides)
             execute(stage, args, params, force=force)
         except LrmError as e:
             raise fail(e) from None
+        except OSError as e:
+            if (line := os_failure(e)) is None:
+                raise
+            raise fail(line) from None
 
     cli.__signature__ = inspect.Signature(cli_params(stage))  # type: ignore[attr-defined]
     cli.__doc__ = (inspect.getdoc(stage.run) or stage.name).split("\n\n")[0]

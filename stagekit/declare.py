@@ -91,8 +91,9 @@ class Stage:
         return {k: p.default for k, p in self.signature().parameters.items()
                 if k in self.args and p.default is not inspect.Parameter.empty}
 
-    def complete(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """`args` with run's defaults filled in; unknown or missing arguments are errors."""
+    def complete(self, args: Mapping[str, Any], *, partial: bool = False) -> dict[str, Any]:
+        """`args` with run's defaults filled in; unknown or missing arguments are errors
+        (`partial`: missing ones are left out, and nothing is checked but the names)."""
         unknown = sorted(set(args) - set(self.args))
         if unknown:
             raise ConfigError(f"{self.name}: unknown arguments {unknown}; "
@@ -100,7 +101,14 @@ class Stage:
         out = {**self.signature_defaults(), **{k: v for k, v in args.items() if v is not None}}
         for k, fmt in self.derived.items():
             if out.get(k) is None:
-                out[k] = Path(fmt.format(**out))
+                try:
+                    out[k] = Path(fmt.format(**out))
+                except KeyError:  # partial: what it is built from is not given
+                    if not partial:
+                        raise
+        if partial:
+            return {k: Path(v) if isinstance(v, str) and self.args[k].role != "flag" else v
+                    for k, v in out.items()}
         missing = sorted(set(self.args) - set(out))
         if missing:
             flags = [self.args[k].flag or k.upper() for k in missing]
@@ -115,6 +123,42 @@ class Stage:
             if a.choices and out[k] not in a.choices:
                 raise ConfigError(f"{a.flag or k}: {out[k]!r} is not one of {list(a.choices)}")
         return out
+
+    def beside_outputs(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        """`given` (a command line's arguments) with the run's own files placed beside its
+        output: outside the DAG, a run whose --out (or state folder) is not the stage's
+        default writes its metrics, plots, other files and state folder not given beside
+        that output (OUT.NAME, e.g. /data/a.ingest.json, m.checkpoints), never into the
+        folder it is started from, where two such runs would block each other (or take
+        each other's checkpoints). The DAG passes every path itself."""
+        given = dict(given)
+        anchors = [k for k, a in self.args.items() if a.role in ("out", "state")
+                   and given.get(k) is not None]
+        if not anchors:
+            return given
+        defaults = self.complete({k: v for k, v in given.items() if k not in anchors},
+                                 partial=True)
+        moved = [k for k in anchors if defaults.get(k) is None
+                 or Path(given[k]) != Path(defaults[k])]
+        if not moved:
+            return given
+        at, file = Path(given[moved[0]]), self.args[moved[0]].file
+        base = at.stem if file else at.name
+        for k, a in self.args.items():
+            default = defaults.get(k)
+            if given.get(k) is not None or not isinstance(default, Path) or k in anchors \
+                    or self._of_input(k):
+                continue
+            if a.role in ("metrics", "summary", "plot") or (a.role == "out" and a.file):
+                given[k] = at.parent / f"{base}.{default.name}"
+            elif a.role == "state":
+                given[k] = at.parent / f"{base}.{k}"
+        return given
+
+    def _of_input(self, key: str) -> bool:
+        """A default built from an input's path (e.g. {data}.stats.json): it stays there."""
+        fmt = self.derived.get(key, "")
+        return any(f"{{{k}}}" in fmt for k, a in self.args.items() if a.role == "in")
 
     def paths(self, args: Mapping[str, Any], *roles: Role) -> list[Path]:
         """The paths of `args` whose role is one of `roles` (lists flattened)."""

@@ -2,7 +2,8 @@
 
 `execute` checks that no output overlaps an input and that every output is lrm's to
 replace, locks the outputs for the run, opens the MLflow run (rank 0 only), calls the
-stage's `run`, and writes the metrics file.
+stage's `run` (whatever it writes without naming a stage is recorded as the stage's:
+lrm.io.running), and writes the metrics file.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
         call["force"] = force
     title = stage.title(args)
     if _rank() != 0:
-        with progress.context(stage=title):
+        with progress.context(stage=title), io.running(stage.name):
             return stage.run(**call)
     inputs = stage.paths(args, "in")
     outputs = stage.paths(args, "out", "metrics", "summary", "plot", "state")
@@ -76,6 +77,7 @@ def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                   **{kw: dataclasses.asdict(c) if dataclasses.is_dataclass(c) else c
                      for kw, c in configs.items()}}
     with lock.exclusive_all(outputs, purpose=f"lrm {title}"), progress.context(stage=title), \
+            io.running(stage.name), \
             tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
                          tags={"lrm.stage": stage.name, **(tags or {})}):
         metrics = stage.run(**call)

@@ -22,11 +22,11 @@ NAME = "dedup"
 
 
 def run(*, cfg: DedupConfig, src: Path = Path("data/raw"), out: Path = Path("data/sessions"),
-        days: list[int] | None = None, metrics: Path | None = Path("metrics/dedup.json")
-        ) -> dict[str, Any]:
+        days: list[int] | None = None, metrics: Path | None = Path("metrics/dedup.json"),
+        force: bool = False) -> dict[str, Any]:
     """Deduplicate impressions into sessions: user features stored once per session (RecD)."""
     dedup.check_source(src)  # bad input fails before anything is written
-    return dedup.update(src, out, cfg, days or None)
+    return dedup.update(src, out, cfg, days or None, force=force)
 
 
 STAGE = Stage(

@@ -2,15 +2,17 @@
 
     lrm train --model student --data data/sessions --out models/student
     python -m stages.train --model student --data data/sessions --out models/student
-    torchrun --nproc_per_node=2 -m stages.train --model student --data data/sessions ...
+    python -m lrm.launch --nproc-per-node=2 -m stages.train --model student --data ...
 
-One process initializes a 1-rank gloo group itself; under torchrun every process trains
-its share of each batch (gloo on CPU, nccl with one GPU per process); `--plan` places the
-tables as plans/sharding.json says (stage shard_plan, its entry KIND). Values come from
-params.yaml (`train`, `split`, `checkpoint`, `loader`, `model.tables`, `model.KIND`); every
-`--section.key` option overrides one. Periodic checkpoints go to `--checkpoints` (kept out
-of DVC's outputs); `--resume` goes on from the newest one. Only rank 0 logs to MLflow
-(params, per-step metrics, the final model as a pyfunc) and writes the metrics and plot.
+One process initializes a 1-rank gloo group itself; launched as several (lrm.launch, or
+torchrun across hosts) every process trains its share of each batch (gloo on CPU, nccl
+with one GPU per process); `--plan` places the tables as plans/sharding.json says (stage
+shard_plan, its entry KIND). Values come from params.yaml (`train`, `split`, `checkpoint`,
+`loader`, `model.tables`, `model.KIND`); every `--section.key` option overrides one.
+Periodic checkpoints go to `--checkpoints` (kept out of DVC's outputs); `--resume` goes on
+from the newest one; a run without it refuses a checkpoint folder holding another run's
+checkpoints (another --out) unless `--force`. Only rank 0 logs to MLflow (params, per-step
+metrics, the final model as a pyfunc) and writes the metrics and plot.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
     job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
                     data=data, split=split, loader=loader, checkpoint=checkpoint,
                     checkpoints=checkpoints, start="resume" if resume else "fresh",
-                    eval_data=eval_data, out=out, plan=plan)
+                    eval_data=eval_data, out=out, plan=plan, force=force)
     result = train_model(job, log_fn=tracking.log_metrics if tracking.active() else None)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc

@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -51,6 +52,7 @@ TINY = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=3,
 SMALL_MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=8, bottom_mlp=[16],
                                                 top_mlp=[32, 16]))
 LOADER = LoaderConfig(prefetch=2, num_workers=1)
+HUGE = float(np.finfo(np.float32).max)  # a finite dense value no layer survives
 
 
 def tiny_train(**kw: object) -> TrainConfig:
@@ -90,7 +92,9 @@ def only_days(src: Path, dst: Path, days: list[int]) -> Path:
 
 
 def poison_day(src: Path, dst: Path, day: int, column: str = "d_bid") -> Path:
-    """A copy of `src` whose `day` has NaN in a dense column (every impression)."""
+    """A copy of `src` whose `day` has the largest float32 in a dense column (every
+    impression): finite, so the readers let it through (NaN is a bad value there,
+    lrm.data.values), and the model's first layer overflows: the loss is not finite."""
     shutil.copytree(src, dst)
     for f in day_files(dst)[day]:
         t = parquet.read_table(f)
@@ -98,11 +102,11 @@ def poison_day(src: Path, dst: Path, day: int, column: str = "d_bid") -> Path:
         col = t.column(column)
         if pa.types.is_list(col.type):  # sessions layout: a list per session
             flat = pc.list_flatten(col)
-            nan = pa.array([float("nan")] * len(flat), type=flat.type)
+            big = pa.array([HUGE] * len(flat), type=flat.type)
             offsets = col.combine_chunks().offsets
-            new = pa.ListArray.from_arrays(offsets, nan, type=col.type)
+            new = pa.ListArray.from_arrays(offsets, big, type=col.type)
         else:
-            new = pa.array([float("nan")] * len(col), type=col.type)
+            new = pa.array([HUGE] * len(col), type=col.type)
         pq.write_table(t.set_column(i, t.schema.field(i), new), f)
     return dst
 

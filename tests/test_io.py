@@ -71,8 +71,59 @@ def test_marker_names_stage_version_time_and_files(tmp_path):
     m = json.loads((out / io.MARKER).read_text())
     assert m["stage"] == "generate" and m["lrm"] == lrm.__version__
     assert datetime.fromisoformat(m["written"]).tzinfo is not None
-    assert m["files"] == ["day=0/part-00000.parquet"]
+    (f,) = m["files"]
+    assert f == "day=0/part-00000.parquet" and m["files"][f]["bytes"] == 1
+    assert m["files"][f]["sha256"] == hashlib.sha256(b"x").hexdigest()
     assert io.owned_by_lrm(out) == "generate"
+
+
+@pytest.mark.parametrize("how", ["replaced", "edited, same size"])
+def test_a_file_the_user_changed_inside_an_output_folder_stops_the_replace(tmp_path, how):
+    """Folder outputs are checked by hash, not only by name: a file of an lrm folder that
+    the user replaced is not lrm's any more (kept, exit 2), whatever its name."""
+    out = tmp_path / "out"
+    with io.atomic_dir(out, stage="train") as tmp:
+        (tmp / "state_dict.pt").write_bytes(b"weights")
+    io.check_replaceable(out, "train")  # as written: lrm's
+    f = out / "state_dict.pt"
+    f.write_bytes(b"WEIGHTS" if how != "replaced" else b"the user's own")  # same size: hashed
+    with pytest.raises(OutputError, match=r"state_dict\.pt \(changed since lrm wrote it\)"):
+        io.check_replaceable(out, "train")
+    with pytest.raises(OutputError), io.atomic_dir(out, stage="train"):
+        pass
+    assert f.read_bytes() != b"weights"  # the user's file is still there
+
+
+def test_a_writer_naming_no_stage_records_the_stage_running(tmp_path):
+    with io.running("train"):
+        with io.atomic_dir(tmp_path / "m") as tmp:
+            (tmp / "a").write_text("x")
+        io.write_text("y", tmp_path / "f.txt")
+    assert io.owned_by_lrm(tmp_path / "m") == "train"
+    assert io.owned_by_lrm(tmp_path / "f.txt") == "train"
+    io.check_replaceable(tmp_path / "m", "train")
+    with io.atomic_dir(tmp_path / "n") as tmp:  # no stage running: any lrm stage's
+        pass
+    assert io.owned_by_lrm(tmp_path / "n") == io.ANY_STAGE
+
+
+def test_a_strangers_folder_is_refused_without_walking_it(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    for i in range(50):
+        (home / f"d{i}").mkdir(parents=True)
+        (home / f"d{i}" / "f").write_text("x")
+    walked = []
+    real = os.walk
+
+    def walk(*a, **k):
+        for found in real(*a, **k):
+            walked.append(found[0])
+            yield found
+
+    monkeypatch.setattr(os, "walk", walk)
+    with pytest.raises(OutputError, match="not written by lrm train"):
+        io.check_replaceable(home, "train")
+    assert len(walked) <= 3  # the first files found, not the 51 folders
 
 
 @pytest.mark.parametrize("stage", [None, "generate"])
@@ -84,7 +135,7 @@ def test_unrelated_folder_with_a_users_file_is_never_deleted(tmp_path, stage):
     with pytest.raises(OutputError) as e, io.atomic_dir(out, stage=stage):
         ran = True
     msg = str(e.value)
-    assert str(out) in msg and "--force" in msg and "1 file" in msg
+    assert str(out) in msg and "--force" in msg and "it holds thesis.tex)" in msg
     assert isinstance(e.value, LrmError)  # exit status 2
     assert not ran  # refused before the work, not after
     assert (out / "thesis.tex").read_text() == "three years of work"
@@ -261,7 +312,8 @@ def test_written_file_is_ledgered_and_may_be_rewritten(tmp_path):
     io.write_json({"ne": 0.9}, path, stage="train")
     data = path.read_bytes()
     assert ledger(path.parent) == {"train.json": {
-        "stage": "train", "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}
+        "stage": "train", "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+        "mtime_ns": path.stat().st_mtime_ns}}
     assert io.owned_by_lrm(path) == "train"
     io.write_json({"ne": 0.8}, path, stage="train")
     io.write_json({"ne": 0.7}, path)  # a writer naming no stage may rewrite any lrm file
@@ -370,7 +422,7 @@ def test_files_inside_an_atomic_dir_skip_the_ledger(tmp_path):
         io.write_json({"rows": 2}, tmp / "manifest.json")
         io.write_json({"rows": 3}, tmp / "manifest.json")  # rewritten freely inside
     assert not list(out.rglob(io.LEDGER))
-    assert json.loads((out / io.MARKER).read_text())["files"] == [
+    assert sorted(json.loads((out / io.MARKER).read_text())["files"]) == [
         "day=0/part-0.parquet", "day=0/part-1.parquet", "manifest.json"]
     assert io.dir_bytes(out) == sum(p.stat().st_size for p in out.rglob("*")
                                     if p.is_file() and p.name != io.MARKER)

@@ -214,3 +214,15 @@ def test_release_leaves_a_lock_file_that_names_another_run(tmp_path, holders):
     assert json.loads(lock.lock_file(out).read_text())["pid"] == h.pid
     e = try_lock(out)
     assert isinstance(e, LockedError) and f"pid {h.pid}" in str(e)
+
+
+def test_a_lock_file_that_is_a_symbolic_link_is_never_followed(tmp_path):
+    """One line naming the link (LockedError: exit 2), and the file it points at untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not a lock file\n")
+    (tmp_path / ".out.lock").symlink_to(victim)
+    with pytest.raises(LockedError) as err, lock.exclusive(tmp_path / "out"):
+        pass
+    msg = str(err.value)
+    assert "\n" not in msg and f"a symbolic link to {victim}" in msg and "remove it" in msg
+    assert victim.read_text() == "not a lock file\n"

@@ -144,7 +144,7 @@ def test_a_promotion_stopped_before_the_alias_moved_is_finished_next_time(folder
 
 
 def test_rollback_and_manual_promotion_go_through_the_same_check(folders):
-    assert registry.rollback(NAME, "1") == "2"
+    assert registry.rollback(NAME, "1") == ("2", None)
     assert registry.alias_version(NAME, "champion") == "1"
     assert "replacing v2" in _tags(NAME, "1")["lrm.rollback"]
     with pytest.raises(ConfigError, match="earlier version"):
@@ -156,6 +156,28 @@ def test_rollback_and_manual_promotion_go_through_the_same_check(folders):
                             margin=0.0)
     assert back.promoted and registry.alias_version(NAME, "champion") == "2"
     assert back.champion_version == "1" and "manual" in back.evaluated_on
+
+
+def test_rollback_goes_to_an_earlier_champion_unless_forced(folders):
+    """v2 was kept out by the NE rule: rolling back to it is refused (exit 2, one line
+    saying why), and with --force it is done and says what it overrode."""
+    from flows.cli import app
+
+    name = "lrm-student-rollback"
+    for which in ("bad", "worse", "good"):  # v1 champion, v2 kept, v3 champion
+        _challenge(folders, which, name)
+    assert registry.alias_version(name, "champion") == "3"
+    runner = CliRunner()
+    r = runner.invoke(app, ["models", "rollback", name, "2"])
+    assert r.exit_code == 2 and "\n" not in r.output.strip(), r.output
+    assert "v2 was never @champion: the NE rule kept it" in r.output and "--force" in r.output
+    assert registry.alias_version(name, "champion") == "3"
+    r = runner.invoke(app, ["models", "rollback", name, "2", "--force"])
+    assert r.exit_code == 0 and "by force: v2 was never @champion" in r.output, r.output
+    assert registry.alias_version(name, "champion") == "2"
+    assert "made champion by force" in _tags(name, "2")["lrm.rollback"]
+    r = runner.invoke(app, ["models", "rollback", name, "1"])  # an earlier champion
+    assert r.exit_code == 0 and "@champion is v1 again (was v2)" in r.output, r.output
 
 
 def test_lrm_models_commands(folders):

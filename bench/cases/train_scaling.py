@@ -1,11 +1,12 @@
-"""train.scaling: lrm.train.train under torchrun with 2 processes vs 1 process (CPU, gloo).
+"""train.scaling: lrm.train.train launched as 2 processes vs 1 process (CPU, gloo).
 
 The same run both ways: the same global batch (each of the 2 ranks takes half), the same
-steps, RecD batches, the default student. Each launch is a fresh `torchrun --standalone`
+steps, RecD batches, the default student. Each launch is a fresh `python -m lrm.launch`
 of `bench/train.py --worker` (the 1-process run too, for equal start-up conditions);
 samples/s is TrainResult.samples_per_s (time in train steps, data waits included; set-up
-and the final eval excluded). torchrun gives each of 2 processes 1 intra-op thread, the
-single process keeps torch's default; on a 2-core machine both use the 2 cores.
+and the final eval excluded). The launch (as torchrun) gives each of 2 processes 1
+intra-op thread, the single process keeps torch's default; on a 2-core machine both use
+the 2 cores.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ def worker(spec_file: Path) -> None:
 def _launch(procs: int, spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
     f = tmp / f"spec-{procs}.json"
     f.write_text(json.dumps({**spec, "result": str(tmp / f"result-{procs}.json")}))
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        f"--nproc_per_node={procs}", str(ROOT / "bench" / "train.py"),
-                        "--worker", str(f)], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "lrm.launch", f"--nproc-per-node={procs}",
+                        str(ROOT / "bench" / "train.py"), "--worker", str(f)], cwd=ROOT,
+                       capture_output=True, text=True,
                        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     if r.returncode != 0:
-        raise RuntimeError(f"torchrun {procs} failed:\n{r.stderr[-3000:]}")
+        raise RuntimeError(f"lrm.launch {procs} failed:\n{r.stderr[-3000:]}")
     return json.loads((tmp / f"result-{procs}.json").read_text())
 
 
@@ -69,6 +70,6 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
         emit("train.scaling", "2_vs_1_processes", "samples/s", two["samples_per_s"],
              one["samples_per_s"], "higher", batch_size=batch_size(), steps=steps,
              cpu_cores=os.cpu_count(), eval_ne_1=one["eval_ne"], eval_ne_2=two["eval_ne"],
-             candidate_is="torchrun --nproc_per_node=2 (gloo, 1 thread each)",
-             baseline_is="torchrun --nproc_per_node=1 (torch's default threads)")
+             candidate_is="lrm.launch --nproc-per-node=2 (gloo, 1 thread each)",
+             baseline_is="lrm.launch --nproc-per-node=1 (torch's default threads)")
 

@@ -15,12 +15,20 @@ whose whole chain verifies is loaded into the parts, in whatever sharding this r
 after checking that the run asking is the run that wrote it (`identity`: the same model,
 tables, batch cut and data), so a resume with other settings is a one-line error saying
 what differs. A checkpoint that does not verify is named in one log line and passed over.
+
+A fresh start (no resume) clears the folder, saying what it removed, but refuses a folder
+holding a verified checkpoint of another run (`owner`: the model folder a run trains
+toward) unless forced: `--resume` goes on from it, `--force` removes it. `pin(step)` keeps
+a checkpoint of this run (its chain) through retention, and `restore_model(step)` reads
+its model back: the best validated state of a run that was stopped and resumed after it
+(lrm.train.early_stop) lives there.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -62,8 +70,27 @@ def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
     for k in sorted(set(then) | set(now)):
         if then.get(k) != now.get(k):
             a, b = json.dumps(then.get(k), sort_keys=True), json.dumps(now.get(k), sort_keys=True)
-            out.append(f"{k}: {a[:120]} then, {b[:120]} now")
+            if k == "data" and isinstance(then.get(k), dict) and isinstance(now.get(k), dict):
+                out.append(f"data: {_data_difference(then[k], now[k])}")
+            else:
+                out.append(f"{k}: {a[:120]} then, {b[:120]} now")
     return out
+
+
+def _data_difference(then: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """The first file of the data identity (day -> [[name, rows, sha256], ...]) that differs."""
+    for day in sorted(set(then) | set(now), key=lambda d: int(d) if str(d).isdigit() else -1):
+        a, b = then.get(day), now.get(day)
+        if a is None or b is None:
+            return f"day {day} {'is new' if a is None else 'is gone'}"
+        names_a, names_b = [f[0] for f in a], [f[0] for f in b]
+        if names_a != names_b:
+            return f"day {day}'s files {names_a} then, {names_b} now"
+        for fa, fb in zip(a, b, strict=True):
+            if fa != fb:
+                what = "rows" if fa[1:2] != fb[1:2] else "content (sha256)"
+                return f"day {day}'s {fa[0]} changed its {what}"
+    return "differs"
 
 
 def _tables(state: Mapping[str, Any]) -> dict[str, list[TableShard]]:
@@ -95,9 +122,11 @@ class CheckpointManager:
     """
 
     def __init__(self, root: Path, env: Dist, cfg: CheckpointConfig,
-                 identity: Mapping[str, Any]) -> None:
+                 identity: Mapping[str, Any], *, owner: str | None = None) -> None:
         self.root, self.env, self.cfg = Path(root), env, cfg
         self.identity = json.loads(json.dumps(dict(identity), sort_keys=True, default=str))
+        self.owner = owner  # the run these checkpoints are of (its model folder), if any
+        self._pinned: str | None = None  # a checkpoint kept through retention (pin)
         self.store = Store(self.root)
         self.saved_at = -1  # step of the newest checkpoint of this run
         self.last: Path | None = None  # the newest checkpoint (committed by the next wait)
@@ -111,8 +140,9 @@ class CheckpointManager:
 
     # -- start ------------------------------------------------------------------------
     def start(self, parts: Mapping[str, Stateful], resume: bool, *, new_data: bool = False,
-              prepare: Callable[[], Any] | None = None) -> int | None:
-        """Fresh run: clear the folder. Resume: load the newest restorable checkpoint into
+              prepare: Callable[[], Any] | None = None, force: bool = False) -> int | None:
+        """Fresh run: clear the folder (refused while it holds a verified checkpoint of
+        another owner, unless `force`). Resume: load the newest restorable checkpoint into
         `parts` and return its step (None when there is none).
 
         new_data: resume only the model and the optimizers, checking only the model's
@@ -121,38 +151,37 @@ class CheckpointManager:
         `init_state`, a dummy step that creates AdamW's lazy state to load into: run
         without a checkpoint to overwrite it, it would change the run).
         """
-        if self.env.is_main:
-            gone = self.store.discard_temps()
-            if gone:
-                log.info("removed %d unfinished checkpoint(s) in %s: %s", len(gone),
-                         self.root, ", ".join(p.name for p in gone))
-            if not resume:
-                self.store.clear()
-        decision = self._choose(resume, new_data) if self.env.is_main else None
-        decision = self.env.broadcast(decision)  # type: ignore[assignment]
-        assert isinstance(decision, dict)
-        self._seq, self._nonce = decision["seq"], decision["nonce"]
         model = parts.get("model")
         if self._tracker is None and hasattr(model, "model_trackers"):
             self._tracker = RowTracker(model)  # type: ignore[arg-type]
-        if "error" in decision:
-            raise ConfigError(decision["error"])
-        if not decision.get("lineage"):
-            return None
-        found = {e.name: e for e in self.store.entries() if e.manifest is not None}
-        if not set(decision["lineage"]) <= found.keys():
-            raise CheckpointError(f"{self.root}: checkpoints {decision['lineage']} changed "
-                                  f"while resuming")
-        lineage = [found[n] for n in decision["lineage"]]
-        if prepare is not None:
-            prepare()
         names = set(parts) - ({"train", "data"} if new_data else set())
-        state = {k: parts[k].state_dict() for k in names}
-        t0 = time.perf_counter()
-        n = snapshot.restore_tables(lineage, _tables(state))
-        snapshot.restore_dense(lineage[-1], state, names)
-        for k in names:
-            parts[k].load_state_dict(state[k])
+        bad: dict[str, str] = {}  # checkpoints that verified but could not be restored
+        while True:
+            decision = self._choose(resume, new_data, force, bad) if self.env.is_main else None
+            decision = self.env.broadcast(decision)  # type: ignore[assignment]
+            assert isinstance(decision, dict)
+            self._seq, self._nonce = decision["seq"], decision["nonce"]
+            if "error" in decision:
+                raise ConfigError(decision["error"])
+            if not decision.get("lineage"):
+                return None
+            found = {e.name: e for e in self.store.entries() if e.manifest is not None}
+            if not set(decision["lineage"]) <= found.keys():
+                raise CheckpointError(f"{self.root}: checkpoints {decision['lineage']} "
+                                      f"changed while resuming")
+            lineage = [found[n] for n in decision["lineage"]]
+            if prepare is not None and not bad:
+                prepare()
+            t0 = time.perf_counter()
+            failed: CheckpointError | None = None
+            try:  # a failed restore is passed over like a damaged checkpoint: the next one
+                n = self._load(lineage, parts, names)  # rewrites every value it touched
+            except CheckpointError as e:
+                failed = e
+            if not self.env.any(failed is not None):
+                break
+            why = str(failed) if failed is not None else "another rank could not restore it"
+            bad[lineage[-1].name] = f"cannot be restored ({why})"
         if self._tracker is not None:
             self._tracker.clear()
         head = lineage[-1]
@@ -166,15 +195,54 @@ class CheckpointManager:
                  head.path, head.step, len(lineage) - 1, n, time.perf_counter() - t0)
         return head.step
 
-    def _choose(self, resume: bool, new_data: bool) -> dict[str, Any]:
-        """Rank 0: the checkpoint to resume (verified) or why none; the next seq."""
+    def _foreign(self) -> str | None:
+        """Why a fresh start must not clear the folder: it holds a verified checkpoint of
+        another run (None: it holds none, or only this run's)."""
+        entries = self.store.entries()
+        by_name = {e.name: e for e in entries}
+        theirs = [e for e in entries if e.manifest is not None
+                  and e.manifest.get("owner") != self.owner
+                  and not self.store.lineage(e, by_name)[1]]
+        if not theirs:
+            return None
+        e = theirs[-1]
+        of = e.manifest.get("owner")  # type: ignore[union-attr]
+        run = f"a run of {os.path.normpath(self.root / of)}" if of else "another run"
+        return (f"{self.root} holds {len(theirs)} verified checkpoint(s) of {run} (newest "
+                f"{e.name}, step {e.step}); pass --resume to go on from them, or --force to "
+                f"remove them and start afresh")
+
+    def _tidy(self, resume: bool) -> None:
+        """Rank 0: remove unfinished writes; a fresh start removes every checkpoint too.
+        Each removal is named in a log line."""
+        gone = self.store.discard_temps()
+        if gone:
+            log.info("removed %d unfinished checkpoint(s) in %s: %s", len(gone), self.root,
+                     ", ".join(p.name for p in gone))
+        if not resume and (gone := self.store.clear()):
+            log.info("starting afresh in %s: removed %d checkpoint(s) of an earlier run: %s",
+                     self.root, len(gone), ", ".join(p.name for p in gone))
+
+    def _choose(self, resume: bool, new_data: bool, force: bool,
+                bad: Mapping[str, str]) -> dict[str, Any]:
+        """Rank 0: the checkpoint to resume (verified, none of `bad`) or why none; the next
+        seq. A fresh start clears the folder first, unless it refuses (`_foreign`)."""
+        refused = None if resume or force else self._foreign()
+        if refused is not None:
+            return {"seq": 0, "nonce": "", "error": refused}
+        if not bad:
+            self._tidy(resume)
         out: dict[str, Any] = {"seq": self.store.next_seq(), "nonce": secrets.token_hex(4)}
         if not resume:
             return out
         if self.store.legacy():
             log.info("%s: ignoring %d DCP step-N/ folder(s) of an older lrm (their metadata "
                      "is pickled; lrm does not read them)", self.root, len(self.store.legacy()))
-        lineage, skipped = self.store.newest_restorable()
+        lineage, skipped = self.store.newest_restorable(bad)
+        if lineage is None and bad:  # the parts hold what a failed restore wrote: no start
+            out["error"] = (f"no checkpoint in {self.root} can be restored ({'; '.join(skipped)}"
+                            f"); start afresh without --resume")
+            return out
         if lineage is None:
             why = f" ({'; '.join(skipped)})" if skipped else ""
             log.info("no restorable checkpoint in %s%s: starting from scratch", self.root, why)
@@ -242,10 +310,10 @@ class CheckpointManager:
             "parent": None if head is None or baseline else head.name,
             "chain": name if head is None or baseline else head.chain,
             "quantize": q, "world_size": self.env.world_size, "identity": self.identity,
-            "estimated_bytes": base_bytes if baseline else delta_bytes,
+            "estimated_bytes": base_bytes if baseline else delta_bytes, "owner": self.owner,
         }
         job = _Job(self.store, self.root / temp_name(seq, step, self._nonce), manifest, snap,
-                   self.env, self._nonce, keep=self.cfg.keep)
+                   self.env, self._nonce, keep=self.cfg.keep, pinned=self._pinned)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lrm-checkpoint")
         self._pending = self._pool.submit(job.run)
@@ -292,6 +360,65 @@ class CheckpointManager:
             self._tracker.close()
             self._tracker = None
 
+    # -- the best state: kept through retention, read back -------------------------------
+    def _of_this_run(self, step: int) -> Entry | None:
+        """The newest checkpoint of `step` written by this run: its identity (the same model,
+        data and batch cut make the same state at a step, whichever start wrote it)."""
+        found = [e for e in self.store.entries() if e.step == step and e.manifest is not None
+                 and e.manifest.get("identity") == self.identity]
+        return found[-1] if found else None
+
+    def pin(self, step: int) -> bool:
+        """Keep this run's checkpoint of `step` (and its chain) through retention, until
+        another is pinned. The checkpoint saved last when it is of `step` (committed by
+        the next wait); else one found in the folder. False when there is none."""
+        if self.saved_at == step and self.last is not None:
+            self._pinned = self.last.name
+        else:
+            entry = self._of_this_run(step) if self.env.is_main else None
+            name = self.env.broadcast(entry.name if entry else None)
+            self._pinned = name if isinstance(name, str) else None
+        return self._pinned is not None
+
+    def restore_model(self, step: int, parts: Mapping[str, Stateful]) -> bool:
+        """Load the model part of this run's checkpoint of `step` into `parts["model"]` (a
+        collective); False when there is none that verifies (nothing is changed then)."""
+        self.wait()
+        lineage: list[str] | None = None
+        if self.env.is_main:
+            entry = self._of_this_run(step)
+            if entry is not None:
+                chain, problems = self.store.lineage(entry)
+                if problems:
+                    log.warning("the checkpoint of step %d does not verify: %s", step,
+                                problems[0])
+                else:
+                    lineage = [e.name for e in chain]
+        lineage = self.env.broadcast(lineage)  # type: ignore[assignment]
+        if not lineage:
+            return False
+        found = {e.name: e for e in self.store.entries() if e.manifest is not None}
+        self._load([found[n] for n in lineage], {"model": parts["model"]}, {"model"})
+        return True
+
+    def _load(self, lineage: list[Entry], parts: Mapping[str, Stateful],
+              names: set[str]) -> int:
+        """Read a verified chain into `names` of `parts`; rows read. A chain lrm cannot fit
+        into this run is a CheckpointError naming the checkpoint (never a raw error)."""
+        state = {k: parts[k].state_dict() for k in names}
+        try:
+            n = snapshot.restore_tables(lineage, _tables(state))
+            snapshot.restore_dense(lineage[-1], state, names)
+            for k in names:
+                parts[k].load_state_dict(state[k])
+        except CheckpointError:
+            raise
+        except (RuntimeError, ValueError, KeyError, IndexError, TypeError) as e:
+            msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise CheckpointError(f"{lineage[-1].path}: cannot be restored into this run "
+                                  f"({type(e).__name__}: {msg})") from None
+        return n
+
     def __enter__(self) -> CheckpointManager:
         return self
 
@@ -328,10 +455,11 @@ class _Job:
     """One checkpoint's write on one rank (the writer thread runs `run`)."""
 
     def __init__(self, store: Store, tmp: Path, manifest: dict[str, Any],
-                 snap: snapshot.Snapshot, env: Dist, nonce: str, keep: int) -> None:
+                 snap: snapshot.Snapshot, env: Dist, nonce: str, keep: int,
+                 pinned: str | None = None) -> None:
         self.store, self.tmp, self.manifest, self.snap = store, tmp, manifest, snap
         self.rank, self.world_size, self.main = env.rank, env.world_size, env.is_main
-        self.nonce, self.keep = nonce, keep
+        self.nonce, self.keep, self.pinned = nonce, keep, pinned
 
     def run(self) -> Path | None:
         q, snap = self.manifest["quantize"], self.snap
@@ -368,7 +496,7 @@ class _Job:
                                  "values": snap.values}
 
         final = self.store.commit(self.tmp, self.manifest, self.world_size, self.nonce, merge)
-        gone = self.store.prune(self.keep, final.name)
+        gone = self.store.prune(self.keep, final.name, self.pinned)
         if gone:
             log.debug("removed old checkpoints: %s", ", ".join(p.name for p in gone))
         return final

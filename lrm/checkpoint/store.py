@@ -7,7 +7,8 @@
                               data position (exact)
         part-0.json part-1.json   each rank's list of the files it wrote (size, sha256)
         manifest.json         written last: what the checkpoint is (baseline or delta, its
-                              parent, the chain's baseline), every file's size and sha256
+                              parent and the parent manifest's sha256, the chain's baseline),
+                              every file's size and sha256, and its own sha256
     ROOT/.tmp-000002-step-40-<nonce>/   a checkpoint being written
 
 Every rank writes its files into the temporary folder, fsyncs them and writes its part
@@ -18,9 +19,17 @@ no half-removed checkpoint; the next start removes .tmp- and .old- folders. Tens
 `torch.save`d plain tensors loaded with `weights_only=True` (no pickle on the restore path;
 safetensors is not installed); metadata is JSON.
 
+A manifest is believed only once it verifies itself: it carries the sha256 of its own
+content (every other key, as canonical JSON), written in the same write as what it hashes,
+so neither a torn write nor an edit leaves a matching pair; every path it names (`files`,
+`dense.file`, `pieces[].file`) is a plain file name listed in `files`, so it lies inside
+its folder and is hashed before any read. A delta names its parent and the parent
+manifest's sha256: a parent replaced by another checkpoint breaks the chain.
+
 A checkpoint is restorable when it and every ancestor up to its baseline verify (manifest
-readable, every file present with its size and sha256). Retention keeps the newest `keep`
-chains (ranked by their newest checkpoint).
+verified, every file a plain file present with its size and sha256). Retention keeps the
+newest `keep` chains (ranked by their newest checkpoint) and the chains of pinned
+checkpoints (the best validated state of a run, lrm.train.early_stop).
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ from typing import Any
 
 import torch
 
-from lrm.errors import LrmError
+from lrm.errors import LrmError, first_sentence
 from lrm.io import fsync_dir, sha256_file
 
 log = logging.getLogger("lrm")
-FORMAT = "lrm-checkpoint/1"
+FORMAT = "lrm-checkpoint/2"  # 2: the manifest's own sha256, its parent's (1: neither)
+OLD_FORMATS = ("lrm-checkpoint/1",)
 MANIFEST = "manifest.json"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FINAL = re.compile(r"^(\d{6,})-step-(\d+)$")
 _TEMP = re.compile(r"^\.tmp-(\d{6,})-step-(\d+)-([0-9a-f]+)$")
 _GONE = re.compile(r"^\.old-(\d{6,})-step-(\d+)$")  # a checkpoint being removed
@@ -71,21 +82,35 @@ class _Hashing:
 
     def __init__(self, f: Any) -> None:
         self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None  # the first failed write (torch hides it)
 
     def write(self, b: bytes) -> int:
         self.sha.update(b)
         self.size += len(b)
-        return self.f.write(b)
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = self.error or e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
 
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, Any]:
-    """torch.save a flat {name: tensor} to `path`, fsynced; its {"bytes", "sha256"}."""
+    """torch.save a flat {name: tensor} to `path`, fsynced; its {"bytes", "sha256"}.
+
+    A write that fails (a full disk) raises the OSError itself: torch's zip writer would
+    report it as `[enforce fail at inline_container.cc] unexpected pos`, which never says
+    why."""
     with open(path, "wb") as f:
         w = _Hashing(f)
-        torch.save(dict(tensors), w)
+        try:
+            torch.save(dict(tensors), w)
+        except RuntimeError:
+            if w.error is not None:
+                raise w.error from None
+            raise
         f.flush()
         os.fsync(f.fileno())
     return {"bytes": w.size, "sha256": w.sha.hexdigest()}
@@ -97,11 +122,18 @@ def load_tensors(path: Path) -> dict[str, torch.Tensor]:
         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # noqa: BLE001  (any unreadable file is a bad checkpoint)
         raise CheckpointError(f"{path}: unreadable ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
+                              f"{first_sentence(str(e))})") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                             for k, v in obj.items()):
         raise CheckpointError(f"{path}: not a flat dict of tensors")
     return obj
+
+
+def manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """The sha256 of a manifest's content: every key but "sha256", as canonical JSON."""
+    body = {k: v for k, v in manifest.items() if k != "sha256"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def write_json_synced(obj: Any, path: Path) -> dict[str, Any]:
@@ -148,25 +180,84 @@ class Entry:
 
 def _safe_name(name: Any) -> bool:
     return isinstance(name, str) and bool(name) and "/" not in name and "\\" not in name \
-        and name not in (".", "..")
+        and name not in (".", "..") and "\0" not in name
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _malformed(m: dict[str, Any]) -> str | None:
+    """What is wrong with a (self-verified) manifest's structure, or None. Everything a
+    restore reads from it is checked here first: every path it names is a file of its own
+    listed in `files` (so inside the folder, and hashed), every offset and count a
+    non-negative int."""
+    from lrm.checkpoint.quantize import QUANTIZATIONS  # fbgemm: only when reading one
+
+    files = m["files"]
+    if not isinstance(files, dict) or not all(
+            _safe_name(n) and isinstance(f, dict) and _count(f.get("bytes"))
+            and isinstance(f.get("sha256"), str) and _SHA256.match(f["sha256"])
+            for n, f in files.items()):
+        return "files: not a list of plain file names with their bytes and sha256"
+    if m["kind"] not in ("baseline", "delta"):
+        return f"kind {m['kind']!r}"
+    if m["kind"] == "delta" and not (_safe_name(m["parent"]) and _FINAL.match(m["parent"])
+                                     and isinstance(m.get("parent_sha256"), str)):
+        return "a delta without its parent's name and manifest sha256"
+    if not (isinstance(m["chain"], str) and _FINAL.match(m["chain"])):
+        return f"chain {m['chain']!r}"
+    if m["quantize"] not in QUANTIZATIONS:
+        return f"quantize {m['quantize']!r}"
+    dense = m["dense"]
+    if not (isinstance(dense, dict) and dense.get("file") in files
+            and isinstance(dense.get("tensors"), dict) and isinstance(dense.get("values"), dict)):
+        return "dense: its file is not one of the manifest's files"
+    for key, t in dense["tensors"].items():
+        if not (isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and _count(t[1])
+                and isinstance(t[2], list) and all(_count(d) for d in t[2])):
+            return f"dense tensor {key}: not [dtype, offset, shape]"
+    if not isinstance(m["pieces"], list):
+        return "pieces: not a list"
+    for p in m["pieces"]:
+        if not (isinstance(p, dict) and p.get("file") in files and isinstance(p.get("table"), str)
+                and all(_count(p.get(k)) for k in ("group", "at", "rows", "c0", "c1"))
+                and p["c0"] < p["c1"] and isinstance(p.get("states"), list)):
+            return "pieces: a piece whose file is not one of the manifest's files, or bad counts"
+    if not isinstance(m["tables"], dict):
+        return "tables: not a mapping"
+    return None
 
 
 def _read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(the manifest, None) once it verifies itself and its structure; else (None, why)."""
     path = folder / MANIFEST
+    if path.is_symlink():
+        return None, f"{path}: a symbolic link (lrm writes plain files; not read)"
     if not path.is_file():
         return None, f"{path}: missing (an unfinished or damaged checkpoint)"
     try:
         m = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        return None, f"{path}: unreadable ({e})"
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return None, f"{path}: unreadable ({str(e).splitlines()[0][:120]})"
+    if isinstance(m, dict) and m.get("format") in OLD_FORMATS:
+        return None, (f"{path}: written by an older lrm ({m['format']}: its manifest carries "
+                      f"no hash of its own), not read")
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        return None, f"{path}: not an {FORMAT} manifest"
+    try:
+        ok = m.get("sha256") == manifest_digest(m)
+    except ValueError:  # NaN or inf in it: lrm never writes them
+        ok = False
+    if not ok:
+        return None, f"{path}: its sha256 does not match its content (edited or corrupt)"
     need = {"format", "seq", "step", "kind", "parent", "chain", "files", "pieces", "dense",
             "tables", "quantize", "estimated_bytes"}
-    if not isinstance(m, dict) or m.get("format") != FORMAT or not need <= m.keys():
-        return None, f"{path}: not an {FORMAT} manifest"
-    if m["kind"] not in ("baseline", "delta") or not isinstance(m["files"], dict) or \
-            not all(_safe_name(n) and isinstance(f, dict) and {"bytes", "sha256"} <= f.keys()
-                    for n, f in m["files"].items()):
-        return None, f"{path}: malformed"
+    if not need <= m.keys():
+        return None, f"{path}: lacks {sorted(need - m.keys())}"
+    bad = _malformed(m)
+    if bad is not None:
+        return None, f"{path}: malformed ({bad})"
     named = _FINAL.match(folder.name)
     assert named is not None
     if (m["seq"], m["step"]) != (int(named.group(1)), int(named.group(2))):
@@ -225,7 +316,9 @@ class Store:
         problems = []
         for name, f in sorted(entry.manifest["files"].items()):
             path = entry.path / name
-            if not path.is_file():
+            if path.is_symlink():
+                problems.append(f"{path}: a symbolic link (lrm writes plain files; not read)")
+            elif not path.is_file():
                 problems.append(f"{path}: missing")
             elif path.stat().st_size != int(f["bytes"]):
                 problems.append(f"{path}: {path.stat().st_size} bytes, the manifest says "
@@ -255,17 +348,26 @@ class Store:
                 problems.append(f"{cur.path}: parent {parent.name} is not an earlier "
                                 f"checkpoint of its chain")
                 break
+            linked = (cur.manifest or {}).get("parent_sha256")
+            if parent.manifest is not None and parent.manifest["sha256"] != linked:
+                problems.append(f"{cur.path}: its parent {parent.name} is not the checkpoint "
+                                f"it was written after (another manifest sha256)")
+                break
             cur = parent
         return chain[::-1], problems
 
-    def newest_restorable(self) -> tuple[list[Entry] | None, list[str]]:
+    def newest_restorable(self, bad: Mapping[str, str] | None = None
+                          ) -> tuple[list[Entry] | None, list[str]]:
         """(the lineage of the newest restorable checkpoint or None, the problems of every
-        newer checkpoint passed over on the way)."""
+        newer checkpoint passed over on the way). bad: {name: why} of checkpoints a restore
+        found wrong: passed over too, with every checkpoint built on them."""
+        bad = bad or {}
         entries = self.entries()
         by_name = {e.name: e for e in entries}
         skipped: list[str] = []
         for e in reversed(entries):
             chain, problems = self.lineage(e, by_name)
+            problems += [f"{c.path}: {bad[c.name]}" for c in chain if c.name in bad]
             if not problems:
                 return chain, skipped
             skipped.append(f"{e.name}: {problems[0]}")
@@ -322,6 +424,12 @@ class Store:
         manifest = {**manifest, "format": FORMAT, "files": files,
                     "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
         merge(manifest, [parts[r] for r in sorted(parts)])
+        if manifest.get("parent"):  # the delta's link: the parent as it was committed
+            parent, problem = _read_manifest(self.root / manifest["parent"])
+            if parent is None:
+                raise CheckpointError(f"{tmp}: its parent cannot be read ({problem})")
+            manifest["parent_sha256"] = parent["sha256"]
+        manifest["sha256"] = manifest_digest(manifest)
         write_json_synced(manifest, tmp / MANIFEST)
         fsync_dir(tmp)
         final = self.root / final_name(manifest["seq"], manifest["step"])
@@ -348,25 +456,28 @@ class Store:
             shutil.rmtree(p, ignore_errors=True)
         return gone
 
-    def clear(self) -> None:
-        """Remove every checkpoint (complete, temporary or legacy) of this folder."""
-        for p in [e.path for e in self.entries()]:
+    def clear(self) -> list[Path]:
+        """Remove every checkpoint (complete, temporary or legacy) of this folder; the
+        checkpoints removed (complete and legacy ones)."""
+        gone = [e.path for e in self.entries()] + self.legacy()
+        for p in gone:
             self._remove(p)
-        for p in self.temps() + self.legacy():
+        for p in self.temps():
             shutil.rmtree(p, ignore_errors=True)
+        return gone
 
-    def prune(self, keep: int, current: str) -> list[Path]:
-        """Keep the `keep` chains whose newest checkpoints are newest (the chain of
-        `current` always); remove the other chains and unreadable folders older than the
-        oldest kept baseline."""
+    def prune(self, keep: int, current: str, pinned: str | None = None) -> list[Path]:
+        """Keep the `keep` chains whose newest checkpoints are newest (the chains of
+        `current` and `pinned` always); remove the other chains and unreadable folders
+        older than the oldest kept baseline."""
         entries = self.entries()
         chains: dict[str, int] = {}
         for e in entries:
             if e.chain is not None:
                 chains[e.chain] = max(chains.get(e.chain, 0), e.seq)
-        now = next((e.chain for e in entries if e.name == current), None)
         ranked = sorted(chains, key=lambda c: chains[c], reverse=True)
-        kept = set(ranked[:keep]) | ({now} if now else set())
+        kept = set(ranked[:keep]) | {e.chain for e in entries
+                                     if e.name in (current, pinned) and e.chain}
         oldest = min((e.seq for e in entries if e.name in kept), default=0)
         gone = [e.path for e in entries
                 if (e.chain is not None and e.chain not in kept)

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from lrm import io
 from lrm.config import DedupConfig
-from lrm.data import histories, items, parquet
+from lrm.data import histories, items, parquet, values
 from lrm.data.schema import (
     DAY,
     LABEL,
@@ -169,9 +169,19 @@ def _check_layout(table: pa.Table, schema: FeatureSchema, layout: str,
         if f.name not in table.column_names:
             continue
         t = table.schema.field(f.name).type
-        if pa.types.is_list(t) != pa.types.is_list(f.type):
+        if pa.types.is_list(t) != pa.types.is_list(f.type) or \
+                _leaf(f.type) != _leaf(t) and not _numeric(_leaf(t)):  # numbers as text: no
             raise DataError(source, None, f.name,
                             f"type {t} does not fit the {layout} layout (expected {f.type})")
+
+
+def _leaf(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_list(t) or pa.types.is_large_list(t) else t
+
+
+def _numeric(t: pa.DataType) -> bool:
+    """Types a column of numbers may be stored as and cast from (an int32 day, int64 labels)."""
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t)
 
 
 def _cast(table: pa.Table, target: pa.Schema, source: Path | str) -> pa.Table:
@@ -440,7 +450,7 @@ def _file_chunks(path: Path, schema: FeatureSchema, day: int,
     if META_KEY in file_meta and FeatureSchema.from_json(file_meta[META_KEY].decode()) != schema:
         raise DataError(path, None, None, "schema differs from the dataset's first file")
     first = 0
-    for rb in parquet.iter_batches(path, rows, file=pf):
+    for rb in parquet.iter_batches(path, rows, file=pf, check=values.checker(schema, path)):
         t = pa.Table.from_batches([rb])
         _check_layout(t, schema, "impressions", path)
         _check_day(t, day, path)
@@ -574,7 +584,7 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
 
 
 def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = None, *,
-           chunk_rows: int = READ_CHUNK_ROWS) -> dict[str, Any]:
+           chunk_rows: int = READ_CHUNK_ROWS, force: bool = False) -> dict[str, Any]:
     """Bring `out` up to date with `src`, day by day: `days` (default: every day of `src`).
 
     A day whose output was made from the same input files (their hashes, recorded in the
@@ -582,7 +592,9 @@ def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = 
     each into a temporary folder of its own, and they replace their days only once every
     one is written (a failure, bad input included, leaves `out` as it was). With every day
     asked for, the day folders of days `src` no longer has are removed, so `out` is what
-    dedup of `src` is. Returns the metrics of the days written, and which were skipped.
+    dedup of `src` is. A day folder holding a file lrm did not write, or one changed since
+    it did, is not up to date: its rewrite is refused (OutputError) unless `force`.
+    Returns the metrics of the days written, and which were skipped.
     """
     schema, files = check_source(src)
     wanted = sorted(files) if days is None else sorted(set(days))
@@ -592,13 +604,14 @@ def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = 
                           f"(days: {sorted(files)})")
     stamps = {d: {"source": io.source_fingerprint(files[d]), "settings": asdict(cfg)}
               for d in wanted}
-    todo = [d for d in wanted if _stamp(out / f"day={d}") != stamps[d]]
+    todo = [d for d in wanted if _stamp(out / f"day={d}") != stamps[d]
+            or not io.replaceable(out / f"day={d}")]  # a user's file in it: never skipped
     totals = _Totals()
     total = sum(parquet.read_metadata(f).num_rows for d in todo for f in files[d])
     with Reporter("dedup", total=total, unit="rows") as rep, \
             contextlib.ExitStack() as commit:  # every day's rename, once all are written
         for d in todo:
-            tmp = commit.enter_context(io.atomic_dir(out / f"day={d}"))
+            tmp = commit.enter_context(io.atomic_dir(out / f"day={d}", force=force))
             _dedup_day(schema, d, files[d], tmp, cfg, chunk_rows, totals, rep)
             io.write_json(stamps[d], tmp / FROM)
     if days is None:  # out holds exactly src's days

@@ -17,6 +17,9 @@ Worker threads normalize chunks and assemble batches (pyarrow, numpy and torch r
 GIL); the batch futures are consumed in submission order, so the output does not depend on
 `num_workers` or `prefetch`. A failure anywhere (a damaged file, a bad value) reaches the
 consumer as the error it was raised as (a DataError naming the file), in stream order.
+Every value read is checked as it is read (lrm.data.values: labels 0 or 1, ids >= 0 and in
+their vocab, finite dense values): a bad one is a DataError naming the file, row group, row
+and column, before any batch holding it is made.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lrm.data import parquet
+from lrm.data import parquet, values
 from lrm.data.batch import Batch
 from lrm.data.chunks import Chunk, ChunkSpec, assemble, normalize
 from lrm.data.dataset import Dataset
@@ -127,8 +130,8 @@ class BatchLoader:
 
     dedup: user-side features once per session in the batch (`user` stride U, `inverse`)
         or once per impression (stride B, inverse None).
-    hash_sizes: feature -> table size; its ids are mapped into [0, size) (floor modulo, so
-        negative ids too); other features keep their raw ids.
+    hash_sizes: feature -> table size; its ids are mapped into [0, size) (modulo); other
+        features keep their raw ids (every id is >= 0: lrm.data.values).
     rank, world_size: rank r gets global batches r, r + W, ...; every rank gets the same
         number (the tail that not every rank can have is dropped).
     prefetch: batches prepared ahead by `num_workers` background threads (0 for either:
@@ -256,7 +259,8 @@ class BatchLoader:
         """(day, file, record batch, impressions in it), in stream order."""
         rows = CHUNK_SESSIONS if self.layout == "sessions" else CHUNK_IMPRESSIONS
         for day, f in self.files:
-            batches = parquet.iter_batches(f, rows, self.columns)
+            batches = parquet.iter_batches(f, rows, self.columns,
+                                           check=values.checker(self.schema, f))
             for rb in (self._whole_runs(batches) if self.runs else batches):
                 if self.keep is not None:
                     rb = self._on_verticals(rb, f)

@@ -13,7 +13,7 @@ never spans two row groups.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,10 +72,14 @@ def read_metadata(path: Path | str) -> pq.FileMetaData:
 
 
 def iter_batches(path: Path | str, batch_size: int, columns: Sequence[str] | None = None, *,
-                 file: pq.ParquetFile | None = None) -> Iterator[pa.RecordBatch]:
+                 file: pq.ParquetFile | None = None,
+                 check: Callable[[pa.RecordBatch, int, int], None] | None = None
+                 ) -> Iterator[pa.RecordBatch]:
     """The file's rows as record batches of at most `batch_size`, one row group at a time.
 
     file: `open_file(path)`, when the caller already opened it (its footer is not re-read).
+    check(batch, row group, its first row there): called on each batch before it is yielded
+    (lrm.data.values: a bad value is an error naming the row group).
     A batch never spans row groups: a row group's last batch may be short.
     """
     pf = open_file(path) if file is None else file
@@ -85,16 +89,23 @@ def iter_batches(path: Path | str, batch_size: int, columns: Sequence[str] | Non
     for k in range(pf.num_row_groups):
         with reading(path, k):
             batches = pf.iter_batches(batch_size=batch_size, row_groups=[k], columns=read)
+        row = 0
         while True:
             with reading(path, k):  # decoding happens on next(): errors surface here
                 rb = next(batches, None)
             if rb is None:
                 break
-            yield rb if it is None else it.restore(rb, cols)
+            rb = rb if it is None else it.restore(rb, cols)
+            if check is not None:
+                check(rb, k, row)
+            row += rb.num_rows
+            yield rb
 
 
-def read_table(path: Path | str, columns: Sequence[str] | None = None) -> pa.Table:
-    """The whole file (or `columns` of it) as one table, read row group by row group."""
+def read_table(path: Path | str, columns: Sequence[str] | None = None, *,
+               check: Callable[[pa.RecordBatch, int, int], None] | None = None) -> pa.Table:
+    """The whole file (or `columns` of it) as one table, read row group by row group;
+    `check` as in iter_batches (on each row group, after its item table is put back)."""
     pf = open_file(path)
     it = items.of(pf, path)
     cols = None if columns is None else list(columns)
@@ -102,13 +113,24 @@ def read_table(path: Path | str, columns: Sequence[str] | None = None) -> pa.Tab
     parts = []
     for k in range(pf.num_row_groups):
         with reading(path, k):
-            parts.append(pf.read_row_group(k, columns=read))
+            part = pf.read_row_group(k, columns=read)
+        if check is not None:
+            for rb, row in _located(part if it is None else it.restore(part, cols)):
+                check(rb, k, row)
+        parts.append(part)
     if parts:
         table = pa.concat_tables(parts)
     else:
         empty = pf.schema_arrow.empty_table()
         table = empty if read is None else empty.select(read)
     return table if it is None else it.restore(table, cols)
+
+
+def _located(table: pa.Table) -> Iterator[tuple[pa.RecordBatch, int]]:
+    row = 0
+    for rb in table.to_batches():
+        yield rb, row
+        row += rb.num_rows
 
 
 def column_names(pf: pq.ParquetFile, path: Path | str) -> list[str]:

@@ -201,6 +201,9 @@ def day_files(root: Path) -> dict[int, list[Path]]:
     out: dict[int, list[Path]] = {}
     for d in sorted(root.iterdir()):
         m = _DAY_DIR.match(d.name)
+        if m is None and d.name.startswith("day=") and d.is_dir():  # never skipped silently
+            raise DataError(d, None, None, "not a day folder: its name must be day=N, N a "
+                            "whole number of days (0, 1, ...)")
         if m and d.is_dir():
             files = sorted(d.glob("*.parquet"))
             if files:

@@ -360,7 +360,7 @@ def training_plan(path: Path, key: str, *, kind: str, model_cfg: Any, data: Path
     if world != topo.world_size:
         raise ConfigError(f"{path}: the plan is for {topo.world_size} ranks; this run has "
                           f"{world} (plan again with --world-size {world}, or launch "
-                          f"torchrun --nproc_per_node={topo.world_size})")
+                          f"python -m lrm.launch --nproc-per-node={topo.world_size})")
     plan = Plan.from_json(models[key], topo, where=f"{path}: {key}")
     bad = sorted(n for n, p in plan.placements.items() if p.kind not in DEVICE_TYPES[device])
     if bad:

@@ -25,8 +25,9 @@ import torch
 from torch import nn
 from torchrec import EmbeddingBagCollection
 
+from lrm import io
 from lrm.config import LoaderConfig, SplitConfig, TrainConfig
-from lrm.data import parquet
+from lrm.data import parquet, values
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader, keep_verticals
 from lrm.data.dataset import Dataset
@@ -104,9 +105,9 @@ def scan_days(data: Path | Dataset, days: Sequence[int], hashed: Sequence[str] =
         for f in ds.files[d]:
             counting = [k for k in seen if len(seen[k]) <= cap] if rows < SCAN_ROWS else []
             vertical = [ds.schema.vertical] if keep is not None else []
-            t = parquet.read_table(f, columns=list(dict.fromkeys([LABEL, *counting,
-                                                                  *vertical])))
-            if keep is not None:
+            t = parquet.read_table(f, columns=list(dict.fromkeys([LABEL, *counting, *vertical])),
+                                   check=values.checker(ds.schema, f))  # labels checked
+            if keep is not None:  # before a step runs
                 t = t.filter(pc.fill_null(pc.is_in(t.column(vertical[0]), value_set=keep),
                                           False))
             labels = _flat(t.column(LABEL))
@@ -118,6 +119,19 @@ def scan_days(data: Path | Dataset, days: Sequence[int], hashed: Sequence[str] =
     scanned_all = rows <= SCAN_ROWS
     return DataStats(rows, positives, {k: len(v) for k, v in seen.items()
                                        if len(v) <= cap and scanned_all})
+
+
+def check_foreign(data: Dataset, days: Sequence[int]) -> None:
+    """Check every value of the files of `days` that lrm did not write as they are now (a
+    file from elsewhere, or one changed since lrm wrote it: lrm.io.written_by_lrm), before a
+    run starts: a bad value there is a DataError before anything is written. lrm's own files
+    were checked as they were made (dedup checks every value it reads) and are checked again
+    as the loader reads them."""
+    for d in days:
+        for f in data.files[d]:
+            if not io.written_by_lrm(f):
+                for _ in parquet.iter_batches(f, 1 << 16, check=values.checker(data.schema, f)):
+                    pass
 
 
 def fit_tables(schema: FeatureSchema, stats: DataStats) -> FeatureSchema:
@@ -151,10 +165,13 @@ class TrainData:
     def open(cls, data: Path, split: SplitConfig, eval_from: Path | None = None, *,
              fit: bool = False, cap: int = 0) -> TrainData:
         """fit: count the distinct ids of the hashed features (up to `cap` each), for
-        `fit_tables`."""
+        `fit_tables`. Every file of the run lrm did not write as it is now is checked
+        value by value first (`check_foreign`)."""
         ds = Dataset.open(data)
         held = Dataset.open(eval_from) if eval_from is not None else None
         train_days, eval_day = split_days(ds, split, held)
+        check_foreign(ds, train_days)
+        check_foreign(held or ds, [eval_day])
         stats = scan_days(ds, train_days, hashed_features(ds.schema) if fit else (), cap,
                           split.verticals or None)
         return cls(ds, held or ds, train_days, eval_day, stats, split.verticals or None)
@@ -283,8 +300,10 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
                  loader_cfg: LoaderConfig) -> dict[str, Any]:
     """What a checkpoint must share with the run resuming it: the model, its tables, the
     batch cut (the batch size the schedule chose, the batches an epoch trains on) and the
-    data's shape (rows of every file of the train days: the same rows cut the same batches;
-    values may differ, e.g. after fixing a NaN), as JSON-able values."""
+    data by content (every file of the train days: its name, rows and sha256, the hash lrm
+    recorded when it wrote the file while the file is unchanged: lrm.io.file_sha256), as
+    JSON-able values. Data changed since the checkpoint (even with the same files and rows,
+    e.g. labels rewritten) is another run: going on from it would mix two datasets."""
     files = data.data.files
     return {
         "kind": kind, "model": dataclasses.asdict(getattr(model_cfg, kind)),
@@ -292,6 +311,6 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
         "batch_size": batch_size, "epoch_batches": epoch_batches,
         "world_size": env.world_size, "seed": cfg.seed,
         "recd": loader_cfg.recd, "train_days": data.train_days, "verticals": data.verticals,
-        "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows] for f in files[d]]
-                 for d in data.train_days},
+        "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows, io.file_sha256(f)]
+                          for f in files[d]] for d in data.train_days},
     }

@@ -5,17 +5,19 @@ After every validation `EarlyStopping.update(ne, step)` says whether to stop: af
 inputs in the slice, says nothing either way: it is logged and not counted). A better NE copies the
 model's weights (this rank's shards of the tables and the dense part, on their device) so
 `restore()` can put the best state back at the end. The bookkeeping (best NE, its step, the
-validations since) lives in the TrainState, a checkpointed part, so a resumed run makes the
-same decisions; the copy of the weights lives in memory only (a checkpoint does not carry a
-second model): a run resumed from a checkpoint of its best step copies them then, and a run
-resumed after its best validation keeps its final state where it would have restored an
-older one, and says so.
+validations since, the step last validated) lives in the TrainState, a checkpointed part,
+so a resumed run makes the same decisions. The copy of the weights lives in memory; where
+the run keeps checkpoints, the best state is also a checkpoint of its own (the loop saves
+one at a better validation unless that step was just saved, and pins it through
+retention), which `fetch` reads back: a run resumed after its best validation restores the
+same best state as the run never stopped.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -38,8 +40,12 @@ def _local_tensors(t: torch.Tensor) -> list[torch.Tensor]:
 
 
 class EarlyStopping:
-    def __init__(self, model: nn.Module, state: TrainState, patience: int) -> None:
-        self.model, self.state, self.patience = model, state, patience
+    """fetch(step): load the model's weights of `step` from where the run keeps them (its
+    checkpoint), True when it could; for a best state older than this process."""
+
+    def __init__(self, model: nn.Module, state: TrainState, patience: int,
+                 fetch: Callable[[int], bool] | None = None) -> None:
+        self.model, self.state, self.patience, self.fetch = model, state, patience, fetch
         self._best: dict[str, list[torch.Tensor]] | None = None
 
     def _copy(self) -> None:
@@ -74,8 +80,10 @@ class EarlyStopping:
         if s.best_step < 0 or s.best_step == step:
             return None
         if self._best is None:
-            log.warning("validation NE was best at step %d, before this run resumed: keeping "
-                        "the state of step %d (the best weights were not checkpointed)",
+            if self.fetch is not None and self.fetch(s.best_step):
+                return s.best_step
+            log.warning("validation NE was best at step %d, before this run resumed, and no "
+                        "checkpoint of that step is left: keeping the state of step %d",
                         s.best_step, step)
             return None
         for k, t in self.model.state_dict().items():

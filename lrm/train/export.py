@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from lrm import io
+from lrm.checkpoint.store import save_tensors
 from lrm.config import ModelConfig, from_dict
 from lrm.data.schema import FeatureSchema
-from lrm.errors import DataError
+from lrm.errors import DataError, first_sentence
 from lrm.models import build_model
 
 FORMAT = 1
@@ -49,21 +50,26 @@ class ModelCard:
 
     @classmethod
     def from_json(cls, text: str, where: Path | str = CARD) -> ModelCard:
-        d = json.loads(text)
-        if d.get("format") != FORMAT:
-            raise DataError(where, None, "format", f"model format {d.get('format')!r}; "
-                                                   f"this lrm reads format {FORMAT}")
-        return cls(kind=d["kind"], schema=FeatureSchema.from_json(json.dumps(d["schema"])),
-                   model=from_dict(ModelConfig, d["model"], "model"),
-                   hash_sizes={k: int(v) for k, v in d["hash_sizes"].items()},
-                   info=d.get("info", {}))
+        try:
+            d = json.loads(text)
+            if not isinstance(d, dict) or d.get("format") != FORMAT:
+                found = d.get("format") if isinstance(d, dict) else None
+                raise DataError(where, None, "format", f"model format {found!r}; this lrm "
+                                                       f"reads format {FORMAT}")
+            return cls(kind=d["kind"], schema=FeatureSchema.from_json(json.dumps(d["schema"])),
+                       model=from_dict(ModelConfig, d["model"], "model"),
+                       hash_sizes={k: int(v) for k, v in d["hash_sizes"].items()},
+                       info=d.get("info", {}))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DataError(where, None, None, f"not a model card lrm wrote ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:160] if str(e) else ''})") from None
 
 
 def save_model(out: Path, card: ModelCard, state_dict: dict[str, torch.Tensor]) -> Path:
     """Write the model folder atomically; return `out`."""
-    with io.atomic_dir(out) as tmp:
-        torch.save({k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
-                   tmp / WEIGHTS)
+    with io.atomic_dir(out) as tmp:  # (recorded as the stage running: lrm.io.running)
+        save_tensors({k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
+                     tmp / WEIGHTS)  # a full disk raises the OSError, not torch's riddle
         (tmp / CARD).write_text(card.to_json() + "\n")
     return Path(out)
 
@@ -91,11 +97,31 @@ def model_hash(model_dir: Path) -> str:
     return "sha256:" + h.hexdigest()
 
 
+def load_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """A model folder's state dict: plain tensors only (weights-only load: a pickled object
+    is refused, its code never runs); anything else is a DataError naming the file."""
+    f = Path(path) / WEIGHTS
+    try:
+        sd = torch.load(f, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise DataError(path, None, None, f"not a model folder (no {WEIGHTS})") from None
+    except Exception as e:  # noqa: BLE001  (unpickling refused, truncated, not torch's)
+        raise DataError(f, None, None, f"not a state dict of plain tensors, refused unread "
+                        f"({first_sentence(str(e)) or type(e).__name__})") from None
+    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                           for k, v in sd.items()):
+        raise DataError(f, None, None, "not a state dict of plain tensors")
+    return sd
+
+
 def load_model(path: Path, device: torch.device | str = "cpu") -> tuple[nn.Module, ModelCard]:
     """The unsharded model (eval mode) and its card, from a folder `save_model` wrote."""
     card = read_card(path)
     model = build_model(card.kind, card.schema, card.model,  # type: ignore[arg-type]
                         device=device, dense_device=device)
-    sd = torch.load(Path(path) / WEIGHTS, map_location=device, weights_only=True)
-    model.load_state_dict(sd, strict=True)
+    try:
+        model.load_state_dict(load_weights(path, device), strict=True)
+    except RuntimeError as e:  # missing or unexpected keys, other shapes
+        raise DataError(Path(path) / WEIGHTS, None, None, f"does not fit its {CARD} "
+                        f"({str(e).strip().splitlines()[0][:200]})") from None
     return model.eval(), card

@@ -76,6 +76,7 @@ class TrainJob:
     loss: LossFn = bce_loss
     teacher_column: str | None = None  # read into batch.teacher_logits (augmented data)
     info: Mapping[str, Any] = field(default_factory=dict)  # more for the model card
+    force: bool = False  # a fresh start may remove another run's checkpoints
 
     def __post_init__(self) -> None:
         if self.kind not in MODEL_KINDS:
@@ -101,7 +102,7 @@ def build_job(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
               eval_data: Path | None = None, out: Path | None = None,
               plan: Path | None = None, plan_entry: str | None = None,
               distill: DistillConfig | None = None,
-              info: Mapping[str, Any] | None = None) -> TrainJob:
+              info: Mapping[str, Any] | None = None, force: bool = False) -> TrainJob:
     """The one way a training job is made.
 
     plan: a sharding plan file (stage shard_plan), its entry `plan_entry` (default: the
@@ -131,7 +132,7 @@ def build_job(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
                     checkpoint=checkpoint or CheckpointConfig(), checkpoints=checkpoints,
                     start=start, init_from=init_from, eval_data=eval_data, out=out,
                     plan=sharding, transform=transform(train.fp8, kind), loss=loss,
-                    teacher_column=column, info=dict(info or {}))
+                    teacher_column=column, info=dict(info or {}), force=force)
 
 
 __all__ = ["STARTS", "LossFn", "Start", "TrainJob", "Transform", "bce_loss", "build_job"]

@@ -1,4 +1,4 @@
-"""Training a job: one process or `torchrun --nproc_per_node=N`, CPU (gloo) or GPU (nccl).
+"""Training a job: one process or N (`python -m lrm.launch`, torchrun), CPU (gloo) or GPU (nccl).
 
 `train(job)` runs a `TrainJob` (lrm.train.job: what to train on what, and how it starts) in
 three parts, read top to bottom:
@@ -33,6 +33,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
@@ -55,7 +56,7 @@ from lrm.train.data import EpochStream, TrainData, fit_tables, loaders, model_ha
     per_rank_batch, run_identity
 from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import predict, score
-from lrm.train.export import WEIGHTS, ModelCard, read_card, save_model
+from lrm.train.export import ModelCard, load_weights, read_card, save_model
 from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.job import TrainJob, bce_loss
@@ -175,7 +176,7 @@ class _Run:
                                self.sizes, job.teacher_column)
         assert self.loaders.train_batches == sched.epoch_batches, (self.loaders, sched)
         self.stream = EpochStream(self.loaders.train, sched.epoch_batches)
-        self.stopper = EarlyStopping(self.dmp, self.state, cfg.patience)
+        self.stopper = EarlyStopping(self.dmp, self.state, cfg.patience, fetch=self._fetch)
 
         # -- checkpoints: everything a resume needs is a stateful part -----------------
         self.parts = {"model": self.dmp, "optim": self.opt, "train": self.state,
@@ -185,13 +186,16 @@ class _Run:
             self.ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
                 job.checkpoints, env, job.checkpoint,
                 run_identity(kind, job.model, self.sizes, cfg, sched.batch_size,
-                             sched.epoch_batches, env, data, job.loader)))
+                             sched.epoch_batches, env, data, job.loader),
+                owner=_owner(job.out, job.checkpoints)))
             # AdamW's state is lazy: made (a dummy step) only when there is one to load
             self.resumed_from = self.ckpt.start(self.parts, job.start == "resume",
-                                                prepare=dense_opt.init_state)
+                                                prepare=dense_opt.init_state, force=job.force)
             self.opt.zero_grad(set_to_none=True)
             self.guard.reset(self.state.step)
             self.stopper.resumed(self.state.step)
+            if self.state.best_step >= 0:  # its checkpoint stays through retention
+                self.ckpt.pin(self.state.best_step)
         self.history: list[dict[str, float]] = []
         self.meter = Meter(env, cfg.ne_window)
         self.batch_rows = 0  # impressions of the latest step's batch (this rank)
@@ -207,7 +211,7 @@ class _Run:
         total = sched.steps
         reporter = Reporter(f"train {self.kind}", total=max(total - state.step, 0)
                             * sched.batch_size, unit="samples") if env.is_main else None
-        stopped_early = False
+        stopped_early = self._catch_up()
         with contextlib.closing(iter(self.stream)) as it, \
                 (reporter or contextlib.nullcontext(_Quiet())) as rep:
             self.meter.resume_clock()
@@ -231,6 +235,19 @@ class _Run:
                          "stopped at step %d of %d", self.kind, cfg.patience, state.step, total)
         self.guard.check()
         return stopped_early
+
+    def _catch_up(self) -> bool:
+        """Where a resumed run starts: a checkpoint saved at a validation step holds the
+        state before that validation (saves come first); run it now, as the run never
+        stopped did. True when the run had already stopped early there."""
+        state, sched = self.state, self.sched
+        if self.resumed_from is None or not sched.val_batches:
+            return False
+        if state.stale >= self.cfg.patience:
+            return True
+        if sched.validates_at(state.step) and state.validated_at < state.step < sched.steps:
+            return self._validate()
+        return False
 
     def _advance(self, segment: Iterator[Batch], rep: Any, total: int) -> None:
         """One optimizer step and its bookkeeping: counts, logs, checkpoint."""
@@ -276,28 +293,40 @@ class _Run:
         return ev
 
     def _validate(self) -> bool:
-        """Score the validation slice; True when training should stop."""
+        """Score the validation slice; True when training should stop. A better state is
+        kept as a checkpoint too (saved now unless this step just was), pinned through
+        retention: a run resumed after it restores it at the end (`_fetch`)."""
+        state = self.state
         ev = _evaluate(self.dmp, self.loaders.validation_batches(), self.env, max_batches=None)
-        stop = self.stopper.update(ev["ne"], self.state.step)
-        self._log_point({"val_ne": ev["ne"], "val_best_ne": self.state.best_ne})
+        stop = self.stopper.update(ev["ne"], state.step)
+        state.validated_at = state.step
+        self._log_point({"val_ne": ev["ne"], "val_best_ne": state.best_ne})
+        if self.ckpt is not None and state.best_step == state.step:
+            if self.ckpt.saved_at != state.step:
+                self.ckpt.save(state.step, self.parts)
+            self.ckpt.pin(state.step)
         return stop
+
+    def _fetch(self, step: int) -> bool:
+        """The model's weights of `step` from this run's checkpoint of it (see _validate)."""
+        return self.ckpt is not None and self.ckpt.restore_model(step, self.parts)
 
     def _non_finite(self, step: int, value: float) -> str:
         here = value if not math.isfinite(value) else "finite here, not on every rank"
         last = (self.ckpt.last if self.ckpt else None) or "none"
         return (f"train {self.kind}: the loss is not finite ({here}) at step {step} (its update "
                 f"was skipped; stopped at step {self.state.step}). Last good checkpoint: "
-                f"{last}. Check the data (NaN/inf dense values) or lower train.lr / "
-                f"train.embedding_lr, then --resume")
+                f"{last}. Lower train.lr / train.embedding_lr and --resume from it, or check "
+                f"the data (dense values too large to learn from?) and start afresh")
 
     # -- finish --------------------------------------------------------------------------
     def finish(self, stopped_early: bool) -> TrainResult:
         """Final checkpoint, the best validated state back, final eval, the model saved."""
         job, env, state, sched = self.job, self.env, self.state, self.sched
+        if sched.val_batches and not stopped_early and state.validated_at != state.step:
+            self._validate()  # the final state competes too
         if self.ckpt is not None:  # the run's own last state: a resume with more steps goes
             self.ckpt.finish(state.step, self.parts)  # on from it as an uninterrupted run would
-        if sched.val_batches and not stopped_early:
-            self._validate()  # the final state competes too
         restored = self.stopper.restore(state.step) if sched.val_batches else None
         if restored is not None:
             log.info("train %s: restored the state of step %d (validation NE %.5f)", self.kind,
@@ -330,6 +359,13 @@ class _Run:
             world_size=env.world_size, train_days=self.data.train_days,
             eval_day=self.data.eval_day, schedule=sched.summary(), validation=validation,
             fp8=self.fp8, sharding=sharding)
+
+
+def _owner(out: Path | None, checkpoints: Path) -> str | None:
+    """The run a checkpoint folder's checkpoints are of: its model folder, relative to the
+    checkpoint folder (so a moved project keeps its pairs)."""
+    return None if out is None else os.path.relpath(Path(out).resolve(),
+                                                    Path(checkpoints).resolve())
 
 
 def _steps(dmp: nn.Module, opt: torch.optim.Optimizer, env: Dist, step_fn: Any,
@@ -392,7 +428,7 @@ def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
                                                           and not grown):
         raise ConfigError(f"init_from {path}: a {card.kind} with another config or table "
                           f"sizes than this {kind}; it cannot start this run")
-    weights = torch.load(Path(path) / WEIGHTS, map_location="cpu", weights_only=True)
+    weights = load_weights(path)
     # DMP renames the keys of the dict it is given
     missing, unexpected = dmp.load_state_dict(dict(weights), strict=not grown)
     fresh = [k for k in missing if not any(p in k for p in _GROWN)]

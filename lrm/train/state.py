@@ -22,6 +22,7 @@ class TrainState:
     best_ne: float = math.inf  # the lowest validation NE so far (lrm.train.early_stop)
     best_step: int = -1  # the step it was measured at (-1: none yet)
     stale: int = 0  # validations since the best
+    validated_at: int = -1  # the step of the last validation (-1: none yet)
     # checked before the state is saved (not state itself): lrm.train.guard, so that no
     # checkpoint holds a state past a step whose loss was not finite
     guard: Check | None = field(default=None, repr=False, compare=False)

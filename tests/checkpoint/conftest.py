@@ -14,6 +14,8 @@ from torchrec.distributed.sharding_plan import column_wise, construct_module_sha
     table_wise
 from torchrec.distributed.types import ShardingPlan
 
+from lrm.checkpoint import CheckpointManager, Store
+from lrm.config import CheckpointConfig
 from lrm.dist import Dist, process_group
 from lrm.sharding import parallel
 from lrm.train.state import TrainState
@@ -113,3 +115,29 @@ def tables_and_state(parts, env: Dist) -> dict[str, torch.Tensor]:
             elif env.is_main:
                 out[f"{key}/{name}"] = v.detach().clone()
     return out
+
+
+# a chain to damage (tests/faults/test_checkpoint_matrix.py, test_damage.py)
+ID = {"kind": "toy"}
+CFG = CheckpointConfig(every=2, deltas=2, keep=5)
+# the folder the fixture writes: chain 1 = steps 2 (baseline), 4, 6; chain 2 = 8 (baseline), 10
+NAMES = {2: "000001-step-2", 4: "000002-step-4", 6: "000003-step-6", 8: "000004-step-8",
+         10: "000005-step-10"}
+
+
+@pytest.fixture(scope="module")
+def chain(env, tmp_path_factory):
+    """(folder, {step: full state at that step}) of one 10-step run."""
+    root = tmp_path_factory.mktemp("chain") / "ck"
+    _, parts = build(env)
+    states = {}
+    with CheckpointManager(root, env, CFG, ID) as ck:
+        ck.start(parts, False)
+        for s in range(10):
+            train_steps(parts, range(s, s + 1), ck)
+            if (s + 1) % 2 == 0:
+                states[s + 1] = tables_and_state(parts, env)
+        ck.finish(10, parts)
+    assert [(e.step, e.kind) for e in Store(root).entries()] == [
+        (2, "baseline"), (4, "delta"), (6, "delta"), (8, "baseline"), (10, "delta")]
+    return root, states

@@ -176,3 +176,34 @@ def test_the_tracker_merges_at_log_points_and_at_most_compact_max_apart(env, tmp
                 ck.step(at[0], parts, log_point=log_every is not None and at[0] % log_every == 0)
             ck.wait()
         assert merged == want, case
+
+
+def test_a_fresh_start_refuses_another_runs_checkpoints_and_names_what_it_removes(
+        env, tmp_path, caplog):
+    """Without resume, the folder's checkpoints go only when they are this run's (its
+    owner: the model folder it trains toward) or when forced; each removal is named."""
+    import logging
+
+    from lrm.errors import ConfigError
+
+    def fresh(owner, force=False):
+        _, parts = build(env)
+        with CheckpointManager(tmp_path, env, CheckpointConfig(every=2), ID, owner=owner) as ck:
+            ck.start(parts, False, force=force)
+            train_steps(parts, range(4), ck)
+            ck.finish(4, parts)
+
+    fresh("../m_base")
+    before = [e.name for e in Store(tmp_path).entries()]
+    with pytest.raises(ConfigError) as err:
+        fresh("../m_other")
+    msg = str(err.value)
+    assert "holds 2 verified checkpoint(s) of a run of" in msg and "m_base" in msg
+    assert "--resume" in msg and "--force" in msg and "\n" not in msg
+    assert [e.name for e in Store(tmp_path).entries()] == before  # kept, all of them
+    caplog.set_level(logging.INFO, logger="lrm")
+    fresh("../m_base")  # the same run started afresh: it says what it removed
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert f"removed 2 checkpoint(s) of an earlier run: {', '.join(before)}" in said
+    fresh("../m_other", force=True)
+    assert [e.manifest["owner"] for e in Store(tmp_path).entries()] == ["../m_other"] * 2

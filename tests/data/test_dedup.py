@@ -26,7 +26,7 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
                      schema: FeatureSchema = SCHEMA, max_len: int = 5, users: int = 0
                      ) -> pa.Table:
     """A small impressions-layout table with every awkward case: one-impression sessions,
-    null and empty histories, nulls inside histories, null ids, negative ids, null dense.
+    null and empty histories, nulls inside histories, null ids, null dense.
 
     Sessions come from `users` users (default n_sessions // 3, the user key never null),
     in no order; a user's histories are windows sliding over her own stream (0-3 new items
@@ -40,8 +40,8 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
     sid = (first_session + rng.permutation(n_sessions * 3)[:n_sessions])[rep]
     user = rng.integers(0, max(1, users or n_sessions // 3), n_sessions)
 
-    def ids(k: int, hi: int, null_p: float, neg: bool = False) -> pa.Array:
-        v = rng.integers(-hi if neg else 0, hi, k)
+    def ids(k: int, hi: int, null_p: float) -> pa.Array:
+        v = rng.integers(0, hi, k)
         return pa.array(v, mask=rng.random(k) < null_p, type=pa.int64())
 
     cols: dict[str, pa.Array] = {
@@ -77,7 +77,7 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
     cols["position"] = pa.array(pos)
     cols["label"] = pa.array((rng.random(n) < 0.3).astype(np.int8))
     for c in schema.item_sparse:
-        cols[c] = ids(n, 40, 0.1, neg=True)
+        cols[c] = ids(n, 40, 0.1)
     for c in schema.dense:
         cols[c] = pa.array(rng.random(n).astype(np.float32), mask=rng.random(n) < 0.1)
     return pa.Table.from_pydict(cols, schema=schema.arrow("impressions"))
@@ -352,3 +352,30 @@ def test_dedup_dataset_rejects_sessions_layout_and_wrong_day(tmp_path):
     write_dataset(wrong, {2: make_impressions(5, day=1)}, rows_per_file=100)
     with pytest.raises(DataError, match="day=2"):
         dedup.dedup_dataset(wrong, tmp_path / "w2", DedupConfig())
+
+
+def test_a_day_holding_a_users_file_is_never_skipped_nor_replaced_unasked(tmp_path):
+    """A day's folder whose file the user replaced is not up to date (its input did not
+    change, but it no longer holds what dedup wrote): the run stops naming the file, the
+    user's file kept; with force it is made again."""
+    from lrm.errors import OutputError
+
+    write_dataset(tmp_path / "raw", {0: make_impressions(30, seed=1)}, rows_per_file=1000)
+    dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+    part = day_files(tmp_path / "sessions")[0][0]
+    made = part.read_bytes()
+    part.write_bytes(b"the user's own file now")
+    with pytest.raises(OutputError, match=rf"{part.name} \(changed since lrm wrote it\)"):
+        dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+    assert part.read_bytes() == b"the user's own file now"
+    m = dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig(), force=True)
+    assert m["written"] == [0] and part.read_bytes() == made
+
+
+def test_numbers_stored_as_text_do_not_fit_the_layout(tmp_path):
+    t = make_impressions(30, seed=1)
+    i = t.schema.get_field_index("label")
+    t = t.set_column(i, "label", pa.array([str(x) for x in t.column("label").to_pylist()]))
+    write_dataset(tmp_path / "raw", {0: t}, rows_per_file=1000)
+    with pytest.raises(DataError, match="field label: type string does not fit"):
+        dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())

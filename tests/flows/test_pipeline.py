@@ -1,5 +1,6 @@
-"""The pipeline flow (`make run`): the DAG's nodes as Prefect tasks, a clean clone after it,
-and a failed stage's one-line reason as the flow run's state message."""
+"""The pipeline flow (`make run`): the DAG's nodes as Prefect tasks, run twice (every stage
+again to its own outputs), a clean clone after it, and a failed stage's one-line reason as
+the flow run's state message."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ def test_the_flow_runs_every_node_as_a_named_task_and_leaves_the_clone_clean(
     assert asyncio.run(names()) == sorted(n.title for n in dag.SYNTHETIC.nodes)
     assert "train student" in asyncio.run(names())
     assert "| baseline_day2 | student |" in report()
+    # every stage again, to the outputs it wrote: each is its own stage's to replace (its
+    # writers name the stage), so the second run completes too
+    again = pipeline(return_state=True)
+    assert again.is_completed(), again.message
     status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
                             text=True, check=True).stdout
     assert status == "", f"`make run` left files changed in the clone:\n{status}"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import mlflow
 import pyarrow.parquet as pq
 import yaml
 
@@ -101,3 +103,30 @@ def test_a_missing_params_file_or_unknown_section_exits_2(tmp_path: Path) -> Non
     assert proc.returncode == 2 and "generat" in last and "p.yaml" in last
     assert "known sections" in last and "'generate'" in last
     assert not (tmp_path / "raw").exists()
+
+
+def test_runs_by_hand_keep_their_metrics_beside_their_output(tmp_path: Path) -> None:
+    """Outside the DAG (another --out than the stage's default), a run writes its metrics
+    beside its output, never into the folder it is started from: two runs from one folder
+    do not block each other on ./metrics/generate.json, and each may run again."""
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
+    data = tmp_path / "data"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # made before: two first uses would race
+    mlflow.MlflowClient(tracking_uri=store).search_experiments()
+
+    def start(name: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stages.generate", "--out", str(data / name), "--days", "1",
+             "--sessions-per-day", "100"], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "MLFLOW_TRACKING_URI": store})
+
+    for _ in range(2):  # the second time over the first's outputs: rc 0 again
+        runs = [start("a"), start("b")]
+        for p in runs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+    assert not (tmp_path / "metrics").exists()
+    for name in ("a", "b"):
+        m = json.loads((data / f"{name}.generate.json").read_text())
+        assert m["days"] == 1 and m["sessions"] == 100
+        assert io.owned_by_lrm(data / f"{name}.generate.json") == "generate"

@@ -1,4 +1,4 @@
-"""Stage `train` through its command line: torchrun with 2 processes (rank 0 alone logs to
+"""Stage `train` through its command line: 2 processes (lrm.launch) (rank 0 alone logs to
 MLflow, with the model as a pyfunc), and bad input -> exit status 2 with one line."""
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ def _params(tmp_path, **overrides):
     return path
 
 
-def test_torchrun_stage_trains_checkpoints_and_logs_once(datasets, tmp_path):  # noqa: F811
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "stages.train", "--model", "student", "--data", str(datasets["sessions"]),
+def test_two_processes_train_checkpoint_and_log_once(datasets, tmp_path):  # noqa: F811
+    cmd = [sys.executable, "-m", "lrm.launch", "--nproc-per-node=2", "-m", "stages.train",
+           "--model", "student", "--data", str(datasets["sessions"]),
            "--out", "models/student", "--checkpoints", "ck/student",
            "--params", str(_params(tmp_path)), "--metrics", "metrics/train.json"]
     r = subprocess.run(cmd, cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True,

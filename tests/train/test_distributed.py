@@ -1,4 +1,5 @@
-"""`torchrun --nproc_per_node=2` on CPU (gloo) against the same run in one process.
+"""`python -m lrm.launch --nproc-per-node=2` (torchrun's environment, no network store) on
+CPU (gloo) against the same run in one process.
 
 Both runs see the same impressions at every step (rank r reads batches r, r+2, ... of
 batch_size / 2) and start from the same weights (tables are initialized independently of
@@ -35,12 +36,12 @@ CFG = dict(batch_size=512, lr=1e-2, embedding_lr=0.05, log_every=2, threads=1, a
 MODEL = {"student": {"embedding_dim": 8, "bottom_mlp": [16], "top_mlp": [32, 16]}}
 
 
-def _torchrun(tmp_path, name, **args):
+def _launch(tmp_path, name, **args):
     spec = tmp_path / f"{name}.json"
     spec.write_text(json.dumps({**args, "result": str(tmp_path / f"{name}-result.json")}))
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node=2", str(REPO / "tests/train/_run.py"), str(spec)],
+    r = subprocess.run([sys.executable, "-m", "lrm.launch", "--nproc-per-node=2",
+                        str(REPO / "tests/train/_run.py"), str(spec)],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     return json.loads((tmp_path / f"{name}-result.json").read_text())
@@ -63,7 +64,7 @@ def test_two_processes_track_one_and_resume(datasets, tmp_path):
                          data=data, loader=LOADER, out=tmp_path / "one", checkpoint=every10,
                          checkpoints=tmp_path / "ck1"))
     common = {"data": str(data), "loader": {"prefetch": 2, "num_workers": 1}, "model": MODEL}
-    two = _torchrun(tmp_path, "two", out=str(tmp_path / "two"), checkpoints=str(tmp_path / "ck"),
+    two = _launch(tmp_path, "two", out=str(tmp_path / "two"), checkpoints=str(tmp_path / "ck"),
                     train={**CFG, "steps": 30}, checkpoint={"every": 10}, **common)
     assert two["world_size"] == 2 and two["steps"] == 30 and two["samples"] == one.samples
 
@@ -79,7 +80,7 @@ def test_two_processes_track_one_and_resume(datasets, tmp_path):
     # on to step 40: from the 1-process checkpoint in 2 processes, from the 2 ranks' in one
     one40 = train(TrainJob(kind="student", train=tiny_train(steps=40, **CFG), model=SMALL_MODEL,
                            data=data, loader=LOADER, out=tmp_path / "one40"))
-    more = _torchrun(tmp_path, "more", out=str(tmp_path / "two40"),
+    more = _launch(tmp_path, "more", out=str(tmp_path / "two40"),
                      checkpoints=str(tmp_path / "ck1"), resume=True,
                      train={**CFG, "steps": 40}, checkpoint={"every": 10}, **common)
     assert more["resumed_from"] == 30 and more["steps"] == 40

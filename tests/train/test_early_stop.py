@@ -33,11 +33,24 @@ def test_stops_after_patience_and_restores_the_best_weights():
     assert stop.restore(60) is None  # already the best state
 
 
-def test_a_resumed_run_restores_only_what_it_copied():
+def test_a_resumed_run_fetches_the_best_state_it_did_not_copy():
     model, state = nn.Linear(3, 2), TrainState(best_ne=0.5, best_step=40, stale=1)
-    stop = EarlyStopping(model, state, patience=5)
-    _set(model, 50)  # resumed at step 50: the step-40 weights are gone
+    fetched = []
+
+    def fetch(step):  # the run's checkpoint of `step`
+        fetched.append(step)
+        _set(model, step)
+        return True
+
+    stop = EarlyStopping(model, state, patience=5, fetch=fetch)
+    _set(model, 50)  # resumed at step 50: the step-40 weights are not in memory
     stop.resumed(50)
+    assert stop.update(0.6, 60) is False and stop.restore(60) == 40 and fetched == [40]
+    assert all(torch.equal(p, torch.full_like(p, 40.0)) for p in model.parameters())
+
+    state = TrainState(best_ne=0.5, best_step=40, stale=1)  # no checkpoint of step 40 left
+    stop = EarlyStopping(model, state, patience=5, fetch=lambda step: False)
+    _set(model, 50)
     assert stop.update(0.6, 60) is False and stop.restore(60) is None
     assert all(torch.equal(p, torch.full_like(p, 50.0)) for p in model.parameters())
 
@@ -51,7 +64,8 @@ def test_a_resumed_run_restores_only_what_it_copied():
 
 
 def test_train_state_carries_the_bookkeeping():
-    a = TrainState(step=7, samples=70, best_ne=0.625, best_step=5, stale=2)
+    a = TrainState(step=7, samples=70, best_ne=0.625, best_step=5, stale=2, validated_at=6)
     b = TrainState()
     b.load_state_dict(a.state_dict())
-    assert (b.step, b.samples, b.best_ne, b.best_step, b.stale) == (7, 70, 0.625, 5, 2)
+    assert (b.step, b.samples, b.best_ne, b.best_step, b.stale, b.validated_at) == \
+        (7, 70, 0.625, 5, 2, 6)

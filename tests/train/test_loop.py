@@ -8,6 +8,7 @@ import traceback
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -130,7 +131,8 @@ def test_resume_from_a_quantized_chain_stays_close(datasets, tmp_path):
     ("batch", "batch_size"),
     ("kind", "kind"),
     ("tables", "table_rows"),
-    ("data", "data"),
+    ("data", "data: day 1's part-00000.parquet changed its rows"),
+    ("labels", r"data: day 1's part-00000.parquet changed its content \(sha256\)"),
 ])
 def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, says):
     data, ck = datasets["sessions"], tmp_path / "ck"
@@ -144,13 +146,21 @@ def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, say
     elif change == "tables":
         model = dataclasses.replace(SMALL_MODEL, tables=dataclasses.replace(
             SMALL_MODEL.tables, max_rows=100))
-    else:  # the same day folders, but one file rewritten with fewer rows
+    else:  # the same day folders, one file rewritten: fewer rows, or its labels inverted
         import shutil
 
         data = tmp_path / "changed"
         shutil.copytree(datasets["sessions"], data)
         f = sorted((data / "day=1").glob("*.parquet"))[0]
-        pq.write_table(parquet.read_table(f).slice(0, 50), f)
+        t = parquet.read_table(f)
+        if change == "labels":  # the same names and counts: only the content tells
+            lab = t.column("label").combine_chunks()
+            flipped = pa.ListArray.from_arrays(lab.offsets, pc.subtract(
+                pa.scalar(1, pa.int8()), lab.flatten()))
+            t = t.set_column(t.schema.get_field_index("label"), "label", flipped)
+        else:
+            t = t.slice(0, 50)
+        pq.write_table(t.replace_schema_metadata(pq.read_schema(f).metadata), f)
     with pytest.raises(ConfigError, match=f"cannot resume .*{says}") as err:
         train(TrainJob(kind=kind, train=cfg, model=model, data=data, loader=LOADER, checkpoints=ck,
                        start="resume"))
@@ -177,10 +187,15 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_the_last_good_checkpoint(da
     assert [s for s, _ in _steps(ck)] == good
     assert not out.exists()  # no final model from a failed run
 
-    # the kept checkpoint is usable: resume on clean data runs to the end
-    r = train(TrainJob(kind="student", train=tiny_train(steps=good[-1] + 2), model=SMALL_MODEL,
-                       data=datasets["sessions"], loader=LOADER, checkpoints=ck, start="resume"))
+    # the kept checkpoint is usable: resumed (on its own data) it makes a model
+    r = train(TrainJob(kind="student", train=tiny_train(steps=good[-1]), model=SMALL_MODEL,
+                       data=data, loader=LOADER, checkpoints=ck, start="resume"))
     assert r.resumed_from == good[-1] and math.isfinite(r.eval["ne"])
+    # data fixed is other data: a resume would mix two datasets, so it starts afresh
+    with pytest.raises(ConfigError, match="day 1's part-00000.parquet changed its content"):
+        train(TrainJob(kind="student", train=tiny_train(steps=40), model=SMALL_MODEL,
+                       data=datasets["sessions"], loader=LOADER, checkpoints=ck,
+                       start="resume"))
 
 
 def test_bad_split_is_a_config_error(datasets):
@@ -251,6 +266,47 @@ def test_an_overfitting_run_stops_early_and_keeps_its_best_validated_state(datas
         logits, labels = zip(*[(model(b), b.labels) for b in val])
     assert normalized_entropy(torch.cat(logits), torch.cat(labels)) == pytest.approx(
         v["best_ne"], abs=1e-5)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_run_stopped_after_its_best_validation_resumes_to_the_same_model(datasets,
+                                                                          tmp_path):
+    """The early-stopping state is part of what a checkpoint restores: stopped after its
+    best validation (at a checkpoint that is not the best step) and resumed, a run stops
+    where the uninterrupted one stopped and keeps the same best state, bit for bit."""
+    cfg = tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2, log_every=1,
+                     val_every=6)
+    ck_cfg = CheckpointConfig(every=7, deltas=0, keep=1)  # one chain kept, and the pinned
+
+    def job(name, **kw):
+        return TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=datasets["sessions"],
+                        loader=LOADER, checkpoint=ck_cfg, checkpoints=tmp_path / f"ck-{name}",
+                        out=tmp_path / name, **kw)
+
+    ref = train(job("ref"))
+    best, stop = ref.validation["best_step"], ref.steps
+    assert ref.validation["stopped_early"] and ref.validation["restored"] == best < stop
+    assert best % ck_cfg.every  # the best step is no periodic checkpoint: saved on its own
+    # stopped at the first checkpoint of a validation step after the best: the periodic
+    # save comes before that step's validation, which the resumed run must run itself
+    kill = next(s for s in range(best + 1, stop)
+                if s % ck_cfg.every == 0 and s % cfg.val_every == 0)
+
+    def log_fn(point, step):
+        if step > kill:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        train(job("k"), log_fn=log_fn)
+    assert max(s for s, _ in _steps(tmp_path / "ck-k")) == kill
+    r = train(job("k", start="resume"))
+    assert r.resumed_from == kill and r.steps == stop
+    assert r.validation == ref.validation
+    got, want = _weights(tmp_path / "k"), _weights(tmp_path / "ref")
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_the_output_starts_at_the_training_ctr(datasets, tmp_path):

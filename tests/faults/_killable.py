@@ -1,6 +1,6 @@
-"""The training process the SIGKILL test kills: `lrm.train.train` with checkpoints and
---resume, started from a forkserver that imported torch and lrm once (a fresh process
-per start would pay ~5 s of imports; a fork from the server costs milliseconds).
+"""The training process the kill tests SIGKILL: `lrm.train.train` with checkpoints and a
+resume start, from a forkserver that imported torch and lrm once (a fresh process per start
+would pay ~5 s of imports; a fork from the server costs milliseconds).
 
 The child writes each step it finishes to a progress file, and slows every fsync by
 `fsync_s` so a write spans a window the test can aim at (the page cache survives SIGKILL,
@@ -39,6 +39,8 @@ def _plan(data: Path) -> ShardingPlan:
 
 
 def run(spec: dict[str, Any]) -> None:
+    """spec: data, train (tiny_train's keywords), checkpoint, checkpoints (None: none),
+    out, progress, tmp, fsync_s."""
     tempfile.tempdir = spec["tmp"]  # the process group's FileStore: not in /tmp
     real_fsync = os.fsync
 
@@ -55,10 +57,9 @@ def run(spec: dict[str, Any]) -> None:
 
     data = Path(spec["data"])
     ck = Path(spec["checkpoints"]) if spec.get("checkpoints") else None
-    train(TrainJob(kind="student",
-                   train=tiny_train(steps=spec["steps"], log_every=1, device="cpu"),
+    train(TrainJob(kind="student", train=tiny_train(log_every=1, device="cpu", **spec["train"]),
                    model=SMALL_MODEL, data=data, loader=LoaderConfig(prefetch=2, num_workers=1),
                    checkpoint=CheckpointConfig(**spec["checkpoint"]), checkpoints=ck,
                    out=Path(spec["out"]), plan=_plan(data),
-                   start="resume" if ck else "fresh"), log_fn=log_fn)
+                   start="resume" if ck is not None else "fresh"), log_fn=log_fn)
     progress.write("done\n")

@@ -1,0 +1,66 @@
+"""SIGKILL a piece of work again and again at seeded moments, and check what is left after
+every kill: the harness every kill test of the fault suite runs.
+
+    stats = kill_loop(start, kills=12, seed=9, writes_in=ck, check=after_kill)
+
+`start()` starts one attempt of the work as a process (it goes on from what the attempts
+before it left: a resume); `writes_in` is a folder where a new entry marks a write starting
+(a checkpoint's temporary folder, a day folder...). Even kills are aimed there: at the first
+or second new entry after the start, plus a seeded 0-60 ms; odd kills fall anywhere in
+0.05-0.6 s (imports, restore, training, a write, the final steps). After each kill the
+process must have died by the signal (not ended by itself), and `check(i)` asserts what
+must hold. The caller then runs the work to its end and compares it with a run never
+killed.
+
+A stream day is killed the same way: its `start` runs one day of the streaming flow (the
+lead's tests/faults target: `writes_in` the stream's folder, `check` that no champion moved
+and no MLflow run is left RUNNING before the day's record is written).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _new_entry(folder: Path, seen: set[str], timeout: float) -> bool:
+    """Wait until an entry this loop has not seen appears in `folder`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in folder.iterdir() if folder.is_dir() else ():
+            if not p.name.startswith(".old-") and p.name not in seen:
+                seen.add(p.name)
+                return True
+        time.sleep(0.002)
+    return False
+
+
+def kill_loop(start: Callable[[], mp.process.BaseProcess], *, kills: int, seed: int,
+              writes_in: Path | None, check: Callable[[int], None],
+              before: Callable[[int], None] | None = None) -> dict[str, int]:
+    """Start and SIGKILL the work `kills` times (see the module docstring). `before(i)`
+    runs just before kill i (e.g. to note which writes are in flight). Returns counts."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    aimed = 0
+    for i in range(kills):
+        p = start()
+        if i % 2 == 0 and writes_in is not None:
+            for _ in range(1 + i // 2 % 2):
+                if not _new_entry(writes_in, seen, timeout=30):
+                    break
+            else:
+                aimed += 1
+            time.sleep(rng.uniform(0, 0.06))
+        else:
+            time.sleep(rng.uniform(0.05, 0.6))
+        if before is not None:
+            before(i)
+        p.kill()
+        p.join()
+        assert p.exitcode == -9, f"kill {i}: the work ended by itself ({p.exitcode})"
+        check(i)
+    return {"kills": kills, "aimed": aimed}
