@@ -23,8 +23,8 @@ SCHEMA = synthetic_schema()
 
 
 def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session: int = 0,
-                     schema: FeatureSchema = SCHEMA, max_len: int = 5, users: int = 0
-                     ) -> pa.Table:
+                     schema: FeatureSchema = SCHEMA, max_len: int = 5, users: int = 0,
+                     verticals: int = 3) -> pa.Table:
     """A small impressions-layout table with every awkward case: one-impression sessions,
     null and empty histories, nulls inside histories, null ids, null dense.
 
@@ -53,7 +53,7 @@ def make_impressions(n_sessions: int, seed: int = 0, day: int = 0, first_session
             cols[c] = pa.array(user[rep], type=pa.int64())
             continue
         if c == schema.vertical:  # its own generator: the other columns stay those drawn
-            vertical = np.random.default_rng([seed, 1]).integers(0, 3, n_sessions)
+            vertical = np.random.default_rng([seed, 1]).integers(0, verticals, n_sessions)
             cols[c] = pa.array(vertical[rep], type=pa.int64())  # before verticals
             continue
         cols[c] = ids(n_sessions, 50, 0.2 if i % 2 else 0.0).take(pa.array(rep))
@@ -202,7 +202,8 @@ def _read_day(root, day, flatten=False):
 
 def _by_user(t: pa.Table, sessions_per_file: int) -> pa.Table:
     """What dedup writes, by hand: the rows of every `sessions_per_file` sessions (in input
-    order), those sessions ordered by user id (None last), in input order per user."""
+    order), those sessions ordered by vertical (a vertical model reads its own), then user id
+    (None last), in input order per user."""
     rows = t.to_pylist()
     sessions: list[list[dict]] = []
     for r in rows:
@@ -212,7 +213,8 @@ def _by_user(t: pa.Table, sessions_per_file: int) -> pa.Table:
     out = []
     for k in range(0, len(sessions), sessions_per_file):
         part = sessions[k:k + sessions_per_file]
-        part = sorted(part, key=lambda ss: (ss[0]["user_id"] is None, ss[0]["user_id"] or 0))
+        part = sorted(part, key=lambda ss: (ss[0].get("vertical", 0), ss[0]["user_id"] is None,
+                                            ss[0]["user_id"] or 0))
         out += [r for ss in part for r in ss]
     return pa.Table.from_pylist(out, schema=t.schema)
 
@@ -240,7 +242,7 @@ def test_a_users_sessions_share_one_stored_history(tmp_path, monkeypatch):
     """Sorted by user, a user's sliding histories are stored once per run; a run never
     crosses a row group (each row group reads on its own); the metrics count both."""
     monkeypatch.setattr(parquet, "ROW_GROUP_IMPRESSIONS", 8 * 7)  # 7 sessions a row group
-    t = make_impressions(80, seed=12, users=4)
+    t = make_impressions(80, seed=12, users=4, verticals=1)  # runs stop at a vertical
     write_dataset(tmp_path / "raw", {0: t}, rows_per_file=1000)
     m = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "s", DedupConfig(rows_per_file=40))
     (f0, f1) = day_files(tmp_path / "s")[0]
