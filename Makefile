@@ -47,9 +47,12 @@ BENCHES := $(filter-out bench/common.py bench/__init__.py,$(wildcard bench/*.py)
 bench: $(STAMP)
 	for b in $(BENCHES); do $(BIN)/python $$b --quick || exit 1; done
 
-# Regenerate the constraints file from the current environment (after changing pyproject.toml).
+# Regenerate the constraints file from the current environment (after changing pyproject.toml);
+# its leading comment lines (why some pins are what they are) are kept.
 lock: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -vE '^(torchrec|fbgemm-gpu)' > $(CONSTRAINTS)
+	{ grep '^#' $(CONSTRAINTS); $(BIN)/python -m pip freeze --exclude-editable | \
+	  grep -vE '^(torchrec|fbgemm-gpu)'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1

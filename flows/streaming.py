@@ -18,7 +18,9 @@ goes on from where it stopped; the failure leaves the champions, the augmented d
 the checkpoint chains as they were. One run of a stream at a time (its root is locked).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: `lrm serve` runs a flow in a spawned process
+# from a cloudpickled copy, whose functions keep only the globals their bodies use, so a
+# flow parameter annotated by name ("ParamsConfig") could not be resolved there.
 
 import dataclasses
 import sys

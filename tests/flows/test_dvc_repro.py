@@ -65,14 +65,25 @@ def _png_has_content(path: Path) -> bool:
     return img.shape[0] > 100 and float(img.std()) > 0.01  # not one flat colour
 
 
-def test_dvc_repro_on_a_fresh_clone_then_up_to_date(tmp_path):
-    repo = fresh_clone(tmp_path)
-    assert not (tmp_path / "shared").exists()
+def _env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory):
+    """A fresh clone (nothing beside it) on tiny params after one `dvc repro`."""
+    tmp = tmp_path_factory.mktemp("repro")
+    repo = fresh_clone(tmp)
+    assert not (tmp / "shared").exists()
     tiny_params(repo)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    r = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env,
+    r = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=_env(tmp),
                        capture_output=True, text=True, timeout=900)
+    return {"repo": repo, "tmp": tmp, "env": _env(tmp), "run": r}
+
+
+def test_dvc_repro_on_a_fresh_clone_then_up_to_date(repro):
+    repo, env, r = repro["repo"], repro["env"], repro["run"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Successfully loaded" not in r.stdout + r.stderr
 
@@ -109,3 +120,33 @@ def test_dvc_repro_on_a_fresh_clone_then_up_to_date(tmp_path):
                             text=True, check=True).stdout
     # DVC's record of the run is the one new file (the user commits it); nothing else changed
     assert status == "?? dvc.lock\n", f"the run left files changed:\n{status}"
+
+
+
+def test_dvc_plots_show_after_the_criteo_pipeline_warns_of_nothing(repro, criteo_dir):
+    """`make repro-criteo` on the real sample (a day per file, test.tsv held out) beside the
+    default pipeline's run, then `dvc plots show`: every plot of both loads (the top-level
+    plots of pipelines/criteo/dvc.yaml resolve against that file's folder) and the page it
+    writes (dvc_plots/) leaves the clone clean."""
+    repo, env = repro["repo"], repro["env"]
+    tsv = repo / "data" / "criteo" / "tsv"
+    tsv.mkdir(parents=True)
+    for i, name in enumerate(("train.tsv", "dev.tsv", "test.tsv"), 1):
+        shutil.copy(criteo_dir / name, tsv / f"day_{i:02d}.tsv")
+    r = subprocess.run([sys.executable, "-m", "dvc", "repro", "pipelines/criteo/dvc.yaml"],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for png in ("train_student.png", "train_teacher.png"):
+        assert _png_has_content(repo / "plots" / "criteo" / png), png
+
+    shown = subprocess.run([sys.executable, "-m", "dvc", "plots", "show"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=300)
+    said = shown.stdout + shown.stderr
+    assert shown.returncode == 0, said
+    assert "WARNING" not in said and "failed to load" not in said.lower(), said
+    page = (repo / "dvc_plots" / "index.html").read_text()
+    for png in ("criteo/train_student.png", "criteo/train_teacher.png", "exfm_ne.png"):
+        assert f"<p>plots/{png}</p>" in page, f"{png} is not on dvc's page"
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout
+    assert status == "?? dvc.lock\n?? pipelines/criteo/dvc.lock\n", f"files changed:\n{status}"
