@@ -162,11 +162,8 @@ def publish(paths: StreamPaths, day: int, record: dict[str, Any]) -> str:
     """The day's report: a file under reports/ and the Prefect markdown artifact."""
     md = report.markdown(record)
     io.write_text(md, paths.report(day), stage=STAGE)
-    decisions = [s["decision"] for s in record["students"].values()]
-    summary = "; ".join(f"{d['name']} v{d['version']} "
-                        f"{'promoted' if d['promoted'] else 'kept'}" for d in decisions)
     create_markdown_artifact(markdown=md, key=ARTIFACT.format(day=day),
-                             description=f"lrm stream day {day}: {summary}")
+                             description=report.summary(record))
     return str(paths.report(day))
 
 

@@ -2,10 +2,12 @@
 
     lrm summary [--eval metrics/eval.json --exfm metrics/exfm.json]
 
-`metrics/summary.json` holds NE and AUC per model (the baselines, the teacher and every
-student variant on the last evaluation day) and is the one file `dvc metrics show` lists,
-so its default view reads at a glance; `metrics/summary.md` is the same as a table, which
-`make run` prints at the end. The stages' own metrics files keep every detail.
+`metrics/summary.json` holds NE and AUC per model: the evaluated models (the baselines), the
+ExFM teacher (`exfm_teacher`) and each student in its serving variant (`registry.variant`:
+`exfm_NAME`). It is the file `dvc metrics show` lists, one short row (`dvc metrics show
+--md` for a table); the same numbers head the pipeline's MLflow parent run. `metrics/summary.md` is the full table (every student
+variant, the days scored), which `make run` prints at the end; the stages' own metrics
+files keep every detail.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from lrm.errors import DataError
 from stagekit import Arg, Stage, main
 
 NAME = "summary"
+EXFM = "exfm_"  # the headline's name of an ExFM model: exfm_teacher, exfm_NAME
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -34,44 +37,62 @@ def _read(path: Path) -> dict[str, Any]:
     return doc
 
 
-def headline(evaluation: dict[str, Any], exfm: dict[str, Any]) -> dict[str, Any]:
-    """{section: {model: {ne, auc}}} from the evaluate and student stages' metrics."""
-    def pick(m: dict[str, Any]) -> dict[str, float]:
-        return {k: round(float(m[k]), 4) for k in ("ne", "auc") if k in m}
+def _pick(m: dict[str, Any]) -> dict[str, float]:
+    return {k: round(float(m[k]), 4) for k in ("ne", "auc") if k in m}
 
-    out: dict[str, Any] = {}
-    out[f"baseline_day{next(iter(evaluation.values())).get('day', '')}"] = {
-        name: pick(m) for name, m in evaluation.items() if isinstance(m, dict)}
-    day = exfm.get("eval_day", "")
-    ex = {"teacher": pick(exfm.get("teacher", {}))}
-    for s, per in exfm.get("students", {}).items():
-        for v, m in per.items():
-            ex[f"{s}/{v}"] = pick(m)
-    out[f"exfm_day{day}"] = ex
+
+def models(evaluation: dict[str, Any], exfm: dict[str, Any], variant: str
+           ) -> list[tuple[str, str, str | None, dict[str, float]]]:
+    """(what was scored, model, its name in the headline or None, {ne, auc}) of every
+    model of the run: the evaluated ones, the ExFM teacher, every student variant (only
+    the serving one in the headline)."""
+    single = "ne" in evaluation  # one model's flat metrics
+    evaluated = {"model": evaluation} if single else \
+        {k: m for k, m in evaluation.items() if isinstance(m, dict)}
+    out = [(f"day {m.get('day', '')}", name, name, _pick(m)) for name, m in evaluated.items()]
+    day = f"ExFM, day {exfm.get('eval_day', '')}"
+    out.append((day, "teacher", f"{EXFM}teacher", _pick(exfm.get("teacher", {}))))
+    for student, per in exfm.get("students", {}).items():
+        out += [(day, f"{student}/{v}" + (" (serving)" if v == variant else ""),
+                 f"{EXFM}{student}" if v == variant else None, _pick(m))
+                for v, m in per.items()]
     return out
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    lines = ["| run | model | NE | AUC |", "|---|---|---|---|"]
-    for section, models in doc.items():
-        for name, m in models.items():
-            lines.append(f"| {section} | {name} | {m.get('ne', float('nan')):.4f} | "
-                         f"{m.get('auc', float('nan')):.4f} |")
+def headline(evaluation: dict[str, Any], exfm: dict[str, Any], variant: str
+             ) -> dict[str, dict[str, float]]:
+    """{model: {ne, auc}} of the models `models` names in the headline."""
+    return {name: m for _, _, name, m in models(evaluation, exfm, variant) if name}
+
+
+def exfm_part(doc: dict[str, Any]) -> dict[str, Any]:
+    """The ExFM models of a headline: what this stage adds to a pipeline run's parent (the
+    evaluated models are the evaluate stage's headline)."""
+    return {k: v for k, v in doc.items() if k.startswith(EXFM)}
+
+
+def markdown(evaluation: dict[str, Any], exfm: dict[str, Any], variant: str) -> str:
+    lines = ["| scored on | model | NE | AUC |", "|---|---|---|---|"]
+    for scored, model, _, m in models(evaluation, exfm, variant):
+        lines.append(f"| {scored} | {model} | {m.get('ne', float('nan')):.4f} | "
+                     f"{m.get('auc', float('nan')):.4f} |")
     return "\n".join(lines) + "\n"
 
 
-def run(*, evaluation: Path = Path("metrics/eval.json"), exfm: Path = Path("metrics/exfm.json"),
+def run(*, variant: str, evaluation: Path = Path("metrics/eval.json"),
+        exfm: Path = Path("metrics/exfm.json"),
         out: Path = Path("metrics/summary.json"), table: Path = Path("metrics/summary.md"),
         force: bool = False) -> dict[str, Any]:
     """Write the headline NE/AUC of every model the pipeline trained."""
-    doc = headline(_read(evaluation), _read(exfm))
+    ev, ex = _read(evaluation), _read(exfm)
+    doc = headline(ev, ex, variant)
     io.write_json(doc, out, stage=NAME, force=force)
-    io.write_text(markdown(doc), table, stage=NAME, force=force)
+    io.write_text(markdown(ev, ex, variant), table, stage=NAME, force=force)
     return doc
 
 
 STAGE = Stage(
-    name=NAME, run=run, reads={},
+    name=NAME, run=run, reads={"variant": "registry.variant"}, headline=exfm_part,
     args={"evaluation": Arg("--eval", "the evaluate stage's metrics", "in"),
           "exfm": Arg("--exfm", "the student stage's metrics", "in"),
           "out": Arg("--out", "headline metrics (what `dvc metrics show` lists)", "summary"),

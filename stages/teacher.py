@@ -70,7 +70,7 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         m["train"] = carried.trained(r) if r is not None else {"skipped": True}
     m["content_hash"] = model_hash(out)
     if plot is not None and r is not None and r.history:
-        plots.write_lines(r.history, "step", ["loss", "ne_window", "eval_ne"], plot,
+        plots.write_lines(r.history, "step", plots.TRAINING, plot,
                           title="teacher: per logged step", stage=NAME, force=force)
     if tracking.active():
         if cfg.registry_name:
