@@ -54,7 +54,10 @@ lock: $(STAMP)
 	  grep -vE '^(torchrec|fbgemm-gpu)'; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
+# MLflow's UI opens on GenAI traces until its top-left switch says "Model training": this
+# address opens on the training runs (lrm.tracking.ui_url).
 ui: $(STAMP)
+	@echo "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1
 
 clean:

@@ -84,10 +84,11 @@ def report() -> str:
     table = SUMMARY.read_text() if SUMMARY.exists() else "(no metrics/summary.md)\n"
     return (f"\nHeld-out NE (lower is better; 1.0 = the base rate) and AUC:\n\n{table}\n"
             "Where to look:\n"
-            "  MLflow UI   make ui        (http://127.0.0.1:5000: runs, models, registry)\n"
+            f"  MLflow UI   make ui        ({tracking.ui_url()}: runs, models, "
+            "registry)\n"
             "  Prefect UI  prefect server start  (http://127.0.0.1:4200; set PREFECT_API_URL="
             "http://127.0.0.1:4200/api before `make run` to record the flow there)\n"
-            "  DVC         dvc metrics show; dvc plots show (plots/*.png)\n")
+            "  DVC         dvc metrics show --md; dvc plots show (plots/*.png)\n")
 
 
 def main(name: str = typer.Option("lrm", "--pipeline", help=f"one of {sorted(PIPELINES)}"),

@@ -6,8 +6,8 @@ a number the run already has as a series is not logged again under a second name
 the values that describe the run rather than measure it (the day scored, the interval's
 level and resamples, the world size, the schedule) are tags. The runs of one pipeline run
 nest under a parent run (`run(..., parent=ID)`, `parent_run`), which carries the params
-and the headline numbers (`log_headline`). The experiment opens on its training runs in
-MLflow's UI (`EXPERIMENT_KIND`), not on MLflow 3's GenAI view.
+and the headline numbers (`log_headline`). The experiment is tagged as one of training
+runs, and `ui_url` opens MLflow's UI on them rather than on MLflow 3's GenAI view.
 """
 
 from __future__ import annotations
@@ -21,12 +21,21 @@ from typing import Any
 
 from lrm.config import TrackingConfig
 
-# MLflow 3's UI opens an experiment by its kind tag (GenAI traces otherwise, with an empty
-# latency chart): this one is for training runs.
+# The experiment's kind: training runs, not GenAI traces (MLflow's own tag; its assistant
+# reads it). MLflow 3.17's UI opens on whichever of "GenAI" and "Model training" its switch
+# at the top left holds (GenAI at first: traces, an empty latency chart): `ui_url` is the
+# address that opens on the training runs.
 KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+UI = "http://127.0.0.1:5000"  # `make ui`
 # what a stage reports about how it ran, not what it measured: tags, never metrics
 CONSTANTS = frozenset({"day", "eval_day", "ci_level", "ci_resamples", "world_size"})
 PARENT_TAG = "mlflow.parentRunId"
+
+
+def ui_url(base: str = UI, experiment_id: str | None = None) -> str:
+    """The MLflow UI's page of the experiments (or of one) in its "Model training" view."""
+    page = f"experiments/{experiment_id}" if experiment_id else "experiments"
+    return f"{base}/#/{page}?workflowType=machine_learning"
 
 
 def tracking_uri(cfg: TrackingConfig | None = None) -> str:

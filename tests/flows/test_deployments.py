@@ -267,6 +267,7 @@ def test_a_scheduled_run_completes_a_day_and_ctrl_c_stands_the_deployment_down(t
                               "Every minute", "Ready")
                 assert "auto-scheduled" in page.split(done["name"], 1)[1][:200]
                 assert "Completed" in page.split(done["name"], 1)[1][:300]
+                assert sum(t["on"] for t in _switches(b)) >= 2  # Schedules, and the cron's
                 shot = b.screenshot(tmp_path / "prefect-deployment.png")
                 (art,) = _get(f"{api}/artifacts/filter",
                               {"artifacts": {"key": {"any_": ["lrm-stream-day-1"]}}})
@@ -307,3 +308,14 @@ def test_a_scheduled_run_completes_a_day_and_ctrl_c_stands_the_deployment_down(t
                      serve_text), serve_text[-3000:]
     assert "INFO:prefect" not in serve_text, serve_text[-3000:]
     assert "| ERROR" not in server_text, server_text[-3000:]
+
+
+def test_prefect_run_in_the_repo_sends_no_telemetry():
+    """`prefect server start` in the repo (as the README says) reads pyproject.toml's
+    [tool.prefect.server]: no telemetry call, which offline logged an ERROR every ten
+    minutes ("Failed to send telemetry")."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}
+    r = subprocess.run([sys.executable, "-m", "prefect", "config", "view", "--show-sources"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert "PREFECT_SERVER_ANALYTICS_ENABLED='False' (from pyproject.toml)" in r.stdout, \
+        r.stdout + r.stderr
