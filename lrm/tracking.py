@@ -98,11 +98,15 @@ def _mlflow(cfg: TrackingConfig | None) -> Any:
 
     for noisy in ("mlflow", "alembic"):  # per-run INFO chatter: keep warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    cfg = cfg or TrackingConfig()
     uri = tracking_uri(cfg)
     mlflow.set_tracking_uri(uri)
-    _use_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment, uri)
+    _use_experiment(_experiment(cfg), uri)
     return mlflow
+
+
+def _experiment(cfg: TrackingConfig | None) -> str:
+    """MLFLOW_EXPERIMENT_NAME wins over params.yaml's tracking.experiment."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or (cfg or TrackingConfig()).experiment
 
 
 def _params(params: Mapping[str, Any]) -> dict[str, str]:
@@ -134,8 +138,7 @@ def parent_run(name: str, key: tuple[str, str], params: Mapping[str, Any],
     each stage is a process of its own (`dvc repro`)."""
     mlflow = _mlflow(cfg)
     client = mlflow.MlflowClient()
-    exp = mlflow.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME")
-                                        or (cfg or TrackingConfig()).experiment)
+    exp = mlflow.get_experiment_by_name(_experiment(cfg))
     found = client.search_runs([exp.experiment_id],
                                f"tags.`{key[0]}` = '{key[1]}'", max_results=1)
     if found:

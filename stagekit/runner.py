@@ -7,7 +7,7 @@ stage's `run`, logs its result and writes the metrics file.
 The MLflow run nests under the pipeline run it belongs to: a flow's parent run (active in
 the process), or, under `dvc repro` (each stage its own process), one parent run per
 `dvc repro`: the `dvc` process that started the stage names it (its pid and start time),
-and the first stage of that repro creates it, with the params (`dvc_parent`). A stage's
+and the first stage of that repro creates it, with the params (`_dvc_parent`). A stage's
 headline (`Stage.headline`: NE and AUC per model) goes on that parent too.
 """
 
