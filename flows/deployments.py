@@ -63,7 +63,10 @@ def serve(cron: str | None = None, params: list[str] | None = None, root: str | 
                         # "flows.streaming.streaming": importable wherever lrm is installed
                         entrypoint_type=EntrypointType.MODULE_PATH)
     finally:
-        stand_down(f"{streaming.name}/{name}")
+        try:
+            stand_down(f"{streaming.name}/{name}")
+        except Exception as e:  # noqa: BLE001 (the server gone, or nothing was registered)
+            log.warning("deployment %s/%s not stood down: %s", streaming.name, name, e)
 
 
 def stand_down(deployment: str) -> dict[str, int]:

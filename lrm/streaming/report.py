@@ -13,11 +13,13 @@ def _f(x: Any, digits: int = 4) -> str:
     return "n/a" if x is None else f"{float(x):.{digits}f}"
 
 
-def _outcome(d: Mapping[str, Any]) -> str:
+def _outcome(d: Mapping[str, Any], short: bool = False) -> str:
     """What happened to a model's version on the day, in a few words."""
     if d.get("earlier"):
         return "unchanged (the same model was registered before)"
-    return "promoted to @champion" if d["promoted"] else "kept as @challenger"
+    if d["promoted"]:
+        return "promoted" if short else "promoted to @champion"
+    return "kept" if short else "kept as @challenger"
 
 
 def _decisions(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -29,8 +31,7 @@ def _decisions(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def summary(record: Mapping[str, Any]) -> str:
     """The day in one line (the artifact's description): every decision of the day."""
-    words = {"promoted to @champion": "promoted", "kept as @challenger": "kept"}
-    parts = [f"{d['name']} v{d['version']} {words.get(_outcome(d), _outcome(d))}"
+    parts = [f"{d['name']} v{d['version']} {_outcome(d, short=True)}"
              for d in _decisions(record)]
     if not record["teacher"].get("due"):
         parts.insert(0, "teacher not due")
@@ -63,7 +64,7 @@ def markdown(record: Mapping[str, Any]) -> str:
         lines += _decision_rows(d["name"], d)
     lines += ["", "## Decisions", ""]
     for d in _decisions(record):
-        then = "promoted to @champion" if d["promoted"] else "kept as @challenger"
+        then = _outcome({**d, "earlier": False})
         if d.get("earlier"):
             lines.append(f"- **{d['name']} v{d['version']}: no new version**: the model "
                          f"trained today is the one registered as v{d['version']} before; "
