@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def harness():
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=120):  # a loaded CI machine: slow
         yield
 
 
