@@ -50,11 +50,17 @@ BENCHES := $(filter-out bench/common.py bench/__init__.py,$(wildcard bench/*.py)
 bench: $(STAMP)
 	for b in $(BENCHES); do $(BIN)/python $$b --quick || exit 1; done
 
-# Regenerate the constraints file from the current environment (after changing pyproject.toml).
+# Regenerate the constraints file from the current environment (after changing pyproject.toml);
+# its leading comment lines (why some pins are what they are) are kept.
 lock: $(STAMP)
-	$(BIN)/python -m pip freeze --exclude-editable | grep -vE '^(torchrec|fbgemm-gpu)' > $(CONSTRAINTS)
+	{ grep '^#' $(CONSTRAINTS); $(BIN)/python -m pip freeze --exclude-editable | \
+	  grep -vE '^(torchrec|fbgemm-gpu)'; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
+# MLflow's UI opens on GenAI traces until its top-left switch says "Model training": this
+# address opens on the training runs (lrm.tracking.ui_url).
 ui: $(STAMP)
+	@echo "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1
 
 clean:

@@ -4,6 +4,11 @@ deployment) and `lrm models` (the registry).
 
 A front door like the flows, so it lives beside them: it may import every stage (the
 registry of stages is flows/dag.py's `STAGES`).
+
+Nothing here imports torch (or fbgemm) when the module loads: fbgemm's import logs through
+the root logger, which installs Python's bare handler (logging.basicConfig), and Prefect's
+logging, set up after it, then leaves the root alone: every line of `lrm serve` (whose runs
+import this module again in a spawned process) came out as "INFO:prefect.flow_runs:...".
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ from pathlib import Path
 import typer
 
 from flows.dag import STAGES
-from lrm.checkpoint import listing
 from lrm.config import ParamsConfig
 from lrm.errors import LrmError
 from stagekit import load_params
@@ -48,12 +52,16 @@ def _show(report: Callable[[Path], str], folder: Path) -> None:
 @checkpoint_app.command("ls")
 def checkpoint_ls(folder: Path = typer.Argument(..., help="checkpoint folder")) -> None:
     """List the checkpoints: step, baseline or delta, bytes, quantization, verified."""
+    from lrm.checkpoint import listing
+
     _show(listing.ls, folder)
 
 
 @checkpoint_app.command("verify")
 def checkpoint_verify(folder: Path = typer.Argument(..., help="checkpoint folder")) -> None:
     """Check every file against its manifest (exit 2 naming what is wrong)."""
+    from lrm.checkpoint import listing
+
     _show(listing.verify, folder)
 
 

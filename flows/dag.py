@@ -297,7 +297,9 @@ def render(pipe: Pipeline) -> str:
                 elif a.role == "plot":
                     outs += [{str(p): {"cache": False}}, {str(p.with_suffix(".png")):
                                                           {"cache": False}}]
-                    plots.append(str(p.with_suffix(".png")))
+                    # top-level plots resolve against the dvc.yaml's folder, not wdir
+                    png = p.with_suffix(".png")
+                    plots.append(str(rel / png if rel is not None else png))
                 elif a.role == "metrics" or not a.cache:
                     outs.append({str(p): {"cache": False}})
                 elif a.persist:

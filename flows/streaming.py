@@ -18,7 +18,9 @@ goes on from where it stopped; the failure leaves the champions, the augmented d
 the checkpoint chains as they were. One run of a stream at a time (its root is locked).
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: `lrm serve` runs a flow in a spawned process
+# from a cloudpickled copy, whose functions keep only the globals their bodies use, so a
+# flow parameter annotated by name ("ParamsConfig") could not be resolved there.
 
 import dataclasses
 import sys
@@ -187,11 +189,8 @@ def publish(paths: StreamPaths, day: int, record: dict[str, Any]) -> str:
     """The day's report: a file under reports/ and the Prefect markdown artifact."""
     md = report.markdown(record)
     io.write_text(md, paths.report(day), stage=STAGE)
-    decisions = [s["decision"] for s in record["students"].values()]
-    summary = "; ".join(f"{d['name']} v{d['version']} "
-                        f"{'promoted' if d['promoted'] else 'kept'}" for d in decisions)
     create_markdown_artifact(markdown=md, key=ARTIFACT.format(day=day),
-                             description=f"lrm stream day {day}: {summary}")
+                             description=report.summary(record))
     return str(paths.report(day))
 
 

@@ -392,6 +392,9 @@ class FP8Config:
 
     min_batches: int = 4  # batches probed at least
     max_batches: int = 32  # batches probed at most
+    budget_s: float = 120.0  # seconds of probing per model: it stops at the first batch past it
+    slow_device_batches: int = 4  # batches probed where no FP8 GEMM is fast (a CPU, a GPU
+    # before sm_89): the error is shown, no layer can be chosen there, so no more is spent
     ci_db: float = 0.5  # stop once every judged 95% interval is at most +- this (dB)
     confidence: float = 0.95  # of those intervals
     rows: int = 2048  # rows of a batch the error is computed on (a sample; float64 GEMMs)
@@ -411,6 +414,8 @@ class FP8Config:
         _check(1 <= self.min_batches <= self.max_batches, "min_batches/max_batches",
                "need 1 <= min_batches <= max_batches")
         _check(self.ci_db > 0, "ci_db", "must be > 0")
+        _check(self.budget_s > 0, "budget_s", "must be > 0")
+        _check(self.slow_device_batches >= 1, "slow_device_batches", "must be >= 1")
         _check(0 < self.confidence < 1, "confidence", "must be in (0, 1)")
         for k in ("rows", "speed_reps"):
             _check(getattr(self, k) >= 1, k, "must be >= 1")

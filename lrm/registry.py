@@ -11,13 +11,18 @@ registered once is never registered again (a re-run changes nothing). Each new v
 gets @challenger. @champion moves to it only when its NE on the evaluation data is lower
 than the champion's NE on the same data by at least `registry.margin` (`judge`); the
 decision, its reason, what both were scored on and both NEs are tags of the version
-(`Decision.tags`). A model's first version has no champion to beat and becomes champion.
+(`Decision.tags`; a tag with no value is left out) and the version's description says it
+in one line with NE to four digits (what the registry's pages show). A model's first
+version has no champion to beat and becomes champion.
 A manual promotion (`promote`) goes through the same check; a rollback points @champion
 at an earlier version. Serving loads `models:/NAME@champion`.
 
 The decision is written before @champion moves, so a run stopped in between leaves a
 version tagged "promoted" whose champion has not moved yet; the next `challenge` of the
 same folder finishes the move (when the champion is still the one it was compared with).
+A decision read back from a version's tags is marked `earlier`: it was made by a previous
+call (another run, another day: the stream's first teacher is often the very model the
+pipeline registered), and nothing was decided now.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from lrm.tracking import tracking_uri
 CHAMPION, CHALLENGER = "champion", "challenger"
 HASH_TAG = "lrm.content_hash"
 NE_TAG = "lrm.ne"  # the version's NE on the evaluation data of its decision
-CHAMPION_NE_TAG = "lrm.champion_ne"  # the champion's NE on the same data ("" when none)
+CHAMPION_NE_TAG = "lrm.champion_ne"  # the champion's NE on the same data (absent: none)
 CHAMPION_VERSION_TAG = "lrm.champion_version"  # the champion it was compared with
 DECISION_TAG = "lrm.decision"  # promoted | kept
 REASON_TAG = "lrm.reason"
@@ -92,13 +97,24 @@ class Decision:
     champion_version: str | None
     evaluated_on: str
     margin: float
+    earlier: bool = False  # read back from the version: decided by an earlier call, not now
 
     def tags(self) -> dict[str, str]:
-        return {NE_TAG: repr(float(self.challenger["ne"])),
+        """The version's tags (full precision, for reading back); none without a value."""
+        tags = {NE_TAG: repr(float(self.challenger["ne"])),
                 CHAMPION_NE_TAG: repr(float(self.champion["ne"])) if self.champion else "",
                 CHAMPION_VERSION_TAG: self.champion_version or "",
                 DECISION_TAG: "promoted" if self.promoted else "kept",
                 REASON_TAG: self.reason, EVAL_TAG: self.evaluated_on}
+        return {k: v for k, v in tags.items() if v}
+
+    def description(self) -> str:
+        """One line for the version's page and the registry's list of versions."""
+        ne = f"NE {float(self.challenger['ne']):.4f} on {self.evaluated_on}"
+        if self.champion:
+            ne += f" (champion v{self.champion_version}: {float(self.champion['ne']):.4f})"
+        verb = "promoted to @champion" if self.promoted else "kept as @challenger"
+        return f"{ne}: {verb}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +130,7 @@ def _decision_from_tags(name: str, version: str, tags: Mapping[str, str],
         reason=tags.get(REASON_TAG, ""), challenger={"ne": float(tags[NE_TAG])},
         champion={"ne": float(champ)} if champ else None,
         champion_version=tags.get(CHAMPION_VERSION_TAG) or None,
-        evaluated_on=tags.get(EVAL_TAG, ""), margin=margin)
+        evaluated_on=tags.get(EVAL_TAG, ""), margin=margin, earlier=True)
 
 
 # ------------------------------------------------------------------------ versions
@@ -222,6 +238,7 @@ def decide(name: str, version: str, challenger: Mapping[str, float],
     c = client(cfg)
     for k, v in d.tags().items():
         c.set_model_version_tag(name, str(version), k, v)
+    c.update_model_version(name, str(version), description=d.description())
     return complete(d, cfg) if promote else d
 
 
@@ -245,8 +262,8 @@ def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, mar
     Register it (once) as @challenger, score it and the current @champion on the same day
     of `eval_data`, and move @champion only when the rule says so (promote=False: the
     decision is made and tagged, the caller moves @champion later with `complete`). Run
-    again on the same folder, it changes nothing (the version's decision is read back from
-    its tags).
+    again on the same folder (or on a folder with the same content), it changes nothing:
+    the version's decision is read back from its tags, marked `earlier`.
     """
     version, _ = register(model_dir, name, example_data=eval_data, example_day=eval_day,
                           cfg=cfg)

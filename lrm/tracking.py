@@ -1,14 +1,42 @@
-"""MLflow helpers: one run per stage execution, local SQLite store by default."""
+"""MLflow helpers: one run per stage execution, local SQLite store by default.
+
+A stage's run holds its measurements once each: the series its training logs as it goes
+(`log_metrics`: loss, eval_ne, ...) and, at its end, the stage's result (`log_result`):
+a number the run already has as a series is not logged again under a second name, and
+the values that describe the run rather than measure it (the day scored, the interval's
+level and resamples, the world size, the schedule) are tags. The runs of one pipeline run
+nest under a parent run (`run(..., parent=ID)`, `parent_run`), which carries the params
+and the headline numbers (`log_headline`). The experiment is tagged as one of training
+runs, and `ui_url` opens MLflow's UI on them rather than on MLflow 3's GenAI view.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lrm.config import TrackingConfig
+
+# The experiment's kind: training runs, not GenAI traces (MLflow's own tag; its assistant
+# reads it). MLflow 3.17's UI opens on whichever of "GenAI" and "Model training" its switch
+# at the top left holds (GenAI at first: traces, an empty latency chart): `ui_url` is the
+# address that opens on the training runs.
+KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+UI = "http://127.0.0.1:5000"  # `make ui`
+# what a stage reports about how it ran, not what it measured: tags, never metrics
+CONSTANTS = frozenset({"day", "eval_day", "ci_level", "ci_resamples", "world_size"})
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def ui_url(base: str = UI, experiment_id: str | None = None) -> str:
+    """The MLflow UI's page of the experiments (or of one) in its "Model training" view."""
+    page = f"experiments/{experiment_id}" if experiment_id else "experiments"
+    return f"{base}/#/{page}?workflowType=machine_learning"
 
 
 PID_TAG, HOST_TAG = "lrm.pid", "lrm.host"  # the process a run belongs to (close_dead_runs)
@@ -53,22 +81,20 @@ def _use_experiment(name: str, uri: str) -> None:
     from mlflow.exceptions import MlflowException
 
     root = artifact_root(uri)
-    if root is not None and mlflow.get_experiment_by_name(name) is None:
+    if mlflow.get_experiment_by_name(name) is None:
         try:
-            mlflow.create_experiment(name, artifact_location=root)
+            mlflow.create_experiment(name, artifact_location=root,
+                                     tags={KIND_TAG: EXPERIMENT_KIND})
         except MlflowException as e:  # another process created it meanwhile: use theirs
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
-    mlflow.set_experiment(name)
+    exp = mlflow.set_experiment(name)
+    if KIND_TAG not in exp.tags:  # a store from before lrm set the kind
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, KIND_TAG, EXPERIMENT_KIND)
 
 
-@contextlib.contextmanager
-def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig | None = None,
-        tags: Mapping[str, str] | None = None) -> Iterator[Any]:
-    """Start an MLflow run named `name` with flattened `params`; yields the active run.
-
-    Nested runs are used when a run is already active (e.g. a flow's parent run).
-    """
+def _mlflow(cfg: TrackingConfig | None) -> Any:
+    """mlflow, pointed at the store and the experiment."""
     import logging
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -76,17 +102,36 @@ def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig 
 
     for noisy in ("mlflow", "alembic"):  # per-run INFO chatter: keep warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    cfg = cfg or TrackingConfig()
     uri = tracking_uri(cfg)
     mlflow.set_tracking_uri(uri)
-    _use_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.experiment, uri)
+    _use_experiment(_experiment(cfg), uri)
+    return mlflow
+
+
+def _experiment(cfg: TrackingConfig | None) -> str:
+    """MLFLOW_EXPERIMENT_NAME wins over params.yaml's tracking.experiment."""
+    return os.environ.get("MLFLOW_EXPERIMENT_NAME") or (cfg or TrackingConfig()).experiment
+
+
+def _params(params: Mapping[str, Any]) -> dict[str, str]:
+    return {k: str(v)[:6000] for k, v in _flatten(params).items()}
+
+
+@contextlib.contextmanager
+def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig | None = None,
+        tags: Mapping[str, str] | None = None, parent: str | None = None) -> Iterator[Any]:
+    """Start an MLflow run named `name` with flattened `params`; yields the active run.
+
+    Nested under the active run when there is one (a flow's parent run), else under run
+    `parent` when given (a `dvc repro`'s, see `parent_run`).
+    """
+    mlflow = _mlflow(cfg)
     nested = mlflow.active_run() is not None
     owner = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}  # close_dead_runs
-    with mlflow.start_run(run_name=name, nested=nested,
-                          tags={**owner, **dict(tags or {})}) as active:
+    with mlflow.start_run(run_name=name, nested=nested, tags={**owner, **dict(tags or {})},
+                          parent_run_id=None if nested else parent) as active:
         if params:
-            flat = {k: str(v)[:6000] for k, v in _flatten(params).items()}
-            mlflow.log_params(flat)
+            mlflow.log_params(_params(params))
         yield active
 
 
@@ -123,6 +168,39 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def parent_run(name: str, key: tuple[str, str], params: Mapping[str, Any],
+               cfg: TrackingConfig | None = None, tags: Mapping[str, str] | None = None
+               ) -> str:
+    """The id of the run tagged `key` (tag, value), made (named `name`, with `params` and
+    `tags`) when there is none yet: the parent of one pipeline run's stage runs, where
+    each stage is a process of its own (`dvc repro`)."""
+    mlflow = _mlflow(cfg)
+    client = mlflow.MlflowClient()
+    exp = mlflow.get_experiment_by_name(_experiment(cfg))
+    found = client.search_runs([exp.experiment_id],
+                               f"tags.`{key[0]}` = '{key[1]}'", max_results=1)
+    if found:
+        return found[0].info.run_id
+    made = client.create_run(exp.experiment_id, run_name=name, tags={key[0]: key[1],
+                                                                      **(tags or {})})
+    from mlflow.entities import Param
+
+    client.log_batch(made.info.run_id,
+                     params=[Param(k, v) for k, v in _params(params).items()])
+    return made.info.run_id
+
+
+def set_status(run_id: str, status: str) -> None:
+    """RUNNING while one of its stages runs, FINISHED or FAILED after it."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    if status == "RUNNING":
+        client.update_run(run_id, status=status)
+    else:
+        client.set_terminated(run_id, status)
+
+
 def active() -> bool:
     """Whether an MLflow run is active in this process (a stage run, on rank 0)."""
     import sys
@@ -134,13 +212,68 @@ def active() -> bool:
     return mlflow.active_run() is not None
 
 
+def constant(key: str) -> bool:
+    """Whether a reported number describes the run (the day scored, an interval's level)
+    rather than measures it: `eval.ci_level`, `eval_ci_level`, `student.day`,
+    `schedule.steps`."""
+    leaf = re.split(r"[./]", key)[-1]
+    return leaf in CONSTANTS or leaf.removeprefix("eval_") in CONSTANTS or \
+        key.startswith("schedule.")
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in _flatten(metrics).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def log_metrics(metrics: Mapping[str, float], step: int | None = None) -> None:
-    """Log numeric metrics to the active run (non-numbers are skipped; no run: nothing)."""
+    """Log numeric metrics to the active run (non-numbers and constants are skipped; no
+    run: nothing)."""
     if not active():
         return
     import mlflow
 
-    clean = {k: float(v) for k, v in _flatten(metrics).items()
-             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    clean = {k: v for k, v in _numbers(metrics).items() if not constant(k)}
     if clean:
         mlflow.log_metrics(clean, step=step)
+
+
+def _series_name(key: str) -> str:
+    """The name a training series carries for a result's key (eval.ne -> eval_ne,
+    validation.best_ne -> val_best_ne)."""
+    return re.sub(r"^validation\.", "val_", key).replace(".", "_")
+
+
+def log_result(metrics: Mapping[str, Any]) -> None:
+    """A stage's result on the active run: each number once (not again when the run has it
+    as a series already), the constants as tags."""
+    if not active():
+        return
+    import mlflow
+
+    numbers = _numbers(metrics)
+    have = set(mlflow.get_run(mlflow.active_run().info.run_id).data.metrics)
+    tags = {k: str(int(v)) if v.is_integer() else repr(v)
+            for k, v in numbers.items() if constant(k)}
+    if tags:
+        mlflow.set_tags(tags)
+    new = {k: v for k, v in numbers.items()
+           if not constant(k) and k not in have and _series_name(k) not in have}
+    if new:
+        mlflow.log_metrics(new)
+
+
+def log_headline(metrics: Mapping[str, Any]) -> None:
+    """Numbers of the active run's parent (a pipeline run's headline): nothing without one."""
+    if not active():
+        return
+    import mlflow
+
+    parent = mlflow.get_run(mlflow.active_run().info.run_id).data.tags.get(PARENT_TAG)
+    numbers = {k: v for k, v in _numbers(metrics).items() if not constant(k)}
+    if parent and numbers:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        mlflow.MlflowClient().log_batch(parent, metrics=[Metric(k, v, now, 0)
+                                                         for k, v in numbers.items()])

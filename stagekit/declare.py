@@ -77,6 +77,9 @@ class Stage:
     # built from the other args, e.g. {"out": "models/{kind}"}
     aliases: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     # params key -> older option names kept working, e.g. {"loader.recd": ("--dedup",)}
+    headline: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # the part of its metrics that heads a pipeline run (NE, AUC per model): on the
+    # pipeline's parent MLflow run
 
     @property
     def command_name(self) -> str:

@@ -3,7 +3,13 @@
 `execute` checks that no output overlaps an input and that every output is lrm's to
 replace, locks the outputs for the run, opens the MLflow run (rank 0 only), calls the
 stage's `run` (whatever it writes without naming a stage is recorded as the stage's:
-lrm.io.running), and writes the metrics file.
+lrm.io.running), logs its result and writes the metrics file.
+
+The MLflow run nests under the pipeline run it belongs to: a flow's parent run (active in
+the process), or, under `dvc repro` (each stage its own process), one parent run per
+`dvc repro`: the `dvc` process that started the stage names it (its pid and start time),
+and the first stage of that repro creates it, with the params (`_dvc_parent`). A stage's
+headline (`Stage.headline`: NE and AUC per model) goes on that parent too.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ from lrm.config import ParamsConfig
 from stagekit.declare import Stage
 
 log = logging.getLogger("lrm")
+DVC_REPRO_TAG = "lrm.dvc_repro"  # the `dvc` process a parent run stands for (pid@start)
+
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
@@ -69,6 +77,39 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
         raise
 
 
+def _dvc_repro() -> tuple[str, str] | None:
+    """(the dvc file, "pid@start time" of the `dvc` process) when `dvc repro` (or `dvc exp
+    run`) started this stage, else None. DVC names the stage in DVC_STAGE
+    ("pipelines/criteo/dvc.yaml:ingest", or "ingest" in ./dvc.yaml); the nearest
+    ancestor process running dvc is the repro."""
+    stage = os.environ.get("DVC_STAGE")
+    if not stage:
+        return None
+    import psutil
+
+    dvc_file = stage.rsplit(":", 1)[0] if ":" in stage else "dvc.yaml"
+    try:
+        for proc in psutil.Process().parents():
+            words = proc.cmdline()
+            if any(Path(w).name == "dvc" for w in words[:3]) or words[1:3] == ["-m", "dvc"]:
+                return dvc_file, f"{proc.pid}@{proc.create_time():.3f}"
+    except psutil.Error:
+        pass
+    return None
+
+
+def _dvc_parent(params: ParamsConfig) -> str | None:
+    """The id of the parent run of this `dvc repro` (made by its first stage), or None
+    when no `dvc repro` started this stage or a flow's run is active in this process."""
+    repro = None if tracking.active() else _dvc_repro()
+    if repro is None:
+        return None
+    dvc_file, key = repro
+    return tracking.parent_run(f"dvc repro {dvc_file}", (DVC_REPRO_TAG, key),
+                               dataclasses.asdict(params), params.tracking,
+                               tags={"lrm.pipeline": dvc_file})
+
+
 def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                 configs: Mapping[str, Any], call: Mapping[str, Any], title: str,
                 outputs: list[Path], tags: Mapping[str, str] | None, force: bool
@@ -76,14 +117,25 @@ def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
     run_params = {**_flat_args(args),
                   **{kw: dataclasses.asdict(c) if dataclasses.is_dataclass(c) else c
                      for kw, c in configs.items()}}
-    with lock.exclusive_all(outputs, purpose=f"lrm {title}"), progress.context(stage=title), \
-            io.running(stage.name), \
-            tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
-                         tags={"lrm.stage": stage.name, **(tags or {})}):
-        metrics = stage.run(**call)
-        tracking.log_metrics(metrics)
-        for m in stage.paths(args, "metrics"):
-            io.write_json(metrics, m, stage=stage.name, force=force)
+    parent = _dvc_parent(params)
+    if parent is not None:
+        tracking.set_status(parent, "RUNNING")
+    status = "FAILED"
+    try:
+        with lock.exclusive_all(outputs, purpose=f"lrm {title}"), \
+                progress.context(stage=title), io.running(stage.name), \
+                tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
+                             tags={"lrm.stage": stage.name, **(tags or {})}, parent=parent):
+            metrics = stage.run(**call)
+            tracking.log_result(metrics)
+            if stage.headline is not None:  # the pipeline's headline: on its parent run
+                tracking.log_headline(stage.headline(metrics))
+            for m in stage.paths(args, "metrics"):
+                io.write_json(metrics, m, stage=stage.name, force=force)
+        status = "FINISHED"
+    finally:
+        if parent is not None:
+            tracking.set_status(parent, status)
     log.info("%s done: %s", title,
              {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
     return metrics

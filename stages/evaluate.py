@@ -84,8 +84,17 @@ def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"
     return results
 
 
+def headline(results: dict[str, Any]) -> dict[str, Any]:
+    """NE and AUC per model scored (a pipeline run's headline)."""
+    def pick(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: m[k] for k in ("ne", "auc") if k in m}
+
+    return pick(results) if "ne" in results else \
+        {k: pick(m) for k, m in results.items() if isinstance(m, dict)}
+
+
 STAGE = Stage(
-    name=NAME, run=run, reads={"cfg": "evaluate"}, short=("evaluate",),
+    name=NAME, run=run, reads={"cfg": "evaluate"}, short=("evaluate",), headline=headline,
     args={"models": Arg("--model-dir", "model folder, or NAME=DIR; repeat", "in",
                         aliases=("--model",), named=True),
           "data": Arg("--data", "dataset folder", "in"),

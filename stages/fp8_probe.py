@@ -7,8 +7,10 @@ Each model (DIR, or NAME=DIR; a bare DIR is named by its kind) runs training ste
 days it trained on, with hooks on every Linear and GEMM-like interaction (lrm.fp8): per
 layer the activation and weight statistics, the error of its GEMMs in bf16, e4m3 (per
 tensor, per row), e5m2 (gradients), MXFP8 and MXFP4 against float64, until the intervals
-are narrow enough (`fp8`); then each Linear is timed in its training precision vs FP8 at
-its real shape on this device. The report (JSON) and a readable table (markdown) give per
+are narrow enough (`fp8`) or `fp8.budget_s` seconds per model have gone by (on a device
+with no fast FP8 GEMM, a CPU, on `fp8.slow_device_batches` batches only: no layer can be
+chosen there, the report says so); then each Linear is timed in its training precision vs
+FP8 at its real shape on this device. The report (JSON) and a readable table (markdown) give per
 layer the statistics, error, speed and verdict, and per model the plan `train.fp8` uses:
 the layers both safe and fast, kept only if the whole training step is not slower with
 them. On a CPU every layer is "slow" (no fast FP8 GEMM): a finding, not a failure.

@@ -121,7 +121,7 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
         io.write_text(S.markdown(rep["table"]), table, stage=NAME, force=force)
     ys = [k for k in rep["per_day"][0] if k != "day"] if rep["per_day"] else []
     if plot is not None:
-        plots.write_lines(rep["per_day"], "day", ys, plot, ylabel="NE (lower is better)",
+        plots.write_lines(rep["per_day"], "day", {plots.NE: ys}, plot,
                           title="ExFM: NE per evaluation day", stage=NAME, force=force)
     for point in rep["per_day"]:
         tracking.log_metrics({f"ne_per_day/{k}": v for k, v in point.items() if k != "day"},

@@ -2,11 +2,13 @@
 
     lrm summary [--eval metrics/eval.json --exfm metrics/exfm.json]
 
-`metrics/summary.json` holds NE and AUC per model (the baselines; per vertical on the last
-evaluation day the foundation model, and each student size's labels-only and served
-variant) and is the one file `dvc metrics show` lists,
-so its default view reads at a glance; `metrics/summary.md` is the same as a table, which
-`make run` prints at the end. The stages' own metrics files keep every detail.
+`metrics/summary.json` holds NE and AUC per model: the evaluated models (the baselines) and,
+per vertical on the last ExFM day, the foundation model (`exfm_VERTICAL_teacher`) and each
+student size in the variant it serves (`exfm_VERTICAL_SIZE`). It is the file `dvc metrics
+show` lists, one short row (`dvc metrics show --md` for a table); the same numbers head the
+pipeline's MLflow parent run. `metrics/summary.md` is the full table (every student variant,
+the days scored), which `make run` prints at the end; the stages' own metrics files keep
+every detail.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lrm.errors import DataError
 from stagekit import Arg, Stage, main
 
 NAME = "summary"
+EXFM = "exfm_"  # an ExFM model's headline name: exfm_VERTICAL_teacher, exfm_VERTICAL_SIZE
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -35,46 +38,63 @@ def _read(path: Path) -> dict[str, Any]:
     return doc
 
 
-def headline(evaluation: dict[str, Any], exfm: dict[str, Any]) -> dict[str, Any]:
-    """{section: {model: {ne, auc}}} from the evaluate and student stages' metrics."""
-    def pick(m: dict[str, Any]) -> dict[str, float]:
-        return {k: round(float(m[k]), 4) for k in ("ne", "auc") if k in m}
+def _pick(m: dict[str, Any]) -> dict[str, float]:
+    return {k: round(float(m[k]), 4) for k in ("ne", "auc") if k in m}
 
-    out: dict[str, Any] = {}
-    out[f"baseline_day{next(iter(evaluation.values())).get('day', '')}"] = {
-        name: pick(m) for name, m in evaluation.items() if isinstance(m, dict)}
-    day = exfm.get("eval_day", "")
-    for vertical, v in exfm.get("verticals", {}).items():  # the FM, each size's labels-only
-        ex = {"teacher": pick(v.get("teacher", {}))}  # and served variant
+
+def models(evaluation: dict[str, Any], exfm: dict[str, Any]
+           ) -> list[tuple[str, str, str | None, dict[str, float]]]:
+    """(what was scored, model, its name in the headline or None, {ne, auc}) of every
+    model of the run: the evaluated ones; per vertical the foundation model and every
+    student variant (only the one each size serves in the headline)."""
+    single = "ne" in evaluation  # one model's flat metrics
+    evaluated = {"model": evaluation} if single else \
+        {k: m for k, m in evaluation.items() if isinstance(m, dict)}
+    out = [(f"day {m.get('day', '')}", name, name, _pick(m)) for name, m in evaluated.items()]
+    for vertical, v in exfm.get("verticals", {}).items():
+        day = f"ExFM, day {exfm.get('eval_day', '')}, {vertical}"
+        out.append((day, "teacher", f"{EXFM}{vertical}_teacher", _pick(v.get("teacher", {}))))
         for size, s in v.get("students", {}).items():
-            ex[f"{size}/labels_only"] = pick(s["variants"]["labels_only"])
-            if s["serving"] != "labels_only":
-                ex[f"{size}/{s['serving']} (served)"] = pick(s["variants"][s["serving"]])
-        out[f"exfm_day{day}_{vertical}"] = ex
+            out += [(day, f"{size}/{name}" + (" (serving)" if name == s["serving"] else ""),
+                     f"{EXFM}{vertical}_{size}" if name == s["serving"] else None, _pick(m))
+                    for name, m in s["variants"].items()]
     return out
 
 
-def markdown(doc: dict[str, Any]) -> str:
-    lines = ["| run | model | NE | AUC |", "|---|---|---|---|"]
-    for section, models in doc.items():
-        for name, m in models.items():
-            lines.append(f"| {section} | {name} | {m.get('ne', float('nan')):.4f} | "
-                         f"{m.get('auc', float('nan')):.4f} |")
+def headline(evaluation: dict[str, Any], exfm: dict[str, Any]
+             ) -> dict[str, dict[str, float]]:
+    """{model: {ne, auc}} of the models `models` names in the headline."""
+    return {name: m for _, _, name, m in models(evaluation, exfm) if name}
+
+
+def exfm_part(doc: dict[str, Any]) -> dict[str, Any]:
+    """The ExFM models of a headline: what this stage adds to a pipeline run's parent (the
+    evaluated models are the evaluate stage's headline)."""
+    return {k: v for k, v in doc.items() if k.startswith(EXFM)}
+
+
+def markdown(evaluation: dict[str, Any], exfm: dict[str, Any]) -> str:
+    lines = ["| scored on | model | NE | AUC |", "|---|---|---|---|"]
+    for scored, model, _, m in models(evaluation, exfm):
+        lines.append(f"| {scored} | {model} | {m.get('ne', float('nan')):.4f} | "
+                     f"{m.get('auc', float('nan')):.4f} |")
     return "\n".join(lines) + "\n"
 
 
-def run(*, evaluation: Path = Path("metrics/eval.json"), exfm: Path = Path("metrics/exfm.json"),
+def run(*, evaluation: Path = Path("metrics/eval.json"),
+        exfm: Path = Path("metrics/exfm.json"),
         out: Path = Path("metrics/summary.json"), table: Path = Path("metrics/summary.md"),
         force: bool = False) -> dict[str, Any]:
     """Write the headline NE/AUC of every model the pipeline trained."""
-    doc = headline(_read(evaluation), _read(exfm))
+    ev, ex = _read(evaluation), _read(exfm)
+    doc = headline(ev, ex)
     io.write_json(doc, out, stage=NAME, force=force)
-    io.write_text(markdown(doc), table, stage=NAME, force=force)
+    io.write_text(markdown(ev, ex), table, stage=NAME, force=force)
     return doc
 
 
 STAGE = Stage(
-    name=NAME, run=run, reads={},
+    name=NAME, run=run, reads={}, headline=exfm_part,
     args={"evaluation": Arg("--eval", "the evaluate stage's metrics", "in"),
           "exfm": Arg("--exfm", "the student stage's metrics", "in"),
           "out": Arg("--out", "headline metrics (what `dvc metrics show` lists)", "summary"),

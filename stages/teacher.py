@@ -84,12 +84,15 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
                for h in r.history]
     if plot is not None and history:
         steps = [dict(h, step=i) for i, h in enumerate(history)]
-        plots.write_lines(steps, "step", ["loss", "ne_window", "eval_ne"], plot,
+        plots.write_lines(steps, "step", plots.TRAINING, plot,
                           title="teacher: per logged step, version after version", stage=NAME,
                           force=force)
     if tracking.active() and cfg.registry_name:
         m["registry"] = {str(c): _register(cfg, fm.version_dir(out, c), data, c, margin,
                                            tracking_cfg) for c in sched.cuts}
+    elif tracking.active() and sched.cuts:  # not registered: the newest version on the run
+        from lrm.serving import pyfunc
+        pyfunc.log_model(fm.version_dir(out, sched.cuts[-1]), data, sched.cuts[-1])
     return m
 
 
@@ -108,9 +111,13 @@ def _one_version(cfg: TeacherStageConfig, job: Any, data: Path, days: list[int],
                               checkpoints, eval_day, owner=NAME, log_fn=log_fn)
         m = {**r.summary("teacher"), "train": carried.trained(r)}
     m["content_hash"] = model_hash(out)
-    if tracking.active() and cfg.registry_name:
-        m["registry"] = _register(cfg, out, data, eval_day, margin, tracking_cfg,
-                                  promote=not defer)
+    if tracking.active():
+        if cfg.registry_name:
+            m["registry"] = _register(cfg, out, data, eval_day, margin, tracking_cfg,
+                                      promote=not defer)
+        else:
+            from lrm.serving import pyfunc
+            pyfunc.log_model(out, data, eval_day)
     return m
 
 

@@ -58,7 +58,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
 
         pyfunc.log_model(out, eval_data or data, result.eval_day)
     if plot is not None and result.history:
-        plots.write_lines(result.history, "step", ["loss", "ne_window", "eval_ne"], plot,
+        plots.write_lines(result.history, "step", plots.TRAINING, plot,
                           title=f"train {kind}: per logged step", stage=NAME, force=force)
     return result.summary(kind)
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -75,8 +76,12 @@ def _challenge(folders, which, name=NAME, margin=0.0):
                                   evaluated_on=f"day {EVAL_DAY}")
 
 
+def _version(name, version):
+    return registry.client().get_model_version(name, version)
+
+
 def _tags(name, version):
-    return registry.client().get_model_version(name, version).tags
+    return _version(name, version).tags
 
 
 @pytest.mark.parametrize("challenger, champion, margin, promoted", [
@@ -96,6 +101,12 @@ def test_judge(challenger, champion, margin, promoted):
 def test_champion_moves_only_when_ne_improves(folders):
     first = _challenge(folders, "bad")
     assert first.promoted and first.version == "1" and first.champion is None
+    assert not first.earlier
+    tags = _tags(NAME, "1")  # no champion to compare with: no empty champion tags
+    assert "lrm.champion_ne" not in tags and "lrm.champion_version" not in tags
+    assert all(v for v in tags.values()), tags
+    assert _version(NAME, "1").description == (
+        f"NE {first.challenger['ne']:.4f} on day {EVAL_DAY}: promoted to @champion")
     better = _challenge(folders, "good")
     assert better.promoted and better.version == "2" and better.champion_version == "1"
     assert better.challenger["ne"] < better.champion["ne"]
@@ -110,6 +121,9 @@ def test_champion_moves_only_when_ne_improves(folders):
     assert float(tags["lrm.champion_ne"]) == pytest.approx(worse.champion["ne"])
     assert tags["lrm.evaluated_on"] == f"day {EVAL_DAY}" and "margin" in tags["lrm.reason"]
     assert _tags(NAME, "2")["lrm.decision"] == "promoted"
+    assert _version(NAME, "3").description == (  # the registry's pages: NE, 4 digits
+        f"NE {worse.challenger['ne']:.4f} on day {EVAL_DAY} (champion v2: "
+        f"{worse.champion['ne']:.4f}): kept as @challenger")
 
 
 def test_a_rerun_changes_nothing(folders):
@@ -117,6 +131,7 @@ def test_a_rerun_changes_nothing(folders):
               registry.client().search_model_versions(f"name = '{NAME}'")}
     again = _challenge(folders, "good")
     assert again.version == "2" and again.promoted
+    assert again.earlier  # read back from the version: nothing was decided now
     after = {v.version: dict(v.tags) for v in
              registry.client().search_model_versions(f"name = '{NAME}'")}
     assert after == before  # no new version, no tag rewritten
@@ -230,13 +245,43 @@ def test_the_champion_loads_back_and_answers_mlflow_models_serve(folders, store)
                     pytest.fail(f"mlflow models serve did not come up: {out[-2000:]}")
                 time.sleep(0.5)
         body = convert_input_example_to_serving_input(frame).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
-                                     headers={"Content-Type": "application/json"})
-        answer = json.loads(urllib.request.urlopen(req, timeout=60).read())
+        status, answer = _invoke(port, body)
+        assert status == 200, answer
         served = np.array([p["probability"] for p in answer["predictions"]])
         np.testing.assert_allclose(served, want, rtol=1e-5)
+
+        # the README's request: a null id is a missing value (scored), not a 400
+        split = json.loads(body)["dataframe_split"]
+        ids = split["columns"].index("user_id")
+        split["data"][0][ids] = None
+        status, answer = _invoke(port, json.dumps({"dataframe_split": split}).encode())
+        assert status == 200, answer
+        assert len(answer["predictions"]) == len(frame)
+        assert 0 < answer["predictions"][0]["probability"] < 1
+        # the request the README shows beside `mlflow models serve`
+        readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+        example = readme.split("/invocations -H 'Content-Type: application/json' -d '", 1)[1]
+        status, answer = _invoke(port, example.split("'", 1)[0].encode())
+        assert status == 200 and len(answer["predictions"]) == 2, answer
+        # a column the model does not read: a 400 that names it
+        split["columns"].append("bogus_feature")
+        for row in split["data"]:
+            row.append(1)
+        status, answer = _invoke(port, json.dumps({"dataframe_split": split}).encode())
+        assert status == 400 and "bogus_feature" in answer["message"], answer
     finally:
         _stop(server)
+
+
+def _invoke(port: int, body: bytes) -> tuple[int, dict]:
+    """POST to the scoring server: (HTTP status, its JSON answer)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/invocations", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def _stop(proc: subprocess.Popen) -> None:

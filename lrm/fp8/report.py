@@ -1,7 +1,10 @@
 """Probe a model on real batches and judge every layer: the report stage fp8_probe writes.
 
 `probe_model(model, batches, cfg)` runs training steps (forward, backward, no update) under
-`lrm.fp8.probe.Probe` until its stopping rule holds, then per layer: the statistics and
+`lrm.fp8.probe.Probe` until its stopping rule holds or `fp8.budget_s` seconds have gone by;
+on a device with no fast FP8 GEMM (a CPU, a GPU before sm_89: no layer can be chosen
+there) `fp8.slow_device_batches` batches show the error; `stopped` says which (and the
+table in words). Then per layer: the statistics and
 errors, the speed of the layer's GEMMs in training precision vs FP8 at the layer's real
 shape (lrm.fp8.speed), and the verdict: safe (error), fast (speed), fp8 (both; only
 Linears: there is no FP8 batched-matmul kernel to dispatch an interaction to). The layers
@@ -16,6 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import time
 import warnings
 from collections.abc import Iterable
 from itertools import islice
@@ -36,7 +40,7 @@ from lrm.fp8.dispatch import FORMAT, dispatch
 from lrm.fp8.formats import RECIPES
 from lrm.fp8.linear import resolve_backend
 from lrm.fp8.probe import Probe, safety
-from lrm.fp8.speed import median_ms, precision, time_linear
+from lrm.fp8.speed import fast_fp8, median_ms, precision, time_linear
 from lrm.progress import Reporter
 from lrm.train.precision import autocast
 from lrm.train.export import load_model
@@ -77,6 +81,13 @@ def model_check(model: nn.Module, batches: list[Batch], plan: dict[str, Any],
             "the whole step was slower with the plan: dropped"}
 
 
+def batch_limit(cfg: FP8Config, device: torch.device) -> tuple[int, bool]:
+    """(batches to probe at most, whether the device's lack of a fast FP8 GEMM cut them):
+    where no FP8 GEMM is fast no layer can be chosen, and a few batches show the error."""
+    slow = not fast_fp8(device) and cfg.slow_device_batches < cfg.max_batches
+    return (cfg.slow_device_batches if slow else cfg.max_batches), slow
+
+
 def probe_model(model: nn.Module, batches: Iterable[Batch], cfg: FP8Config, *,
                 device: torch.device | str = "cpu", amp: bool = True,
                 reporter: Reporter | None = None) -> dict[str, Any]:
@@ -85,12 +96,14 @@ def probe_model(model: nn.Module, batches: Iterable[Batch], cfg: FP8Config, *,
     backend = resolve_backend(cfg.backend)
     model.to(device).train()
     kept: list[Batch] = []
+    limit, slow = batch_limit(cfg, device)
     stopped = "data"
+    deadline = time.monotonic() + cfg.budget_s
     it = iter(batches)
     with Probe(model, cfg) as probe, warnings.catch_warnings():
         # a first layer's input needs no gradient: its backward hook still sees the output's
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        for b in islice(it, cfg.max_batches):
+        for b in islice(it, limit):
             b = b.to(device)
             if len(kept) < CHECK_BATCHES:
                 kept.append(b)
@@ -101,9 +114,12 @@ def probe_model(model: nn.Module, batches: Iterable[Batch], cfg: FP8Config, *,
             if probe.converged():
                 stopped = "converged"
                 break
+            if time.monotonic() > deadline and probe.batches < limit:
+                stopped = "budget"
+                break
         else:
-            if probe.batches == cfg.max_batches:
-                stopped = "max_batches"
+            if probe.batches == limit:
+                stopped = "slow_device" if slow else "max_batches"
     getattr(it, "close", lambda: None)()  # a loader's background reader stops here
     if probe.batches == 0:
         raise ConfigError("fp8 probe: no batch to probe (empty data)")
@@ -154,7 +170,8 @@ def probe_saved(model_dir: Path, data: Path, cfg: FP8Config, *, device: str = "a
             loader.schema.dense != card.schema.dense:
         raise ConfigError(f"fp8 probe: {data} has schema {loader.schema.name!r} with other "
                           f"features than the model in {model_dir} ({card.schema.name!r})")
-    with Reporter(f"fp8 probe {card.kind}", total=cfg.max_batches, unit="batches") as rep:
+    with Reporter(f"fp8 probe {card.kind}", total=batch_limit(cfg, dev)[0],
+                  unit="batches") as rep:
         result = probe_model(model, loader, cfg, device=dev, amp=amp, reporter=rep)
     return {"dir": str(model_dir), "kind": card.kind, "days": days,
             "batch_size": batch_size, **result}
@@ -165,6 +182,8 @@ def settings(cfg: FP8Config, device: torch.device | str, amp: bool) -> dict[str,
     device = torch.device(device)
     return {"recipe": cfg.recipe, "format": RECIPES[cfg.recipe],
             "backend": resolve_backend(cfg.backend), "compile": cfg.compile,
+            "fast_fp8": fast_fp8(device), "budget_s": cfg.budget_s,
+            "slow_device_batches": cfg.slow_device_batches,
             "precision": precision(device, amp), "min_sqnr_db": cfg.min_sqnr_db,
             "min_grad_sqnr_db": cfg.min_grad_sqnr_db, "min_speedup": cfg.min_speedup,
             "ci_db": cfg.ci_db, "confidence": cfg.confidence, "rows": cfg.rows,
@@ -210,6 +229,20 @@ def _num(x: Any, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
+def stopped(why: str, s: dict[str, Any]) -> str:
+    """Why the probe stopped taking batches, in words (a report's `stopped`)."""
+    return {
+        "converged": "every judged interval narrow enough",
+        "max_batches": "fp8.max_batches",
+        "data": "the data ran out",
+        "budget": f"the time budget fp8.budget_s = {s.get('budget_s', 0):g} s ran out: the "
+                  "intervals are wider than fp8.ci_db",
+        "slow_device": f"this device has no fast FP8 GEMM: the error is measured on "
+                       f"fp8.slow_device_batches = {s.get('slow_device_batches')} batches "
+                       "only, and no layer can be chosen here",
+    }.get(why, why)
+
+
 def markdown(report: dict[str, Any]) -> str:
     """Per model and layer: statistics, error (row SQNR, dB, 95% CI), speed, verdict."""
     s = report["settings"]
@@ -221,8 +254,8 @@ def markdown(report: dict[str, Any]) -> str:
     for name, m in report["models"].items():
         chk = m["model_check"]
         lines += [f"## {name} ({m['kind']}, {m['dir']})", "",
-                  f"{m['batches']} batches of {m['batch_size']} ({m['stopped']}); plan: "
-                  f"{', '.join(m['plan']) or 'none'} ({chk['why']}).", "",
+                  f"{m['batches']} batches of {m['batch_size']} ({stopped(m['stopped'], s)}); "
+                  f"plan: {', '.join(m['plan']) or 'none'} ({chk['why']}).", "",
                   "| layer | op | rows x k -> n | in amax | in kurt | in outliers | bf16 | "
                   "e4m3 tensor | e4m3 row | mxfp8 | mxfp4 | e5m2 dgrad | e5m2 wgrad | "
                   "FP8 speed | safe | fast | FP8 |",
@@ -242,5 +275,5 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["build", "markdown", "model_check", "probe_model", "probe_saved", "resolve_device",
+__all__ = ["batch_limit", "build", "markdown", "model_check", "probe_model", "probe_saved", "resolve_device",
            "step_ms"]

@@ -116,9 +116,16 @@ def bytes_moved(fn: Callable[[], Any]) -> tuple[int, int]:
     return t.bytes, t.ops
 
 
+def fast_fp8(device: torch.device | str) -> bool:
+    """Whether `device` has FP8 tensor cores (CUDA sm_89 and later: Ada, Hopper, Blackwell);
+    elsewhere `_scaled_mm` is emulated or absent and no FP8 layer can be faster."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def precision(device: torch.device, amp: bool) -> str:
     """The training precision lrm.train uses on `device` (what FP8 is compared against)."""
     return "bf16" if amp and device.type == "cuda" else "float32"
 
 
-__all__ = ["bytes_moved", "median_ms", "precision", "time_linear"]
+__all__ = ["bytes_moved", "fast_fp8", "median_ms", "precision", "time_linear"]

@@ -2,11 +2,19 @@
 
 A model fed KeyedJaggedTensors does not torch.export cleanly, so what MLflow logs is this
 wrapper over the plain model folder (lrm.train.export, artifact "model"), logged as code
-(`mlflow_model.py`, MLflow's models-from-code: nothing is pickled) with an explicit
-signature: the input columns of the impressions layout (session id, user-side ids and
-sequences, item-side ids, dense floats; a missing id is null) and one output column,
-`probability`. Rows are converted exactly as training read them (the same BatchLoader,
-plain form, the model's hash sizes).
+(`mlflow_model.py`, MLflow's models-from-code: nothing is pickled). Its input is the
+impressions layout's columns (session id, user-side ids and sequences, item-side ids,
+dense floats), each optional: a missing value is null and a missing column is missing
+everywhere; its output one column, `probability`. Rows are converted exactly as training
+read them (the same BatchLoader, plain form, the model's hash sizes).
+
+The logged signature has the output only; the input columns and their types are in the
+MLmodel's metadata (`input_columns`) and `check_frame` enforces them. MLflow's own schema
+enforcement would turn a null id into an HTTP 400 ("Failed to convert column user_id to
+type 'int64'": a long column cannot hold one) and drop an unknown column with a warning
+only the server's log shows; here a null is missing, as documented, and an unknown column
+is a 400 that names it (an MlflowException with INVALID_PARAMETER_VALUE, as a value of the
+wrong type is).
 
     model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
     model.predict(frame)  # -> DataFrame {"probability": [...]}
@@ -26,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from mlflow.models import ModelSignature
-from mlflow.types.schema import Array, ColSpec, Schema
+from mlflow.types.schema import ColSpec, Schema
 
 from lrm.data import parquet
 from lrm.data.batch import Batch
@@ -45,13 +53,26 @@ def input_columns(schema: FeatureSchema) -> list[str]:
     return [SESSION, *schema.user_sparse, *schema.user_seq, *schema.item_sparse, *schema.dense]
 
 
-def signature(schema: FeatureSchema) -> ModelSignature:
-    cols = [ColSpec("long", SESSION, required=False)]
-    cols += [ColSpec("long", c, required=False) for c in schema.user_sparse]
-    cols += [ColSpec(Array("long"), c, required=False) for c in schema.user_seq]
-    cols += [ColSpec("long", c, required=False) for c in schema.item_sparse]
-    cols += [ColSpec("float", c, required=False) for c in schema.dense]
-    return ModelSignature(inputs=Schema(cols), outputs=Schema([ColSpec("double", OUTPUT)]))
+def column_types(schema: FeatureSchema) -> dict[str, str]:
+    """Every input column and its type (all optional; a null is a missing value)."""
+    return {SESSION: "long", **{c: "long" for c in schema.user_sparse},
+            **{c: "array<long>" for c in schema.user_seq},
+            **{c: "long" for c in schema.item_sparse}, **{c: "float" for c in schema.dense}}
+
+
+def signature() -> ModelSignature:
+    """The output only: the inputs are checked by `check_frame` (module docstring)."""
+    return ModelSignature(inputs=None, outputs=Schema([ColSpec("double", OUTPUT)]))
+
+
+def check_frame(frame: pd.DataFrame, schema: FeatureSchema) -> None:
+    """A column the model does not read is an error that names it (and the ones it reads)."""
+    known = input_columns(schema)
+    unknown = [str(c) for c in frame.columns if c not in known]
+    if unknown:
+        raise DataError("<input frame>", None, ", ".join(unknown),
+                        f"unknown column{'s' if len(unknown) > 1 else ''}: the model reads "
+                        f"{', '.join(known)} (each optional)")
 
 
 def _to_table(frame: pd.DataFrame, schema: FeatureSchema) -> pa.Table:
@@ -105,7 +126,15 @@ class LrmModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context: Any, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
-        return predict_frame(self.model, self.card, pd.DataFrame(model_input))
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+        frame = pd.DataFrame(model_input)
+        try:
+            check_frame(frame, self.card.schema)
+            return predict_frame(self.model, self.card, frame)
+        except DataError as e:  # the scoring server answers it with HTTP 400
+            raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
 
 
 def example_frame(data: Path, day: int, rows: int = 5) -> pd.DataFrame:
@@ -149,7 +178,8 @@ def log_model(model_dir: Path, data: Path, day: int, name: str = "model") -> Any
     example = example_frame(data, day)
     return mlflow.pyfunc.log_model(
         name=name, python_model=str(MODEL_CODE), artifacts={"model": str(model_dir)},
-        signature=signature(card.schema), input_example=example,
+        signature=signature(), input_example=example,
+        metadata={"input_columns": column_types(card.schema)},
         code_paths=[str(Path(__file__).resolve().parents[1])],  # the lrm package
         pip_requirements=_requirements(),
     )

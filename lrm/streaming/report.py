@@ -13,7 +13,34 @@ def _f(x: Any, digits: int = 4) -> str:
     return "n/a" if x is None else f"{float(x):.{digits}f}"
 
 
+def _outcome(d: Mapping[str, Any], short: bool = False) -> str:
+    """What happened to a model's version on the day, in a few words."""
+    if d.get("earlier"):
+        return "unchanged (the same model was registered before)"
+    if d["promoted"]:
+        return "promoted" if short else "promoted to @champion"
+    return "kept" if short else "kept as @challenger"
+
+
+def _decisions(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The day's registry decisions: the teacher's (when it was retrained), each student's."""
+    t = record["teacher"]
+    return ([t["decision"]] if t.get("due") else []) + \
+        [s["decision"] for s in record["students"].values()]
+
+
+def summary(record: Mapping[str, Any]) -> str:
+    """The day in one line (the artifact's description): every decision of the day."""
+    parts = [f"{d['name']} v{d['version']} {_outcome(d, short=True)}"
+             for d in _decisions(record)]
+    if not record["teacher"].get("due"):
+        parts.insert(0, "teacher not due")
+    return f"lrm stream day {record['day']}: " + "; ".join(parts)
+
+
 def _decision_rows(model: str, d: Mapping[str, Any]) -> list[str]:
+    if d.get("earlier"):  # nothing was scored today: the version's old scores are not today's
+        return [f"| {model} | v{d['version']} | {_outcome(d)} | | | |"]
     ch, champ = d["challenger"], d.get("champion")
     rows = [f"| {model} | v{d['version']} | challenger | {_f(ch.get('ne'))} | "
             f"{_f(ch.get('auc'))} | {_f(ch.get('calibration'), 3)} |"]
@@ -32,19 +59,20 @@ def markdown(record: Mapping[str, Any]) -> str:
              f"Students trained on day {day}{' (its first part)' if not record['next_day'] else ''}"
              f"; every model scored on **{record['evaluated_on']}**.", "",
              "| model | version | role | NE | AUC | calibration |", "|---|---|---|---|---|---|"]
-    decisions: list[tuple[str, Mapping[str, Any]]] = []
     t = record["teacher"]
-    if t.get("due"):
-        lines += _decision_rows(t["decision"]["name"], t["decision"])
-        decisions.append((t["decision"]["name"], t["decision"]))
-    for s in record["students"].values():
-        lines += _decision_rows(s["decision"]["name"], s["decision"])
-        decisions.append((s["decision"]["name"], s["decision"]))
+    for d in _decisions(record):
+        lines += _decision_rows(d["name"], d)
     lines += ["", "## Decisions", ""]
-    for model, d in decisions:
-        verb = "promoted to @champion" if d["promoted"] else "kept as @challenger"
-        lines.append(f"- **{model} v{d['version']}: {verb}**: {d['reason']} "
-                     f"(margin {d['margin']:g}; scored on {d['evaluated_on']})")
+    for d in _decisions(record):
+        then = _outcome({**d, "earlier": False})
+        if d.get("earlier"):
+            lines.append(f"- **{d['name']} v{d['version']}: no new version**: the model "
+                         f"trained today is the one registered as v{d['version']} before; "
+                         f"nothing was decided today (its decision then, on "
+                         f"{d['evaluated_on']}: {then}, {d['reason']})")
+        else:
+            lines.append(f"- **{d['name']} v{d['version']}: {then}**: {d['reason']} "
+                         f"(margin {d['margin']:g}; scored on {d['evaluated_on']})")
     champions = [(t["decision"]["name"], t.get("champion"))] if t.get("due") else []
     champions += [(s["decision"]["name"], s.get("champion")) for s in record["students"].values()]
     lines += ["", "Champions after the day: " + ", ".join(

@@ -1,13 +1,19 @@
-"""The deployment in the Prefect UI, seen through a real browser.
+"""The schedule as a user meets it, and the deployment in the Prefect UI through a real
+browser.
 
-A Prefect server started here on 127.0.0.1 (a free port, its own PREFECT_HOME), `lrm serve`
-in its own process (the streaming flow as a deployment with a cron schedule, tiny params), a
-run triggered by hand and completed, then headless Chromium (Debian's package, installed here
-when missing) opens the UI: the deployment, its schedule and the completed run are on its
-page, the day's report is on the artifact's page; screenshots are saved. Stopping `lrm
-serve` pauses the schedule (pause_on_shutdown). Every process is bounded in time and
-stopped. Chromium is driven through its DevTools protocol (a websocket; nothing to
-download).
+`prefect server start` on 127.0.0.1 (a free port, its own PREFECT_HOME, started in the repo
+so its pyproject.toml settings apply, as they do for a user there), `lrm serve --cron
+"* * * * *"` in its own process (the streaming flow as a deployment, tiny params): a run
+*created by the schedule* (not by hand) completes a day of the stream within the next
+minutes (on SQLAlchemy 2.1 Prefect's scheduler created none). Headless Chromium (Debian's
+package, installed here when missing) then finds that run on the deployment's page and the
+day's report on the artifact's page; screenshots are saved. Ctrl-C stops `lrm serve`: the
+deployment is paused with its schedule off, turns "Not Ready", and no run is left
+Scheduled, Late, Pending or Running (the run due next is not left Late); `lrm serve` again
+resumes the schedule. Both logs are clean: Prefect's log format (time, level, the task
+run's name) and no ERROR line (offline, the server's telemetry logged one every ten
+minutes). Every process is bounded in time and stopped. Chromium is driven through its
+DevTools protocol (a websocket; nothing to download).
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import base64
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -37,7 +45,9 @@ pytestmark = pytest.mark.slow
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--window-size=1400,1000"]
-CRON = "0 3 * * *"  # not streaming.cron: the --cron option wins
+CRON = "* * * * *"  # every minute, the shortest a cron allows; not streaming.cron: --cron wins
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+WAITING = ("SCHEDULED", "PENDING", "RUNNING")  # a stopped `lrm serve` leaves none of these
 
 
 def chromium() -> str:
@@ -170,7 +180,7 @@ class Browser:
 
 @contextmanager
 def browser(binary: str, home: Path) -> Iterator[Browser]:
-    profile = home / "chromium-profile"  # a fresh profile every time
+    profile = Path(tempfile.mkdtemp(prefix="chromium-profile-", dir=home))  # fresh each time
     with _process([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                    "--remote-debugging-port=0", "about:blank"], home / "chromium.log") as p:
         port_file = profile / "DevToolsActivePort"
@@ -192,40 +202,77 @@ def _png_has_content(path: Path) -> bool:
     return img.shape[0] > 500 and float(img.std()) > 0.02
 
 
-def test_the_ui_shows_the_deployment_its_schedule_and_a_completed_run(tmp_path):
+def _lrm() -> str:
+    return str(Path(sys.executable).parent / "lrm")  # the console script a user runs
+
+
+def _runs(api: str, deployment: str) -> list[dict]:
+    """The deployment's flow runs (not their subflows), oldest expected start first."""
+    return _get(f"{api}/flow_runs/filter", {
+        "sort": "EXPECTED_START_TIME_ASC",
+        "deployments": {"id": {"any_": [deployment]}},
+        "flow_runs": {"parent_task_run_id": {"is_null_": True}}})
+
+
+def _switches(b: Browser) -> list[dict]:
+    """Every toggle and checkbox on the page: its markup and whether it is on."""
+    r = b.call("Runtime.evaluate", returnByValue=True, expression=(
+        "Array.from(document.querySelectorAll('input[type=checkbox], [role=switch]'))"
+        ".map(e => ({html: e.outerHTML.slice(0, 160), on: e.checked === true || "
+        "e.getAttribute('aria-checked') === 'true'}))"))
+    return r.get("result", {}).get("value") or []
+
+
+def test_a_scheduled_run_completes_a_day_and_ctrl_c_stands_the_deployment_down(tmp_path):
     binary = chromium()
     port = _free_port()
-    api = f"http://127.0.0.1:{port}/api"
+    api, ui = f"http://127.0.0.1:{port}/api", f"http://127.0.0.1:{port}"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-           "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(REPO),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PREFECT_RUNNER_POLL_FREQUENCY": "1", "PREFECT_LOGGING_LEVEL": "INFO",
+           "PYTHONPATH": str(REPO), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    env.pop("PREFECT_API_KEY", None)
+    for k in ("PREFECT_API_KEY", "PREFECT_SERVER_ANALYTICS_ENABLED"):  # the repo's own say
+        env.pop(k, None)
+    # Prefect's server marks a deployment Not Ready a while after its last poll (60 s by
+    # default, checked every 15 s): sooner here, so the test can see it
+    server_env = {**env, "PREFECT_SERVER_SERVICES_FOREMAN_LOOP_SECONDS": "2",
+                  "PREFECT_SERVER_SERVICES_FOREMAN_DEPLOYMENT_LAST_POLLED_TIMEOUT_SECONDS": "10"}
     params = _write_params(tmp_path)
     server_log, serve_log = tmp_path / "server.log", tmp_path / "serve.log"
+    serve_cmd = [_lrm(), "serve", "--cron", CRON, "--params", str(params)]
     with _process([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                   "--port", str(port)], server_log, env=env, cwd=tmp_path) as server:
+                   "--port", str(port)], server_log, env=server_env, cwd=REPO) as server:
         _wait("the Prefect server", lambda: _get(f"{api}/health"), 120, server, server_log)
-        with _process([sys.executable, "-m", "flows.cli", "serve", "--cron", CRON,
-                       "--params", str(params)], serve_log, stop=signal.SIGINT,  # Ctrl-C
-                      env=env, cwd=tmp_path) as serve:
+        with _process(serve_cmd, serve_log, stop=signal.SIGINT, env=env, cwd=tmp_path) as serve:
             dep = _wait("the deployment", lambda: _get(
                 f"{api}/deployments/name/lrm-streaming/lrm-streaming"), 120, serve, serve_log)
             assert [s["schedule"]["cron"] for s in dep["schedules"]] == [CRON]
-            assert not dep["paused"]
-            run = _get(f"{api}/deployments/{dep['id']}/create_flow_run", {})  # "Run" by hand
-            done = _wait("the triggered run to finish", lambda: (
-                r := _get(f"{api}/flow_runs/{run['id']}"))["state"]["type"] in
-                ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and r, 300, serve, serve_log)
-            assert done["state"]["type"] == "COMPLETED", serve_log.read_text()[-3000:]
+            assert not dep["paused"] and all(s["active"] for s in dep["schedules"])
+            # the first run the schedule created, once it is over (a minute boundary away,
+            # then one tiny day: bounded by three cron periods and the day's own time)
+            done = _wait("a run created by the schedule to finish", lambda: [
+                r for r in _runs(api, dep["id"])
+                if r["auto_scheduled"] and r["state_type"] in FINAL], 420, serve, serve_log)[0]
+            assert done["created_by"]["type"] == "SCHEDULE", done["created_by"]
+            assert done["expected_start_time"].endswith(":00Z"), done  # on the cron's minute
+            assert done["state_type"] == "COMPLETED", serve_log.read_text()[-3000:]
+            (day,) = _get(f"{api}/flow_runs/filter", {
+                "flow_runs": {"parent_flow_run_id": {"any_": [done["id"]]}}})
+            assert day["name"] == "day 1" and day["state_type"] == "COMPLETED"
+            assert (tmp_path / "stream" / "reports" / "day=1.md").is_file()
+            # Prefect's format, as in `make run`: time, level, the task run's name
+            said = serve_log.read_text()
+            assert re.search(r"\d\d:\d\d:\d\d\.\d{3} \| INFO +\| Task run 'dedup day 1' - ",
+                             said), said[-3000:]
+            assert "INFO:prefect" not in said, said[-3000:]
 
             with browser(binary, tmp_path) as b:
-                ui = f"http://127.0.0.1:{port}"
                 b.open(f"{ui}/deployments", "lrm-streaming")
-                page = b.open(f"{ui}/deployments/deployment/{dep['id']}", "1 Flow run",
-                              run["name"], "At 03:00 AM every day")
-                assert "Completed" in page.split(run["name"], 1)[1]
+                page = b.open(f"{ui}/deployments/deployment/{dep['id']}", done["name"],
+                              "Every minute", "Ready")
+                assert "auto-scheduled" in page.split(done["name"], 1)[1][:200]
+                assert "Completed" in page.split(done["name"], 1)[1][:300]
+                assert sum(t["on"] for t in _switches(b)) >= 2  # Schedules, and the cron's
                 shot = b.screenshot(tmp_path / "prefect-deployment.png")
                 (art,) = _get(f"{api}/artifacts/filter",
                               {"artifacts": {"key": {"any_": ["lrm-stream-day-1"]}}})
@@ -234,7 +281,43 @@ def test_the_ui_shows_the_deployment_its_schedule_and_a_completed_run(tmp_path):
                 report = b.screenshot(tmp_path / "prefect-artifact.png")
             print(f"screenshots: {shot} {report}")
             assert _png_has_content(shot) and _png_has_content(report)
-        # `lrm serve` stopped: its schedule is paused (pause_on_shutdown), nothing piles up
-        paused = _wait("the schedule to pause", lambda: _get(
-            f"{api}/deployments/{dep['id']}")["paused"], 30, log=serve_log)
-        assert paused
+
+            os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C
+            serve.wait(120)
+        after = _get(f"{api}/deployments/{dep['id']}")
+        assert after["paused"] and not any(s["active"] for s in after["schedules"]), after
+
+        def left() -> list[tuple[str, str]]:  # runs waiting for the stopped `lrm serve`
+            return [(r["name"], r["state_name"]) for r in _runs(api, dep["id"])
+                    if r["state_type"] in WAITING]
+
+        assert not left(), left()  # the run due next included: it cannot turn Late
+        with browser(binary, tmp_path) as b:
+            page = b.open(f"{ui}/deployments/deployment/{dep['id']}", "Not Ready",
+                          timeout=90)
+            on = [t["html"] for t in _switches(b) if t["on"]]
+            assert not on, f"toggles still on: {on}\n{page[-1500:]}"
+            b.screenshot(tmp_path / "prefect-stopped.png")
+        assert not left(), left()  # nor made since (the schedule is off)
+
+        # `lrm serve` again resumes the deployment and its schedule
+        with _process(serve_cmd, tmp_path / "serve2.log", stop=signal.SIGINT, env=env,
+                      cwd=tmp_path) as serve:
+            _wait("the schedule back on", lambda: (d := _get(
+                f"{api}/deployments/{dep['id']}")) and not d["paused"] and d["schedules"] and all(
+                s["active"] for s in d["schedules"]), 120, serve, tmp_path / "serve2.log")
+
+    assert "INFO:prefect" not in serve_log.read_text()  # to the end
+    server_text = server_log.read_text()
+    assert "| ERROR" not in server_text, server_text[-3000:]
+
+
+def test_prefect_run_in_the_repo_sends_no_telemetry():
+    """`prefect server start` in the repo (as the README says) reads pyproject.toml's
+    [tool.prefect.server]: no telemetry call, which offline logged an ERROR every ten
+    minutes ("Failed to send telemetry")."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_ANALYTICS_ENABLED"}
+    r = subprocess.run([sys.executable, "-m", "prefect", "config", "view", "--show-sources"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert "PREFECT_SERVER_ANALYTICS_ENABLED='False' (from pyproject.toml)" in r.stdout, \
+        r.stdout + r.stderr

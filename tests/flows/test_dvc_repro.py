@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -67,14 +68,25 @@ def _png_has_content(path: Path) -> bool:
     return img.shape[0] > 100 and float(img.std()) > 0.01  # not one flat colour
 
 
-def test_dvc_repro_on_a_fresh_clone_then_up_to_date(tmp_path):
-    repo = fresh_clone(tmp_path)
-    assert not (tmp_path / "shared").exists()
+def _env(tmp: Path) -> dict[str, str]:
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp}/mlflow.db"}
+
+
+@pytest.fixture(scope="module")
+def repro(tmp_path_factory):
+    """A fresh clone (nothing beside it) on tiny params after one `dvc repro`."""
+    tmp = tmp_path_factory.mktemp("repro")
+    repo = fresh_clone(tmp)
+    assert not (tmp / "shared").exists()
     tiny_params(repo)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
-    r = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env,
+    r = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=_env(tmp),
                        capture_output=True, text=True, timeout=900)
+    return {"repo": repo, "tmp": tmp, "env": _env(tmp), "run": r}
+
+
+def test_dvc_repro_on_a_fresh_clone_then_up_to_date(repro):
+    repo, env, r = repro["repo"], repro["env"], repro["run"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Successfully loaded" not in r.stdout + r.stderr
 
@@ -87,8 +99,13 @@ def test_dvc_repro_on_a_fresh_clone_then_up_to_date(tmp_path):
     exfm = json.loads((repo / "metrics/exfm.json").read_text())
     assert exfm["eval_day"] == 3 and len(exfm["table"]) == 1 + 4  # teacher + 4 variants
     summary = json.loads((repo / "metrics/summary.json").read_text())
-    assert set(summary) == {"baseline_day3", "exfm_day3_all"}
-    assert summary["baseline_day3"]["student"]["ne"] == round(ev["student"]["ne"], 4)
+    v = exfm["verticals"]["all"]
+    served = v["students"]["small"]["serving"]  # each size's variant, chosen by measurement
+    assert set(summary) == {"student", "teacher", "exfm_all_teacher", "exfm_all_small"}
+    assert summary["student"] == {"ne": round(ev["student"]["ne"], 4),
+                                  "auc": round(ev["student"]["auc"], 4)}
+    assert summary["exfm_all_small"]["ne"] == round(
+        v["students"]["small"]["variants"][served]["ne"], 4)
 
     # plots read offline: PNGs with content, one point per logged step / per day
     for png in ("train_student.png", "train_teacher.png", "exfm_ne.png"):
@@ -96,18 +113,129 @@ def test_dvc_repro_on_a_fresh_clone_then_up_to_date(tmp_path):
     steps = (repo / "plots/train_student.csv").read_text().splitlines()
     assert steps[0].startswith("step,loss") and len(steps) - 1 >= 2
 
-    # `dvc metrics show` reads at a glance: the headline file only
+    # `dvc metrics show` reads at a glance: the headline file only, in a row that fits
     shown = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show", "--json"],
                            cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     files = next(iter(json.loads(shown.stdout).values()))["data"]  # the workspace
     assert list(files) == ["metrics/summary.json"], files
+    table = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show"], cwd=repo,
+                           env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "exfm_all_small.ne" in table and max(map(len, table.splitlines())) <= 160, table
+
+    _one_parent_run_per_repro(repro["tmp"], ev, summary)
 
     again = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env,
                            capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "up to date" in again.stdout, again.stdout
     assert "Running stage" not in again.stdout
 
+    assert len(_parents(repro["tmp"])) == 1  # a repro that ran nothing made no parent run
     status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
                             text=True, check=True).stdout
     # DVC's record of the run is the one new file (the user commits it); nothing else changed
     assert status == "?? dvc.lock\n", f"the run left files changed:\n{status}"
+
+
+def _parents(tmp: Path) -> list:
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
+    return mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string="tags.`lrm.dvc_repro` LIKE '%'")
+
+
+def _one_parent_run_per_repro(tmp: Path, ev: dict, summary: dict) -> None:
+    """The stage runs of one `dvc repro` nest under one parent run, which holds the params
+    and the headline; a stage's run holds each number once, its constants as tags."""
+    import mlflow
+
+    from flows.dag import SYNTHETIC
+
+    (parent,) = _parents(tmp)
+    assert parent.info.run_name == "dvc repro dvc.yaml" and parent.info.status == "FINISHED"
+    assert parent.data.params["train.batch_size"] == "256"  # the (tiny) params
+    for kind in ("student", "teacher"):  # the evaluate stage's headline
+        assert parent.data.metrics[f"{kind}.ne"] == pytest.approx(ev[kind]["ne"])
+        assert parent.data.metrics[f"{kind}.auc"] == pytest.approx(ev[kind]["auc"])
+    for model in ("exfm_all_teacher", "exfm_all_small"):  # the summary stage's
+        assert parent.data.metrics[f"{model}.ne"] == summary[model]["ne"]
+    stages = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                filter_string="tags.`mlflow.parentRunId` = "
+                                              f"'{parent.info.run_id}'")
+    assert sorted(r.info.run_name for r in stages) == sorted(
+        n.title.replace(" ", "_") for n in SYNTHETIC.nodes)
+    (train,) = [r for r in stages if r.info.run_name == "train_student"]
+    names = set(train.data.metrics)
+    assert "eval_ne" in names and "eval.ne" not in names  # once, under one name
+    assert not names & {"eval.ci_level", "eval_ci_level", "eval_day", "world_size"}, names
+    assert train.data.tags["eval.ci_level"] == "0.95"  # a constant: a tag
+    twins = {k for k in names if k.replace(".", "_") in names and "." in k}
+    assert not twins, twins
+
+
+
+def test_dvc_plots_show_after_the_criteo_pipeline_warns_of_nothing(repro, criteo_dir):
+    """`make repro-criteo` on the real sample (a day per file, test.tsv held out) beside the
+    default pipeline's run, then `dvc plots show`: every plot of both loads (the top-level
+    plots of pipelines/criteo/dvc.yaml resolve against that file's folder) and the page it
+    writes (dvc_plots/) leaves the clone clean."""
+    repo, env = repro["repo"], repro["env"]
+    tsv = repo / "data" / "criteo" / "tsv"
+    tsv.mkdir(parents=True)
+    for i, name in enumerate(("train.tsv", "dev.tsv", "test.tsv"), 1):
+        shutil.copy(criteo_dir / name, tsv / f"day_{i:02d}.tsv")
+    r = subprocess.run([sys.executable, "-m", "dvc", "repro", "pipelines/criteo/dvc.yaml"],
+                       cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for png in ("train_student.png", "train_teacher.png"):
+        assert _png_has_content(repo / "plots" / "criteo" / png), png
+
+    shown = subprocess.run([sys.executable, "-m", "dvc", "plots", "show"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=300)
+    said = shown.stdout + shown.stderr
+    assert shown.returncode == 0, said
+    assert "WARNING" not in said and "failed to load" not in said.lower(), said
+    page = (repo / "dvc_plots" / "index.html").read_text()
+    for png in ("criteo/train_student.png", "criteo/train_teacher.png", "exfm_ne.png"):
+        assert f"<p>plots/{png}</p>" in page, f"{png} is not on dvc's page"
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
+                            text=True, check=True).stdout
+    assert status == "?? dvc.lock\n?? pipelines/criteo/dvc.lock\n", f"files changed:\n{status}"
+
+
+def test_the_mlflow_ui_opens_on_the_training_runs_and_shows_ne(repro):
+    """`make ui`'s MLflow UI on the store of the repro, through a real browser: the address
+    lrm gives opens on the training runs (the parent run of the repro, not MLflow 3's GenAI
+    traces view), and the registry's list of versions shows each version's NE (4 digits)."""
+    import mlflow
+
+    from lrm import tracking
+    from tests.flows.test_deployments import (
+        _free_port,
+        _process,
+        _wait,
+        browser,
+        chromium,
+    )
+
+    binary = chromium()
+    tmp, port = repro["tmp"], _free_port()
+    base = f"http://127.0.0.1:{port}"
+    mlflow.set_tracking_uri(f"sqlite:///{tmp}/mlflow.db")
+    exp = mlflow.get_experiment_by_name("lrm")
+    assert exp.tags[tracking.KIND_TAG] == tracking.EXPERIMENT_KIND
+    v1 = mlflow.MlflowClient().get_model_version("lrm-student-small", "1")
+    ne = f"NE {float(v1.tags['lrm.ne']):.4f}"
+    with _process([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri",
+                   f"sqlite:///{tmp}/mlflow.db", "--host", "127.0.0.1", "--port", str(port)],
+                  tmp / "mlflow-ui.log", env=repro["env"], cwd=tmp) as ui:
+        _wait("the MLflow UI", lambda: urllib.request.urlopen(f"{base}/health", timeout=5)
+              .status == 200, 180, ui, tmp / "mlflow-ui.log")
+        with browser(binary, tmp) as b:
+            page = b.open(tracking.ui_url(base, exp.experiment_id), "Run Name",
+                          "dvc repro dvc.yaml", timeout=120)
+            assert "Latency" not in page and "Token Usage" not in page
+            b.screenshot(tmp / "mlflow-runs.png")
+            b.open(tracking.ui_url(base), "lrm", "Experiments", timeout=120)
+            b.open(f"{base}/#/models/lrm-student-small", "Version 1", ne, timeout=120)
+            b.screenshot(tmp / "mlflow-registry.png")

@@ -1,12 +1,19 @@
 """The pipeline flow (`make run`): the DAG's nodes as Prefect tasks, run twice (every stage
-again to its own outputs), a clean clone after it, and a failed stage's one-line reason as
-the flow run's state message."""
+again to its own outputs), one MLflow parent run with the params and the headline over every
+stage's run, the run recorded for DVC (`dvc repro` after it has nothing to do; the clone has
+nothing else new), and a failed stage's one-line reason as the flow run's state message."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
+from pathlib import Path
 
+import mlflow
 import pytest
+import yaml
 from prefect.testing.utilities import prefect_test_harness
 
 from flows import dag
@@ -28,11 +35,12 @@ def test_the_flow_runs_every_node_as_a_named_task_and_leaves_the_clone_clean(
     repo = fresh_clone(tmp_path)
     tiny_params(repo)
     monkeypatch.chdir(repo)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     state = pipeline(return_state=True)
     assert state.is_completed(), state.message
     out = state.result()
     assert list(out) == [n.name for n in dag.SYNTHETIC.nodes]
-    assert out["train_student"]["kind"] == "student" and out["summary"]["exfm_day3_all"]
+    assert out["train_student"]["kind"] == "student" and out["summary"]["exfm_all_small"]
 
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -47,14 +55,39 @@ def test_the_flow_runs_every_node_as_a_named_task_and_leaves_the_clone_clean(
 
     assert asyncio.run(names()) == sorted(n.title for n in dag.SYNTHETIC.nodes)
     assert "train student" in asyncio.run(names())
-    assert "| baseline_day2 | student |" in report()
+    assert "| day 2 | student |" in report()
     # every stage again, to the outputs it wrote: each is its own stage's to replace (its
     # writers name the stage), so the second run completes too
     again = pipeline(return_state=True)
     assert again.is_completed(), again.message
+
+    # one parent run: the params and the headline (NE, AUC per model), every stage under it
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string="tags.`lrm.pipeline` = 'lrm'")
+    (parent,) = [r for r in runs if r.info.run_name == "pipeline_lrm"]
+    assert parent.data.params["train.lr"] == str(yaml.safe_load(
+        (repo / "params.yaml").read_text())["train"]["lr"])
+    headline = json.loads((repo / "metrics/summary.json").read_text())
+    for model, m in headline.items():
+        for k, v in m.items():
+            assert parent.data.metrics[f"{model}.{k}"] == pytest.approx(v, abs=5e-5), model
+    stages = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                filter_string=f"tags.`mlflow.parentRunId` = "
+                                              f"'{parent.info.run_id}'")
+    assert sorted(r.info.run_name for r in stages) == sorted(
+        n.title.replace(" ", "_") for n in dag.SYNTHETIC.nodes)
+
+    # recorded for DVC: `make repro` after `make run` has nothing to do
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    again = subprocess.run([sys.executable, "-m", "dvc", "repro"], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Running stage" not in again.stdout and "up to date" in again.stdout, again.stdout
     status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True,
                             text=True, check=True).stdout
-    assert status == "", f"`make run` left files changed in the clone:\n{status}"
+    # DVC's record of the run is the one new file (the user commits it); nothing else changed
+    assert status == "?? dvc.lock\n", f"`make run` left files changed in the clone:\n{status}"
 
 
 def test_a_failed_stage_fails_the_flow_with_its_one_line_reason(harness, tmp_path,

@@ -105,3 +105,25 @@ def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkey
 
     from lrm.fp8.linear import Fp8Linear
     assert isinstance(seen["transform"](M()).head, Fp8Linear)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("cfg, batches, stopped, says", [
+    # a CPU has no fast FP8 GEMM: the error on slow_device_batches only, and the table says so
+    (FP8Config(min_batches=2, max_batches=8, slow_device_batches=2, speed_reps=1, rows=256),
+     2, "slow_device", "this device has no fast FP8 GEMM: the error is measured on "
+                       "fp8.slow_device_batches = 2 batches only"),
+    # the time budget: the first batch past it is the last
+    (FP8Config(min_batches=4, max_batches=8, slow_device_batches=8, budget_s=1e-3,
+               speed_reps=1, rows=256),
+     1, "budget", "the time budget fp8.budget_s = 0.001 s ran out"),
+])
+def test_the_probe_is_bounded_on_a_cpu_and_by_its_time_budget(datasets, model_dir, cfg,  # noqa: F811
+                                                              batches, stopped, says):
+    from lrm.fp8 import report as R
+
+    res = R.probe_saved(model_dir, datasets["sessions"], cfg, device="cpu", batch_size=256)
+    assert (res["batches"], res["stopped"]) == (batches, stopped)
+    doc = R.build({"student": res}, cfg, "cpu", amp=False)
+    assert doc["settings"]["fast_fp8"] is False
+    assert says in R.markdown(doc)

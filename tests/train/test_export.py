@@ -14,7 +14,7 @@ from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, DataError
 from lrm.train import load_model
 from lrm.train.export import CARD, read_card
-from lrm.serving.pyfunc import OUTPUT, example_frame, input_columns, predict_frame, signature
+from lrm.serving.pyfunc import OUTPUT, column_types, example_frame, input_columns, predict_frame
 from tests.conftest import SMALL_MODEL, TINY
 
 
@@ -38,7 +38,7 @@ def test_pyfunc_scores_rows_as_the_loader_feeds_them(datasets, model_dir):
     model, card = load_model(model_dir)
     frame = example_frame(datasets["sessions"], day=2, rows=64)
     assert list(frame.columns) == input_columns(card.schema)
-    assert [c.name for c in signature(card.schema).inputs] == list(frame.columns)
+    assert list(column_types(card.schema)) == list(frame.columns)
     got = predict_frame(model, card, frame)[OUTPUT].to_numpy()
     # the same first 64 impressions (the sessions layout's order: a user's sessions together)
     batch = next(iter(BatchLoader(datasets["sessions"], 64, days=[2], dedup=False,
@@ -61,6 +61,21 @@ def test_pyfunc_takes_missing_values_and_columns(datasets, model_dir):
     frame.loc[3, "ad_id"] = "x"
     with pytest.raises(DataError, match="ad_id"):
         predict_frame(model, card, frame)
+
+
+def test_the_pyfunc_names_a_column_it_does_not_read(datasets, model_dir):
+    from mlflow.exceptions import MlflowException
+
+    from lrm.serving.pyfunc import LrmModel
+
+    served = LrmModel()
+    served.model, served.card = load_model(model_dir)
+    frame = example_frame(datasets["sessions"], day=2, rows=4)
+    frame.loc[0, "user_id"] = None  # a missing id: scored
+    assert served.predict(None, frame)[OUTPUT].between(0, 1).all()
+    with pytest.raises(MlflowException, match="field usr_id: unknown column") as e:
+        served.predict(None, frame.rename(columns={"user_id": "usr_id"}))
+    assert e.value.get_http_status_code() == 400
 
 
 def test_train_config_validates_at_load():
