@@ -8,6 +8,7 @@ checkpoint identity) lists the folder and opens the first footer once, not once 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,3 +34,19 @@ class Dataset:
     @property
     def days(self) -> list[int]:
         return list(self.files)
+
+    def check_foreign(self, days: Sequence[int]) -> None:
+        """Check every value of the files of `days` that lrm did not write as they are now (a
+        file from elsewhere, or one changed since lrm wrote it: lrm.io.written_by_lrm), before
+        a run or a stage writes anything: a bad value there is a DataError first. lrm's own
+        files were checked as they were made (dedup checks every value it reads) and are
+        checked again as the loader reads them."""
+        from lrm import io
+        from lrm.data import parquet, values
+
+        for d in days:
+            for f in self.files[d]:
+                if not io.written_by_lrm(f):
+                    for _ in parquet.iter_batches(f, 1 << 16,
+                                                  check=values.checker(self.schema, f)):
+                        pass

@@ -50,6 +50,7 @@ from lrm import io
 from lrm.data import items, parquet
 from lrm.data.parquet import write_options
 from lrm.data.loader import BatchLoader
+from lrm.data.dataset import Dataset
 from lrm.data.schema import LABEL, day_files, read_schema
 from lrm.errors import ConfigError, DataError
 from lrm.metrics import StreamingMetrics
@@ -278,6 +279,7 @@ def augment_dataset(teachers: Path | Mapping[int, Path], src: Path, dst: Path,
     todo = [d for d in days
             if force or not is_current(dst / f"day={d}", versions[by_day[d]], prints[d])]
     skipped = [d for d in days if d not in todo]
+    Dataset.open(src).check_foreign(todo)  # a bad value is an error before a day is written
     for d in skipped:
         log.info("augment: day %d already augmented by teacher %s: skipped", d,
                  versions[by_day[d]].label)

@@ -121,19 +121,6 @@ def scan_days(data: Path | Dataset, days: Sequence[int], hashed: Sequence[str] =
                                        if len(v) <= cap and scanned_all})
 
 
-def check_foreign(data: Dataset, days: Sequence[int]) -> None:
-    """Check every value of the files of `days` that lrm did not write as they are now (a
-    file from elsewhere, or one changed since lrm wrote it: lrm.io.written_by_lrm), before a
-    run starts: a bad value there is a DataError before anything is written. lrm's own files
-    were checked as they were made (dedup checks every value it reads) and are checked again
-    as the loader reads them."""
-    for d in days:
-        for f in data.files[d]:
-            if not io.written_by_lrm(f):
-                for _ in parquet.iter_batches(f, 1 << 16, check=values.checker(data.schema, f)):
-                    pass
-
-
 def fit_tables(schema: FeatureSchema, stats: DataStats) -> FeatureSchema:
     """`schema` with the id space of each hashed feature whose distinct ids were counted set
     to that count: its table gets no more rows than the train days have ids for (the loader
@@ -166,12 +153,12 @@ class TrainData:
              fit: bool = False, cap: int = 0) -> TrainData:
         """fit: count the distinct ids of the hashed features (up to `cap` each), for
         `fit_tables`. Every file of the run lrm did not write as it is now is checked
-        value by value first (`check_foreign`)."""
+        value by value first (`Dataset.check_foreign`)."""
         ds = Dataset.open(data)
         held = Dataset.open(eval_from) if eval_from is not None else None
         train_days, eval_day = split_days(ds, split, held)
-        check_foreign(ds, train_days)
-        check_foreign(held or ds, [eval_day])
+        ds.check_foreign(train_days)
+        (held or ds).check_foreign([eval_day])
         stats = scan_days(ds, train_days, hashed_features(ds.schema) if fit else (), cap,
                           split.verticals or None)
         return cls(ds, held or ds, train_days, eval_day, stats, split.verticals or None)
