@@ -263,8 +263,7 @@ def train(kind: str, cfg: TrainConfig, model_cfg: ModelConfig, data: Path, *,
                         guard.check()
                         log_point(point := meter.point())
                         rep.update(0, loss=point["loss"], ne=point["ne_window"])
-                    if ckpt is not None and ckpt.step(state.step, parts,  # checks the guard
-                                                      log_point=logs):
+                    if ckpt is not None and ckpt.step(state.step, parts):  # checks the guard
                         meter.resume_clock()
                 steps.pause()
                 if state.step == total:
