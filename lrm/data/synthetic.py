@@ -51,13 +51,24 @@ Dense features are roughly standardized: d_position = log1p(position), d_user_ac
 (log popularity of the user, noisy), d_ad_age (log1p of days), d_bid (log bid).
 
 Determinism: the world's tables come from SeedSequence([seed, _WORLD]), day d's draws from
-SeedSequence([seed, d, stream]): the same config gives byte-identical tables.
+SeedSequence([seed, d, stream]) (and [seed, d, stream, k] for a chunk or block k > 0): the
+same config gives byte-identical tables.
+
+A day of more than CHUNK_SESSIONS sessions is simulated in chunks, so memory is bounded by
+a chunk whatever the day's size (`_chunks`): the sessions' own draws (user, time, length)
+are made in blocks and spilled to disk by time slice (slices cut at the first block's
+quantiles of time), then each slice, sorted by time, is simulated whole (histories,
+impressions, labels). The click model's intercept is then calibrated on the impressions
+of the first block's first sessions, a sample of the whole day. A day of at most
+CHUNK_SESSIONS sessions is one chunk, drawn and calibrated exactly as before chunks were.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +101,9 @@ HISTORY_DAYS = 7  # the longest time a history spans (days)
 HISTORY_BASE = 1 << 24  # stream positions start here (so p - L is never negative)
 RAMP_DAYS = 3.0  # an arriving user or ad reaches its rank's full traffic over its first days
 _CACHED_DAYS = 16  # drifted tables and pools kept (a history reaches back HISTORY_DAYS + 1)
+# sessions simulated at once (a chunk; ~800k impressions, under rows_per_file's default):
+# a larger day is simulated in chunks (see the module docstring)
+CHUNK_SESSIONS = 100_000
 _WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT = range(7)
 _MAX_LIST_VALUES = 2**31 - 1  # list<int64> offsets are int32
 
@@ -561,9 +575,11 @@ def _calibrate(raw: np.ndarray, ctr: float) -> float:
 
 @dataclass
 class _Day:
-    """One simulated day: session-level and impression-level columns."""
+    """A chunk of a simulated day (all of it when it fits one): sessions [first, first + S)
+    of the day, session-level and impression-level columns."""
 
     day: int
+    first: int  # the day's index of the first session
     sessions: dict[str, np.ndarray]  # per session: user-side columns
     imp_off: np.ndarray  # [S + 1] impression offsets of each session
     hist_off: np.ndarray  # [S + 1] offsets into `hist`
@@ -571,27 +587,46 @@ class _Day:
     imps: dict[str, np.ndarray]  # per impression: position, label, item-side, dense
     logit: np.ndarray  # hidden calibrated logit per impression
     intercept: float
-    sess_index: np.ndarray  # [n] session of each impression
+    sess_index: np.ndarray  # [n] session (of the chunk) of each impression
 
     @property
     def rows(self) -> int:
         return int(self.imp_off[-1])
 
 
-def _simulate(w: _World, day: int) -> _Day:
+_DRAWS = np.dtype([("rank", np.int64), ("hours", np.float64), ("activity", np.float64),
+                   ("n_imp", np.int64)])  # a session's own draws (as spilled to disk)
+
+
+def _key(k: int) -> tuple[int, ...]:
+    """The seed-sequence suffix of chunk or block k (none for the first: a day of one
+    chunk draws as before chunks were)."""
+    return (k,) if k else ()
+
+
+def _session_draws(w: _World, day: int, block: int, size: int) -> np.ndarray:
+    """The own draws of `size` sessions of `day` (block `block` of them), as drawn."""
     cfg = w.cfg
-    S = cfg.sessions_per_day
-    rs = _rng(cfg.seed, day, _SESSIONS)
-    rank = w.users.sample(rs, S, day)
+    rs = _rng(cfg.seed, day, _SESSIONS, *_key(block))
+    out = np.empty(size, _DRAWS)
+    out["rank"] = rank = w.users.sample(rs, size, day)
+    pref = w.user_attributes(w.users.ids(rank, day))["hour_pref"]
+    out["hours"] = (pref + 0.5 + rs.normal(0, 2.5, size)) % HOURS  # time of day (hours)
+    out["activity"] = np.log(cfg.users * w.users.law.mass(rank)) + rs.normal(0, 0.3, size)
+    out["n_imp"] = 1 + rs.poisson(cfg.mean_session_length - 1, size)
+    return out
+
+
+def _simulate(w: _World, day: int, draws: np.ndarray, *, chunk: int = 0, first: int = 0,
+              intercept: float | None = None) -> _Day:
+    """Sessions of `day` with these own draws, in their order, as chunk `chunk`: their
+    histories, impressions and labels (the intercept calibrated on their impressions
+    unless given)."""
+    cfg = w.cfg
+    S = len(draws)
+    rank, hours, activity, n_imp = (draws[k] for k in _DRAWS.names)
     uid = w.users.ids(rank, day)
     attrs = w.user_attributes(uid)
-    hours = (attrs["hour_pref"] + 0.5 + rs.normal(0, 2.5, S)) % HOURS  # time of day (hours)
-    activity = np.log(cfg.users * w.users.law.mass(rank)) + rs.normal(0, 0.3, S)
-    n_imp = 1 + rs.poisson(cfg.mean_session_length - 1, S)
-    # The log is written in the order sessions happen.
-    t = np.argsort(hours, kind="stable")
-    rank, uid, hours, activity, n_imp = rank[t], uid[t], hours[t], activity[t], n_imp[t]
-    attrs = {k: v[t] for k, v in attrs.items()}
     hist_len = attrs["hist_len"]
     sessions = {"user_id": uid, **{c: attrs[c] for c in
                                    ("user_age", "user_gender", "user_geo", "user_device")},
@@ -603,7 +638,7 @@ def _simulate(w: _World, day: int) -> _Day:
                                          rate, pos, hist_len)
     hist_off = np.concatenate([[0], np.cumsum(hist_len)])
 
-    ri = _rng(cfg.seed, day, _IMPRESSIONS)
+    ri = _rng(cfg.seed, day, _IMPRESSIONS, *_key(chunk))
     imp_off = np.concatenate([[0], np.cumsum(n_imp)])
     n = int(imp_off[-1])
     seg = np.repeat(np.arange(S), n_imp)
@@ -631,13 +666,56 @@ def _simulate(w: _World, day: int) -> _Day:
              **w.history_features(hist_off, hist_cat, hist_adv, seg, ad["ad_category"],
                                   ad["advertiser_id"])}
     raw = w.raw_logit(day, feats)
-    # evenly over the day: rows are in time order, and the hour moves the click rate
-    intercept = _calibrate(raw[np.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).astype(np.int64)],
-                           cfg.base_ctr)
+    if intercept is None:  # evenly over the rows: in time order, the hour moves the rate
+        intercept = _calibrate(
+            raw[np.linspace(0, n - 1, min(n, CALIBRATION_ROWS)).astype(np.int64)], cfg.base_ctr)
     logit = raw + intercept
-    imps[LABEL] = (_rng(cfg.seed, day, _LABELS).random(n) < _sigmoid(logit)).astype(np.int8)
-    return _Day(day=day, sessions=sessions, imp_off=imp_off, hist_off=hist_off, hist=hist,
-                imps=imps, logit=logit, intercept=intercept, sess_index=seg)
+    imps[LABEL] = (_rng(cfg.seed, day, _LABELS, *_key(chunk)).random(n)
+                   < _sigmoid(logit)).astype(np.int8)
+    return _Day(day=day, first=first, sessions=sessions, imp_off=imp_off, hist_off=hist_off,
+                hist=hist, imps=imps, logit=logit, intercept=intercept, sess_index=seg)
+
+
+def _time_ordered(draws: np.ndarray) -> np.ndarray:
+    return draws[np.argsort(draws["hours"], kind="stable")]
+
+
+def _calibration(w: _World, day: int, blocks: int, draws: np.ndarray) -> float:
+    """The intercept of a day of several chunks: calibrated on the impressions of the first
+    sessions of its first block (drawn i.i.d. over the day), with their own impression
+    draws (those of chunk `blocks`, one past the last)."""
+    enough = int(np.searchsorted(np.cumsum(draws["n_imp"]), CALIBRATION_ROWS)) + 1
+    return _simulate(w, day, draws[:enough], chunk=blocks).intercept
+
+
+def _chunks(w: _World, day: int) -> Iterator[_Day]:
+    """Day `day` in time order, a chunk of at most about CHUNK_SESSIONS sessions at a time
+    (see the module docstring)."""
+    S = w.cfg.sessions_per_day
+    k = -(-S // CHUNK_SESSIONS)
+    if k == 1:
+        yield _simulate(w, day, _time_ordered(_session_draws(w, day, 0, S)))
+        return
+    sizes = [min(CHUNK_SESSIONS, S - b * CHUNK_SESSIONS) for b in range(k)]
+    with tempfile.TemporaryDirectory(prefix="lrm-generate-") as tmp:
+        slices = [Path(tmp) / f"slice-{j}" for j in range(k)]
+        edges = intercept = None
+        for b, size in enumerate(sizes):
+            draws = _session_draws(w, day, b, size)
+            if edges is None:  # time slices of about equal counts
+                edges = np.quantile(draws["hours"], np.arange(1, k) / k)
+                intercept = _calibration(w, day, k, draws)
+            cut = np.searchsorted(edges, draws["hours"], side="right")
+            for j in range(k):
+                with open(slices[j], "ab") as f:
+                    draws[cut == j].tofile(f)
+        first = 0
+        for j, path in enumerate(slices):
+            draws = _time_ordered(np.fromfile(path, _DRAWS))
+            path.unlink()
+            if len(draws):
+                yield _simulate(w, day, draws, chunk=j, first=first, intercept=intercept)
+            first += len(draws)
 
 
 def _table(w: _World, d: _Day, s0: int, s1: int) -> pa.Table:
@@ -650,7 +728,7 @@ def _table(w: _World, d: _Day, s0: int, s1: int) -> pa.Table:
         pa.array((d.hist_off[s0:s1 + 1] - h0).astype(np.int32)), pa.array(d.hist[h0:h1]))
     cols: dict[str, Any] = {
         DAY: np.full(i1 - i0, d.day, np.int32),
-        SESSION: d.day * w.cfg.sessions_per_day + seg,
+        SESSION: d.day * w.cfg.sessions_per_day + d.first + seg,
         **{c: d.sessions[c][seg] for c in w.schema.user_sparse},
         "user_history": per_session.take(pa.array(seg - s0)),
         **{c: d.imps[c][i0:i1] for c in (POSITION, LABEL, *w.schema.item_sparse,
@@ -675,8 +753,16 @@ def _parts(imp_off: np.ndarray, rows_per_file: int) -> list[tuple[int, int]]:
 def generate_day(cfg: GenerateConfig, day: int) -> pa.Table:
     """Day `day` (any day >= 0, not only < cfg.days) as one impressions table."""
     w = _World(cfg)
-    d = _simulate(w, day)
-    return _table(w, d, 0, cfg.sessions_per_day)
+    return pa.concat_tables([_table(w, d, 0, len(d.imp_off) - 1) for d in _chunks(w, day)])
+
+
+def _intercept(w: _World, day: int) -> float:
+    """The calibrated intercept of day `day`'s click model (as `_chunks` finds it)."""
+    S = w.cfg.sessions_per_day
+    if S <= CHUNK_SESSIONS:
+        return next(_chunks(w, day)).intercept
+    k = -(-S // CHUNK_SESSIONS)
+    return _calibration(w, day, k, _session_draws(w, day, 0, CHUNK_SESSIONS))
 
 
 def _table_features(w: _World, table: pa.Table) -> dict[str, np.ndarray]:
@@ -710,49 +796,50 @@ def hidden_logit(cfg: GenerateConfig, table: pa.Table, day: int | None = None) -
     for d in np.unique(days):
         m = days == d
         raw = w.raw_logit(int(d), {k: v[m] for k, v in f.items()})
-        out[m] = raw + _simulate(w, int(d)).intercept
+        out[m] = raw + _intercept(w, int(d))
     return out
 
 
-def _oracle_ne(labels: np.ndarray, logits: np.ndarray) -> float:
-    """NE of the true click logits (lrm.metrics, the one NE): the best any model can do."""
-    import torch  # here: importing this module stays free of torch's ~2 s import
-
-    from lrm.metrics import normalized_entropy
-
-    return normalized_entropy(torch.from_numpy(logits), torch.from_numpy(labels))
-
-
 def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
-    """Write days 0..cfg.days-1 to out/day=D/part-NNNNN.parquet; return the run's metrics."""
+    """Write days 0..cfg.days-1 to out/day=D/part-NNNNN.parquet; return the run's metrics.
+
+    A day is written a chunk at a time (no part file spans two chunks), and the metrics are
+    sums and sets of ids, so memory stays that of a chunk whatever the day's size."""
+    from lrm.metrics import log_losses, ne_from_sums  # torch: only when metrics are made
+    import torch
+
     w = _World(cfg)
     rows_per_file = max(1, min(cfg.rows_per_file, _MAX_LIST_VALUES // cfg.max_history))
     rows = sessions = files = hist_items = clicks = nbytes = 0
-    users, ads, ctr_day = [], [], {}
-    labels, logits = [], []
+    loss = 0.0
+    users = ads = np.zeros(0, np.int64)
+    ctr_day = {}
     with Reporter("generate", total=cfg.days, unit="day") as rep:
         for day in range(cfg.days):
-            d = _simulate(w, day)
-            for p, (s0, s1) in enumerate(_parts(d.imp_off, rows_per_file)):
-                nbytes += io.write_parquet(_table(w, d, s0, s1), part_path(out, day, p))
-                files += 1
-            y = d.imps[LABEL]
-            rows += d.rows
-            sessions += len(d.imp_off) - 1
-            hist_items += len(d.hist)
-            clicks += int(y.sum())
-            users.append(np.unique(d.sessions["user_id"]))
-            ads.append(np.unique(d.imps["ad_id"]))
-            ctr_day[str(day)] = round(float(y.mean()), 6)
-            labels.append(y)
-            logits.append(d.logit)
-            rep.update(1, rows=rows, ctr=float(y.mean()))
+            day_rows = day_clicks = part = 0
+            for d in _chunks(w, day):
+                for s0, s1 in _parts(d.imp_off, rows_per_file):
+                    nbytes += io.write_parquet(_table(w, d, s0, s1), part_path(out, day, part))
+                    part += 1
+                y = d.imps[LABEL]
+                day_rows += d.rows
+                day_clicks += int(y.sum())
+                sessions += len(d.imp_off) - 1
+                hist_items += len(d.hist)
+                users = np.union1d(users, d.sessions["user_id"])
+                ads = np.union1d(ads, d.imps["ad_id"])
+                loss += float(log_losses(torch.from_numpy(d.logit), torch.from_numpy(y)).sum())
+            files += part
+            rows += day_rows
+            clicks += day_clicks
+            ctr_day[str(day)] = round(day_clicks / day_rows, 6)
+            rep.update(1, rows=rows, ctr=day_clicks / day_rows)
     return {
         "rows": rows, "sessions": sessions, "days": cfg.days, "files": files, "bytes": nbytes,
         "mean_session_length": rows / sessions,
         "mean_history_length": hist_items / sessions,
         "ctr": clicks / rows, "ctr_per_day": ctr_day,
-        "users_active": int(len(np.unique(np.concatenate(users)))),
-        "ads_active": int(len(np.unique(np.concatenate(ads)))),
-        "oracle_ne": _oracle_ne(np.concatenate(labels), np.concatenate(logits)),
+        "users_active": len(users), "ads_active": len(ads),
+        # the NE of the true click logits (lrm.metrics): the best any model can do
+        "oracle_ne": ne_from_sums(loss, clicks, rows),
     }
