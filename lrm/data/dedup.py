@@ -493,14 +493,11 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
             bytes_in += sum(p.stat().st_size for p in paths)
             writer = _PartWriter(Path(dst), day, cfg.rows_per_file, schema,
                                  item_table=cfg.item_table)
-            ids: list[np.ndarray] = []  # session ids of the day, in order
-            where: list[tuple[int, Path]] = []  # (index of the first session, file)
-            day_start = sessions
+            seen = _SessionIds()  # the day's sessions so far
             chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
             for table, source, row0 in _whole_sessions(chunks):
                 s = _session_rows(table, schema, source, row0)
-                where.append((sessions - day_start, source))
-                ids.append(s.column(SESSION).to_numpy())
+                seen.add(s.column(SESSION).to_numpy(), source)
                 writer.add(s)
                 rows += table.num_rows
                 sessions += s.num_rows
@@ -508,7 +505,6 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
             writer.close()
             parts += writer.parts
             bytes_out += writer.bytes_out
-            _check_day_contiguous(ids, where)
             hist_values += writer.history_values
             hist_stored += writer.history_stored
             item_columns |= writer.item_columns
@@ -536,16 +532,32 @@ def _check_day(chunk: pa.Table, day: int, path: Path) -> None:
                         f"rows of day {lo.as_py()}..{hi.as_py()} in the day={day} partition")
 
 
-def _check_day_contiguous(ids: list[np.ndarray], where: list[tuple[int, Path]]) -> None:
-    """A session id must not reappear later in the day (in another chunk or file)."""
-    if not ids:
-        return
-    all_ids = np.concatenate(ids)
-    dup = _first_duplicate(all_ids)
-    if dup is None:
-        return
-    starts = np.array([w[0] for w in where])
-    source = where[int(np.searchsorted(starts, dup, side="right")) - 1][1]
-    raise DataError(source, None, SESSION,
-                    f"session {int(all_ids[dup])} is not contiguous: it reappears after other "
-                    "sessions (sessions must be contiguous within a day)")
+class _SessionIds:
+    """The session ids of a day seen so far, as disjoint runs of consecutive ids: a few for
+    a day whose ids count up (the generator's, ingest's), however many sessions it has."""
+
+    def __init__(self) -> None:
+        self.lo = self.hi = np.zeros(0, np.int64)  # runs [lo, hi], ascending
+
+    def add(self, ids: np.ndarray, source: Path) -> None:
+        """Add a table's session ids (distinct); a DataError naming `source` when one of
+        them came earlier in the day (a session must be contiguous within a day)."""
+        if not len(ids):
+            return
+        ids = np.sort(ids.astype(np.int64, copy=False))
+        cut = np.flatnonzero(np.diff(ids) != 1) + 1
+        lo, hi = ids[np.r_[0, cut]], ids[np.r_[cut - 1, len(ids) - 1]]
+        at = np.searchsorted(self.hi, lo)  # the first known run that ends at or after lo
+        hit = at < len(self.lo)
+        hit[hit] = self.lo[at[hit]] <= hi[hit]
+        if hit.any():
+            k = int(np.flatnonzero(hit)[0])
+            dup = max(int(lo[k]), int(self.lo[at[k]]))
+            raise DataError(source, None, SESSION,
+                            f"session {dup} is not contiguous: it reappears after other "
+                            "sessions (sessions must be contiguous within a day)")
+        lo, hi = np.r_[self.lo, lo], np.r_[self.hi, hi]
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        new = np.r_[True, lo[1:] != hi[:-1] + 1]  # a run that does not go on from the last
+        self.lo, self.hi = lo[new], hi[np.r_[new[1:], True]]

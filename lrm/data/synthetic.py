@@ -101,9 +101,10 @@ HISTORY_DAYS = 7  # the longest time a history spans (days)
 HISTORY_BASE = 1 << 24  # stream positions start here (so p - L is never negative)
 RAMP_DAYS = 3.0  # an arriving user or ad reaches its rank's full traffic over its first days
 _CACHED_DAYS = 16  # drifted tables and pools kept (a history reaches back HISTORY_DAYS + 1)
-# sessions simulated at once (a chunk; ~800k impressions, under rows_per_file's default):
-# a larger day is simulated in chunks (see the module docstring)
-CHUNK_SESSIONS = 100_000
+# sessions simulated at once (a chunk: ~400k impressions, whose simulation and table peak at
+# ~1.3 GB with the default 100-ad histories); a larger day is simulated in chunks (see the
+# module docstring)
+CHUNK_SESSIONS = 50_000
 _WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT = range(7)
 _MAX_LIST_VALUES = 2**31 - 1  # list<int64> offsets are int32
 
