@@ -24,11 +24,13 @@ lrm.checkpoint.CheckpointManager called once a step, as lrm.train.loop does. A d
 are those the batches of its interval looked up (which is what the tracker reports,
 tests/checkpoint/test_tracker.py).
 
-Timing: the runs train in turns of `SEGMENT` steps (the checkpoint of a run saving every
-100 steps falls mid-turn, and a turn ends when its write is done), no checkpoints and
-every 100 in alternating order, so load that comes and goes on a shared machine disturbs
-both alike; each line gives the machine's load average and the median of the turns'
-paired ratios beside the ratio of the totals.
+Timing: the runs train in turns of 100 steps (50 with --quick; the checkpoint of a run
+saving every 100 steps falls mid-turn, and a turn ends when its write is done), no
+checkpoints and every 100 in alternating order, so load that comes and goes on a shared
+machine disturbs both alike; each line gives the machine's load average, the median of the
+turns' paired ratios beside the ratio of the totals, and `cpu_ratio`: the ratio of the
+CPU seconds the process spent (training and writer threads), which waiting for a busy
+machine's cores does not inflate.
 """
 
 from __future__ import annotations
@@ -102,12 +104,14 @@ class Run:
         self.opt = parallel.optimizer(self.dmp, dense)
         self.parts = {"model": self.dmp, "optim": self.opt, "train": self.state}
         self.env, self.batches = env, batches
+        self.cpu_s = 0.0
 
     def train(self, steps: int, ck: CheckpointManager | None = None, finish: bool = True
               ) -> float:
-        """Train `steps` more steps; wall seconds, checkpoint waits included."""
+        """Train `steps` more steps; wall seconds, checkpoint waits included (and the
+        process's CPU seconds, every thread's, added to `cpu_s`)."""
         self.dmp.train()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
             b = self.batches[self.state.step % len(self.batches)]
             loss = F.binary_cross_entropy_with_logits(self.dmp(b).float(), b.labels)
@@ -121,6 +125,7 @@ class Run:
             ck.finish(self.state.step, self.parts)
         elif ck is not None:
             ck.wait()  # the write in flight belongs to this pass
+        self.cpu_s += time.process_time() - c0
         return time.perf_counter() - t0
 
     def restore(self, root: Path) -> float:
@@ -282,7 +287,8 @@ def main() -> None:
                  steps * BATCH / sum(secs["none"]), "higher",
                  **({"aim": 0.98} if every == 100 else {}),
                  turn_ratio_median=round(statistics.median(paired), 4),
-                 turn_ratios=[round(x, 4) for x in paired], **common)
+                 turn_ratios=[round(x, 4) for x in paired],
+                 cpu_ratio=round(runs["none"][0].cpu_s / runs[name][0].cpu_s, 4), **common)
 
         # -- checkpoint.restore: the newest chain (baseline + 10 deltas) vs one full ---------
         lineage, _ = Store(tmp / "int4").newest_restorable()

@@ -2,8 +2,8 @@
 stage, size and measure.
 
 One synthetic day of the default world (100k users, 10k ads, sessions of 8 impressions,
-histories of up to 100 ads) at 1M and 10M impressions (and 50M with --full; --quick: 0.1M
-and 0.4M), through the stages a user runs, each in a process of its own, one after the
+histories of up to 100 ads) at 1M and 10M impressions (and 50M with --full; --quick: 0.05M
+and 0.2M), through the stages a user runs, each in a process of its own, one after the
 other on the machine's cores:
 
     generate   lrm.data.synthetic.generate: the day's impressions (lrm generate)
@@ -38,7 +38,7 @@ from bench.common import emit  # noqa: E402
 from lrm.config import GenerateConfig  # noqa: E402
 
 STAGES = ("generate", "dedup", "train", "evaluate")
-SIZES = {"quick": (100_000, 400_000), "default": (1_000_000, 10_000_000),
+SIZES = {"quick": (50_000, 200_000), "default": (1_000_000, 10_000_000),
          "full": (1_000_000, 10_000_000, 50_000_000)}
 HELD_OUT_SESSIONS = 2_000  # the small held-out day `train` scores at its end
 
@@ -88,13 +88,14 @@ def _child(name: str, size: int, root: Path) -> dict[str, Any]:
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode:
         raise SystemExit(f"scale: stage {name} at {size} impressions exited {p.returncode}")
-    return {**json.loads(out.strip().splitlines()[-1]), "peak_mb": usage.ru_maxrss / 1024}
+    return {**json.loads(out.strip().splitlines()[-1]), "peak_mb": usage.ru_maxrss / 1024,
+            "cpu_seconds": usage.ru_utime + usage.ru_stime}  # the whole process's
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="0.1M and 0.4M: under a minute")
+    mode.add_argument("--quick", action="store_true", help="0.05M and 0.2M: under a minute")
     mode.add_argument("--full", action="store_true", help="1M, 10M and 50M impressions")
     ap.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # a child's work
     ap.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -131,7 +132,9 @@ def main() -> None:
             per = r["seconds"] / (r["rows"] / 1e6)
             emit(f"scale.{name}", f"{size / 1e6:g}M impressions vs {base / 1e6:g}M: seconds "
                  f"per million impressions", "s/M impressions", per, b_per, "lower",
-                 aim=round(1 / 1.2, 4), rows=r["rows"], seconds=r["seconds"], **common)
+                 aim=round(1 / 1.2, 4), rows=r["rows"], seconds=r["seconds"],
+                 process_cpu_s_per_m=round(r["cpu_seconds"] / (r["rows"] / 1e6), 3),
+                 **common)
             emit(f"scale.{name}", f"{size / 1e6:g}M impressions vs {base / 1e6:g}M: peak "
                  f"resident memory", "MB", r["peak_mb"], b["peak_mb"], "lower", rows=r["rows"],
                  **common)

@@ -20,9 +20,8 @@ How rows are stored (`write_rows`): each piece's row ids as a bitmap over its sh
 where that is smaller than the ids (a baseline's: one bit a row), and the rows in their
 chain's codecs (lrm.checkpoint.quantize). A quantized chain's deltas hold residuals: each
 row minus what the chain restores it to so far (`Reconstruction`, kept by the writer), so
-a row's error after a restore is that of its last residual, not of a 4-bit row. Restoring
-the default student from 4-bit rows moved its held-out NE by 0.05-0.08%; from 4-bit
-residuals over an 8-bit baseline by 0.001% (bench/checkpoint.py --quick).
+a row's error after a restore is that of its last residual, not of a 4-bit row (the
+figures: lrm.checkpoint.quantize).
 """
 
 from __future__ import annotations
