@@ -1,28 +1,43 @@
 """Checkpoint benchmarks: `python bench/checkpoint.py [--quick]` prints one JSON line per case.
 
-checkpoint.bytes    bytes of a delta (rows looked up in the last k steps, int4 / int8 / fp32,
+checkpoint.bytes    bytes of a delta (rows changed in the last k steps, int4 / int8 / fp32,
                     plus the exact dense state) vs a full fp32 save of the same state, k = 10,
-                    100 (and 1000, full run); bytes written per checkpoint and stored at the
-                    end by an int4 chain vs full saves during training
+                    100 (and 1000, full run); bytes written per checkpoint by an int4 chain
+                    every 100 steps with the default chain policy (baselines included: the
+                    aim, >= 17x, Check-N-Run's upper figure) and every 10 steps, and stored
+                    at the end, vs full fp32 saves
 checkpoint.stall    the time the training loop waits per checkpoint: int4 delta written in
                     the background vs a synchronous full fp32 save; training samples/s with
-                    an int4 delta every 10 steps (and every 100, full run) vs no checkpoints
+                    an int4 delta every 100 steps (the aim: >= 0.98) and every 10 vs none
 checkpoint.restore  restore time of a baseline + 10 int4 deltas vs one full fp32 checkpoint
-checkpoint.ne       held-out NE after restoring an int4 / int8 chain and training on, vs
-                    restoring an unquantized checkpoint and training on
+checkpoint.ne       held-out NE of the model restored from the int4 chain saved every 100
+                    steps vs the fp32 model it saved (the aim: within 0.01%; the bench exits
+                    1 when it is not); after restoring int4 / int8 chains and training on,
+                    vs restoring an unquantized checkpoint and training on
 
 The data is the synthetic session log at its defaults (100k Zipf-popular users, 10k ads)
 with histories of up to 20 ads, day 0 trains, day 1 is held out; --quick: 20,000 sessions
-a day, the full run 150,000 (each run stays within one pass over day 0). The model is the default student (d=16), batch 1024, one
-intra-op thread (the writer thread has the other core). Each run trains the same batches
-from the same initial weights with lrm.checkpoint.CheckpointManager called once a step,
-as lrm.train.loop does. A delta's rows are those the batches of its interval looked up
-(which is what the tracker reports, tests/checkpoint/test_tracker.py).
+a day, the full run 150,000 (each run stays within one pass over day 0). The model is the
+default student (d=16), batch 1024, one intra-op thread (the writer thread has the other
+core). Each run trains the same batches from the same initial weights with
+lrm.checkpoint.CheckpointManager called once a step, as lrm.train.loop does. A delta's rows
+are those the batches of its interval looked up (which is what the tracker reports,
+tests/checkpoint/test_tracker.py).
+
+Timing: the runs train in turns of 100 steps (50 with --quick; the checkpoint of a run
+saving every 100 steps falls mid-turn, and a turn ends when its write is done), no
+checkpoints and every 100 in alternating order, so load that comes and goes on a shared
+machine disturbs both alike; each line gives the machine's load average, the median of the
+turns' paired ratios beside the ratio of the totals, and `cpu_ratio`: the ratio of the
+CPU seconds the process spent (training and writer threads), which waiting for a busy
+machine's cores does not inflate.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -40,6 +55,7 @@ import torch.nn.functional as F  # noqa: E402
 from bench.common import emit  # noqa: E402
 from lrm.checkpoint import CheckpointManager, Store  # noqa: E402
 from lrm.checkpoint import snapshot  # noqa: E402
+from lrm.checkpoint.snapshot import Reconstruction  # noqa: E402
 from lrm.checkpoint.tables import table_shards  # noqa: E402
 from lrm.config import CheckpointConfig, DedupConfig, GenerateConfig, ModelConfig  # noqa: E402
 from lrm.data import dedup, synthetic  # noqa: E402
@@ -57,7 +73,11 @@ from lrm.train.steps import dense_optimizer  # noqa: E402
 BATCH, LR, EMBEDDING_LR = 1024, 1e-3, 0.05
 MODEL = ModelConfig()
 ID = {"bench": "checkpoint"}
-INFO = "under load: 2 shared cores, 6 engineers at work (timings noisy; bytes exact)"
+NE_AIM = 1e-4  # relative held-out NE of a restored int4 chain vs the fp32 model it saved
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 @contextmanager
@@ -84,12 +104,14 @@ class Run:
         self.opt = parallel.optimizer(self.dmp, dense)
         self.parts = {"model": self.dmp, "optim": self.opt, "train": self.state}
         self.env, self.batches = env, batches
+        self.cpu_s = 0.0
 
     def train(self, steps: int, ck: CheckpointManager | None = None, finish: bool = True
               ) -> float:
-        """Train `steps` more steps; wall seconds, checkpoint waits included."""
+        """Train `steps` more steps; wall seconds, checkpoint waits included (and the
+        process's CPU seconds, every thread's, added to `cpu_s`)."""
         self.dmp.train()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(steps):
             b = self.batches[self.state.step % len(self.batches)]
             loss = F.binary_cross_entropy_with_logits(self.dmp(b).float(), b.labels)
@@ -103,6 +125,7 @@ class Run:
             ck.finish(self.state.step, self.parts)
         elif ck is not None:
             ck.wait()  # the write in flight belongs to this pass
+        self.cpu_s += time.process_time() - c0
         return time.perf_counter() - t0
 
     def restore(self, root: Path) -> float:
@@ -131,12 +154,16 @@ def _touched(batches: list[Batch], features: dict[str, str]) -> dict[str, torch.
 
 def _write(run: Run, touched: dict[str, torch.Tensor] | None, q: str, out: Path
            ) -> dict[str, int]:
-    """Write one checkpoint's files of the run's state (rows: all or `touched`); bytes."""
+    """Write one checkpoint's files of the run's state (a baseline, or a delta of `touched`
+    rows over a chain that restores to the state as it is); bytes."""
     out.mkdir(parents=True)
     state = {k: v.state_dict() for k, v in run.parts.items()}
     tables = table_shards(state["model"], state["optim"])
+    recon = Reconstruction()
+    recon.reset(tables)
     snap = snapshot.capture(state, tables, touched, dense=True)
-    rows, _ = snapshot.write_rows(snap, q, out / "rows-0.pt")
+    rows, _ = snapshot.write_rows(snap, q, out / "rows-0.pt", baseline=touched is None,
+                                  recon=recon)
     dense, _ = snapshot.write_dense(snap, out / "state.pt")
     return {"rows": rows["bytes"], "dense": dense["bytes"], "rows_written": snap.num_rows(),
             "total": rows["bytes"] + dense["bytes"]}
@@ -163,8 +190,9 @@ def main() -> None:
     quick = args.quick
     quiet_libraries()
     torch.set_num_threads(1)
-    steps, more = (110, 30) if quick else (1100, 100)
+    steps, more, segment = (110, 30, 50) if quick else (1100, 100, 100)
     intervals = (10, 100) if quick else (10, 100, 1000)
+    load = _load()
     with dataset(quick) as data, tempfile.TemporaryDirectory(prefix="lrm-bench-ck-") as tmp, \
             process_group("cpu") as env:
         tmp = Path(tmp)
@@ -175,39 +203,44 @@ def main() -> None:
                                    hash_sizes=sizes))
         held_out = BatchLoader(data, 4096, days=[1], dedup=True, hash_sizes=sizes)
         common = {"batch_size": BATCH, "steps": steps, "epoch_steps": len(batches),
-                  "embedding_dim": MODEL.student.embedding_dim, "note": INFO}
+                  "embedding_dim": MODEL.student.embedding_dim}
 
-        # -- runs: none | int4 chain, background | full fp32, synchronous | int8 chain ---------
-        # none and int4 alternate in two passes, so load that comes and goes on a shared
-        # machine disturbs both alike
+        # -- runs: none | int4 every 100, default chain policy | int4 chain every 10,
+        # background | full fp32, synchronous | int8 chain --------------------------------
         chain_cfg = CheckpointConfig(every=10, deltas=10, delta_budget=100.0, keep=1000,
                                      quantize="int4")
-        cfgs = {"int4": chain_cfg,
+        cfgs = {"int4_100": CheckpointConfig(every=100, keep=1000, quantize="int4"),
+                "int4": chain_cfg,
                 "full": replace(chain_cfg, deltas=0, quantize="none", background=False),
                 "int8": replace(chain_cfg, quantize="int8")}
-        if not quick:  # timed in the same alternating passes as "none"
-            cfgs["int4_100"] = replace(chain_cfg, every=100)
         none = Run(env, data, batches)
-        runs: dict[str, tuple[Run, CheckpointManager]] = {}
+        runs: dict[str, tuple[Run, CheckpointManager | None]] = {"none": (none, None)}
         for name, cfg in cfgs.items():
             r = Run(env, data, batches)
-            runs[name] = (r, CheckpointManager(tmp / name, env, cfg, ID))
-            runs[name][1].start(r.parts, False)
-        secs = {name: 0.0 for name in ("none", *cfgs)}
-        half = steps // 20 * 10
-        for n, last in ((half, False), (steps - half, True)):
-            secs["none"] += none.train(n)
-            for name, (r, ck) in runs.items():
-                secs[name] += r.train(n, ck, finish=last)
+            ck = CheckpointManager(tmp / name, env, cfg, ID)
+            ck.start(r.parts, False)
+            runs[name] = (r, ck)
+        # turns of `segment` steps from mid-interval on: every turn of int4_100 holds one
+        # save and its write; none and int4_100 take turns first by turns
+        turns = [segment // 2] + [segment] * ((steps - segment // 2) // segment)
+        turns += [steps - sum(turns)] if steps > sum(turns) else []
+        secs: dict[str, list[float]] = {name: [] for name in runs}
+        for k, n in enumerate(turns):
+            last = k == len(turns) - 1
+            pair = ["none", "int4_100"] if k % 2 == 0 else ["int4_100", "none"]
+            for name in pair + [x for x in runs if x not in pair]:
+                r, ck = runs[name]
+                secs[name].append(r.train(n, ck, finish=last))
         for _, ck in runs.values():
-            ck.stall_s /= len(_entries(ck.root))  # per checkpoint
+            if ck is not None:
+                ck.stall_s /= len(_entries(ck.root))  # per checkpoint
         keys = table_shards(none.dmp.state_dict(), None)
         features = {f: key for key in keys for m in probe.modules()
                     if type(m).__name__ == "EmbeddingBagCollection"
                     for t in m.embedding_bag_configs() if key.endswith(f".{t.name}.weight")
                     for f in t.feature_names}
         table_rows = sum(s[0].rows for s in keys.values())
-        t_none, t_int4 = secs["none"], secs["int4"]
+        common["load_avg"] = [load, _load()]  # 1, 5, 15 min, at the start and now
 
         # -- checkpoint.bytes: deltas of the last k steps vs a full fp32 save ----------------
         full = _write(none, None, "none", tmp / "w-full")
@@ -223,13 +256,17 @@ def main() -> None:
                      rows_written=d["rows_written"], table_rows=table_rows,
                      rows_bytes=d["rows"], dense_bytes=d["dense"],
                      full_rows_bytes=full["rows"], **common)
-        e4 = [e for e in _entries(tmp / "int4") if e.kind == "delta"]
         ef = _entries(tmp / "full")
-        mean4 = sum(e.bytes for e in e4) / len(e4)
         meanf = sum(e.bytes for e in ef) / len(ef)
+        e100 = _entries(tmp / "int4_100")
+        emit("checkpoint.bytes", "int4 chain every 100 steps, the default chain policy: bytes "
+             "written per checkpoint (baselines included) vs per full fp32 save", "bytes",
+             sum(e.bytes for e in e100) / len(e100), meanf, "lower", aim=17.0,
+             checkpoints=[[e.kind, e.bytes] for e in e100], **common)
+        e4 = [e for e in _entries(tmp / "int4") if e.kind == "delta"]
         emit("checkpoint.bytes", "int4 chain every 10 steps: bytes per delta written in "
-             "training vs per full fp32 save", "bytes", mean4, meanf, "lower",
-             deltas=len(e4), **common)
+             "training vs per full fp32 save", "bytes", sum(e.bytes for e in e4) / len(e4),
+             meanf, "lower", deltas=len(e4), **common)
         emit("checkpoint.bytes", f"written over {steps} steps, every 10: int4 chain (a "
              "baseline per 10 deltas) vs full fp32 saves", "bytes",
              sum(e.bytes for e in _entries(tmp / "int4")), sum(e.bytes for e in ef), "lower",
@@ -239,15 +276,19 @@ def main() -> None:
              **common)
 
         # -- checkpoint.stall -----------------------------------------------------------
+        stall = {n: ck.stall_s for n, (_, ck) in runs.items() if ck is not None}
         emit("checkpoint.stall", "loop wait per checkpoint: int4 chain in the background vs "
-             "synchronous full fp32 save", "s", runs["int4"][1].stall_s,
-             runs["full"][1].stall_s, "lower", **common)
-        emit("checkpoint.stall", "samples/s with an int4 delta every 10 steps vs none",
-             "samples/s", steps * BATCH / t_int4, steps * BATCH / t_none, "higher", **common)
-        if not quick:
-            emit("checkpoint.stall", "samples/s with an int4 delta every 100 steps vs none",
-                 "samples/s", steps * BATCH / secs["int4_100"], steps * BATCH / t_none,
-                 "higher", **common)
+             "synchronous full fp32 save", "s", stall["int4"], stall["full"], "lower",
+             **common)
+        for name, every in (("int4_100", 100), ("int4", 10)):
+            paired = [b / a for a, b in zip(secs[name], secs["none"], strict=True)]
+            emit("checkpoint.stall", f"samples/s with an int4 delta every {every} steps vs "
+                 "none", "samples/s", steps * BATCH / sum(secs[name]),
+                 steps * BATCH / sum(secs["none"]), "higher",
+                 **({"aim": 0.98} if every == 100 else {}),
+                 turn_ratio_median=round(statistics.median(paired), 4),
+                 turn_ratios=[round(x, 4) for x in paired],
+                 cpu_ratio=round(runs["none"][0].cpu_s / runs[name][0].cpu_s, 4), **common)
 
         # -- checkpoint.restore: the newest chain (baseline + 10 deltas) vs one full ---------
         lineage, _ = Store(tmp / "int4").newest_restorable()
@@ -261,7 +302,16 @@ def main() -> None:
              "s", best["int4"], best["full"], "lower",
              chain_bytes=sum(e.bytes for e in lineage), full_bytes=ef[-1].bytes, **common)
 
-        # -- checkpoint.ne: restore, train `more` steps, held-out NE --------------------
+        # -- checkpoint.ne: the restored int4 chain as it is; restore and train on ------------
+        r = Run(env, data, batches)
+        r.restore(tmp / "int4_100")
+        assert r.state.step == steps
+        fp32, restored = none.ne(held_out), r.ne(held_out)
+        rel = restored / fp32 - 1
+        emit("checkpoint.ne", "held-out NE of the model restored from the int4 chain saved "
+             "every 100 steps vs the fp32 model it saved", "NE", restored, fp32, "lower",
+             ne_delta=restored - fp32, ne_rel=rel, aim_rel=NE_AIM,
+             chain=[e.kind for e in e100], **common)
         nes = {}
         for name in ("full", "int4", "int8"):
             r = Run(env, data, batches)
@@ -273,6 +323,9 @@ def main() -> None:
             emit("checkpoint.ne", f"held-out NE after restoring an {q} chain and {more} more "
                  "steps vs an unquantized checkpoint", "NE", nes[q], nes["full"], "lower",
                  ne_delta=nes[q] - nes["full"], **common)
+    if abs(rel) > NE_AIM:
+        raise SystemExit(f"checkpoint.ne: the restored int4 chain's held-out NE is "
+                         f"{rel:+.4%} from the fp32 model's (aim: within {NE_AIM:.2%})")
 
 
 if __name__ == "__main__":

@@ -20,12 +20,19 @@ on rows resampled with replacement (the Poisson bootstrap: every row drawn Poiss
 times, independently, which streams and vectorizes; Chamandy et al. 2012), their
 percentile interval. Neither torchrec nor torchmetrics resamples rows with weights for AUC,
 hence the code here.
+
+`StreamingScore` gives the same metrics and intervals of a stream of batches in memory
+that does not grow with the stream (`lrm evaluate` of a day of any size): sums, and for
+AUC the weights of positives and negatives per bin of score (AUC_BINS over logits in
+[-AUC_RANGE, AUC_RANGE]: a bin's pairs count 0.5, as a tie does; the intervals' AUCs on
+AUC_CI_BINS bins). Each row's bootstrap weights are drawn as the row passes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -116,19 +123,29 @@ def _block_sums(w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     return torch.diff(c, dim=1, prepend=c.new_zeros(c.shape[0], 1))
 
 
+def _ne(loss: torch.Tensor, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """NE [R] from sums [R] of log loss, labels and rows (NaN where undefined)."""
+    c = pos / rows
+    h = -(c * torch.log(c) + (1 - c) * torch.log1p(-c))
+    return torch.where(h > 0, loss / rows / h, torch.nan)
+
+
+def _block_auc(wp: torch.Tensor, wn: torch.Tensor) -> torch.Tensor:
+    """AUC [R] from the weights of positives and negatives [R, blocks] of blocks of equal
+    (or binned) score, ascending: a pair within a block counts 0.5."""
+    below = torch.cumsum(wn, 1) - wn  # negative weight strictly below each block
+    n_pos, n_neg = wp.sum(1), wn.sum(1)
+    return torch.where((n_pos > 0) & (n_neg > 0),
+                       (wp * (below + 0.5 * wn)).sum(1) / (n_pos * n_neg), torch.nan)
+
+
 def _weighted(w: torch.Tensor, ll: torch.Tensor, y: torch.Tensor, p: torch.Tensor,
               ends: torch.Tensor) -> Iterator[torch.Tensor]:
     """NE, AUC and calibration [R] under R row weightings `w` [R, n] (float64) of rows
     sorted by score, `ends` closing each run of equal scores (a tie block)."""
     rows, pos = w.sum(1), w @ y
-    c = pos / rows
-    h = -(c * torch.log(c) + (1 - c) * torch.log1p(-c))
-    yield torch.where(h > 0, (w @ ll) / rows / h, torch.nan)  # NE
-    wp, wn = _block_sums(w * y, ends), _block_sums(w * (1 - y), ends)
-    below = torch.cumsum(wn, 1) - wn  # negative weight strictly below each block
-    n_pos, n_neg = wp.sum(1), wn.sum(1)
-    yield torch.where((n_pos > 0) & (n_neg > 0),
-                      (wp * (below + 0.5 * wn)).sum(1) / (n_pos * n_neg), torch.nan)  # AUC
+    yield _ne(w @ ll, pos, rows)
+    yield _block_auc(_block_sums(w * y, ends), _block_sums(w * (1 - y), ends))
     yield torch.where(pos > 0, (w @ p) / pos, torch.nan)  # calibration
 
 
@@ -167,6 +184,73 @@ def bootstrap_ci(preds: torch.Tensor, labels: torch.Tensor, *, resamples: int = 
         lo, hi = torch.nanquantile(torch.cat(acc), q).tolist()
         ci[k] = (lo, hi)
     return ci
+
+
+AUC_RANGE = 16.0  # logits binned for a streamed AUC: [-16, 16] (sigmoid: 1e-7 from 0 or 1)
+AUC_BINS, AUC_CI_BINS = 1 << 16, 1 << 13  # bins of 0.0005 and of 0.004 in logit
+
+
+def _bins(x: torch.Tensor, n: int) -> torch.Tensor:
+    return ((x.clamp(-AUC_RANGE, AUC_RANGE) + AUC_RANGE) * (n / (2 * AUC_RANGE))
+            ).long().clamp_(0, n - 1)
+
+
+class StreamingScore:
+    """NE, AUC and calibration of batches of logits (`update`), with `resamples`
+    Poisson-bootstrap intervals (`compute`), in memory that does not grow with the rows
+    (see the module docstring): 2 x AUC_BINS + resamples x (4 + 2 x AUC_CI_BINS) float64.
+    The same rows give the same result (the weights are seeded); `score` of the same rows
+    in one piece agrees on NE and calibration, and on AUC within a bin's pairs."""
+
+    def __init__(self, *, resamples: int = BOOTSTRAP, seed: int = 0) -> None:
+        if resamples < 0:
+            raise ValueError(f"resamples must be >= 0, got {resamples}")
+        self.resamples = resamples
+        self._g = torch.Generator().manual_seed(seed)
+        self.rows, self._loss, self._pos, self._prob = 0, 0.0, 0.0, 0.0
+        self._hist = torch.zeros(2, AUC_BINS, dtype=torch.float64)  # positives, negatives
+        r = resamples
+        self._sums = torch.zeros(4, r, dtype=torch.float64)  # rows, pos, loss, prob
+        self._ci_hist = torch.zeros(2, r, AUC_CI_BINS, dtype=torch.float64)
+
+    def update(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        x, y = _flat(logits), _flat(labels)
+        ll, p = log_losses(x, y), torch.sigmoid(x)
+        self.rows += y.numel()
+        self._loss += float(ll.sum())
+        self._pos += float(y.sum())
+        self._prob += float(p.sum())
+        fine = _bins(x, AUC_BINS)
+        self._hist[0].index_add_(0, fine, y)
+        self._hist[1].index_add_(0, fine, 1 - y)
+        if self.resamples and y.numel():
+            w = _poisson1(self.resamples, y.numel(), self._g)
+            self._sums += torch.stack([w.sum(1), w @ y, w @ ll, w @ p])
+            coarse = _bins(x, AUC_CI_BINS)
+            self._ci_hist[0].index_add_(1, coarse, w * y)
+            self._ci_hist[1].index_add_(1, coarse, w * (1 - y))
+
+    def compute(self, level: float = CI_LEVEL) -> dict[str, Any]:
+        """What `score(..., ci=True)` gives for the rows seen (no CI with 0 resamples)."""
+        n = self.rows
+        if n == 0:
+            nan = math.nan
+            out: dict[str, Any] = {"ne": nan, "auc": nan, "calibration": nan, "rows": 0,
+                                   "log_loss": nan, "ctr": nan}
+        else:
+            out = {"ne": ne_from_sums(self._loss, self._pos, n),
+                   "auc": float(_block_auc(self._hist[:1], self._hist[1:])[0]),
+                   "calibration": self._prob / self._pos if self._pos > 0 else math.nan,
+                   "rows": n, "log_loss": self._loss / n, "ctr": self._pos / n}
+        if self.resamples:
+            rows, pos, loss, prob = self._sums
+            q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
+            per = {"ne": _ne(loss, pos, rows), "auc": _block_auc(*self._ci_hist),
+                   "calibration": torch.where(pos > 0, prob / pos, torch.nan)}
+            for k, v in per.items():
+                out[f"{k}_ci"] = torch.nanquantile(v, q).tolist() if n else [math.nan] * 2
+            out.update(ci_level=level, ci_resamples=self.resamples)
+        return out
 
 
 class StreamingMetrics:

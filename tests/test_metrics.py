@@ -159,3 +159,43 @@ def test_bootstrap_intervals_cover_the_truth_and_narrow_with_more_rows():
                                       calibration(x, y)), strict=True))
     nan = bootstrap_ci(torch.zeros(3), torch.zeros(3))  # no click: NE, AUC, calibration NaN
     assert all(math.isnan(v) for b in nan.values() for v in b)
+
+
+def test_streaming_score_agrees_with_score_in_the_memory_of_a_batch():
+    """`lrm evaluate`'s scorer: batch after batch, the NE, calibration, log loss and CTR of
+    all rows at once, and the exact AUC where no two different scores share a bin (a grid
+    of 0.001, ties included); the intervals those of the same Poisson weights on the rows
+    in one piece (AUC's within its coarser bins); its memory the same after 10 batches as
+    after 1."""
+    from lrm.train.evaluate import score
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randint(-6000, 1000, (60_000,), generator=g).double() * 0.001
+    y = (torch.rand(60_000, generator=g) < torch.sigmoid(x)).double()
+    s = metrics.StreamingScore(resamples=50, seed=7)
+    sizes = []
+    for xb, yb in zip(x.split(6_000), y.split(6_000), strict=True):
+        s.update(xb, yb)
+        sizes.append(sum(t.numel() for t in (s._hist, s._sums, s._ci_hist)))
+    assert len(set(sizes)) == 1
+    got, want = s.compute(), score(x, y)
+    assert got["rows"] == want["rows"] == 60_000
+    for k in ("ne", "calibration", "log_loss", "ctr"):
+        assert got[k] == pytest.approx(want[k], rel=1e-9), k
+    assert got["auc"] == pytest.approx(want["auc"], abs=1e-12)
+    # the same weights, drawn batch by batch, on the rows sorted at once
+    w_g = torch.Generator().manual_seed(7)
+    w = torch.cat([metrics._poisson1(50, 6_000, w_g) for _ in range(10)], 1)
+    xs, order = torch.sort(x)
+    ends = torch.cumsum(torch.unique_consecutive(xs, return_counts=True)[1], 0)
+    each = metrics._weighted(w[:, order], metrics.log_losses(xs, y[order]), y[order],
+                             torch.sigmoid(xs), ends)
+    q = torch.tensor([0.025, 0.975], dtype=torch.float64)
+    for k, v in zip(("ne", "auc", "calibration"), each, strict=True):
+        lo, hi = got[f"{k}_ci"]
+        assert lo < got[k] < hi, k
+        assert [lo, hi] == pytest.approx(torch.quantile(v, q).tolist(),
+                                         abs=2e-4 if k == "auc" else 1e-9), k
+    none = metrics.StreamingScore(resamples=0)
+    none.update(x, y)
+    assert "ne_ci" not in none.compute() and math.isnan(metrics.StreamingScore().compute()["ne"])

@@ -3,10 +3,11 @@
 Everything a run needs to go on is a `Stateful` (state_dict / load_state_dict): the sharded
 model, the optimizers, the train state and the data position. The manager saves them every
 `CheckpointConfig.every` steps and at the end as a chain (Check-N-Run): a full baseline,
-then deltas holding only the embedding rows looked up since the previous checkpoint
+then deltas holding only the embedding rows changed since the previous checkpoint
 (lrm.checkpoint.tracker) with their row-wise optimizer state, plus every dense tensor
 exactly. A new baseline starts after `deltas` deltas, or when the chain's deltas would pass
-`delta_budget` times its baseline's size. Rows are stored `quantize`d (fp32, int8, int4).
+`delta_budget` times its baseline's size. Rows are stored `quantize`d (fp32, int8, int4;
+a quantized chain's deltas as residuals: lrm.checkpoint.snapshot).
 
 At a save the training thread copies the rows and tensors out (lrm.checkpoint.snapshot)
 and goes on; a background thread quantizes, writes, fsyncs and commits them
@@ -39,7 +40,7 @@ from typing import Any, Protocol
 
 import torch
 
-from lrm.checkpoint import snapshot
+from lrm.checkpoint import quantize, snapshot
 from lrm.checkpoint.store import CheckpointError, Entry, Store, final_name, temp_name
 from lrm.checkpoint.tables import TableShard, table_shards
 from lrm.checkpoint.tracker import RowTracker
@@ -53,10 +54,6 @@ log = logging.getLogger("lrm")
 RESHARDABLE = frozenset({"world_size"})
 # what must match when a run resumes a model onto new data (the streaming flow's next day)
 MODEL_IDENTITY = frozenset({"kind", "model", "tables", "table_rows"})
-# steps between merges of the tracker's recorded ids: a merge reads them back (a host sync
-# on a GPU), so it waits for a log point, where the host waits anyway; COMPACT_MAX bounds
-# the ids held wherever the log points fall
-COMPACT_EVERY, COMPACT_MAX = 32, 256
 
 
 class Stateful(Protocol):
@@ -133,8 +130,9 @@ class CheckpointManager:
         self.stall_s = 0.0  # time the training thread spent in saves (copy, and waits)
         self._pool: ThreadPoolExecutor | None = None
         self._pending: Future[Path | None] | None = None
-        self._tracker: RowTracker | None = None
-        self._merged_at = 0  # step of the tracker's last merge (or take)
+        self._tracker = RowTracker()
+        # a quantized chain's rows as a restore makes them (its deltas are residuals)
+        self._recon = snapshot.Reconstruction() if cfg.quantize != "none" else None
         self._head: _Head | None = None
         self._seq, self._nonce = 1, ""
 
@@ -151,9 +149,6 @@ class CheckpointManager:
         `init_state`, a dummy step that creates AdamW's lazy state to load into: run
         without a checkpoint to overwrite it, it would change the run).
         """
-        model = parts.get("model")
-        if self._tracker is None and hasattr(model, "model_trackers"):
-            self._tracker = RowTracker(model)  # type: ignore[arg-type]
         names = set(parts) - ({"train", "data"} if new_data else set())
         bad: dict[str, str] = {}  # checkpoints that verified but could not be restored
         while True:
@@ -182,15 +177,16 @@ class CheckpointManager:
                 break
             why = str(failed) if failed is not None else "another rank could not restore it"
             bad[lineage[-1].name] = f"cannot be restored ({why})"
-        if self._tracker is not None:
-            self._tracker.clear()
+        tables = _tables({k: parts[k].state_dict() for k in names})
+        self._tracker.reset(tables)  # the next delta holds the rows changed from here on
+        if self._recon is not None:
+            self._recon.reset(tables)
         head = lineage[-1]
         sizes = [float(e.manifest["estimated_bytes"]) for e in lineage]  # type: ignore[index]
         self._head = _Head(head.name, str(head.chain), len(lineage) - 1, sizes[0],
                            sum(sizes[1:]))
         # a new-data run counts its own steps: none of them is saved yet
         self.saved_at, self.last = (-1 if new_data else head.step), head.path
-        self._merged_at = 0 if new_data else head.step
         log.info("resumed from %s (step %d: a baseline and %d deltas, %d rows) in %.2f s",
                  head.path, head.step, len(lineage) - 1, n, time.perf_counter() - t0)
         return head.step
@@ -264,14 +260,8 @@ class CheckpointManager:
         return out
 
     # -- saving -----------------------------------------------------------------------
-    def step(self, step: int, parts: Mapping[str, Stateful], log_point: bool = False) -> bool:
-        """Called after every optimizer step: save when the interval says so. `log_point`:
-        the host has just waited for the device (see COMPACT_EVERY)."""
-        since = step - self._merged_at
-        if self._tracker is not None and (since >= COMPACT_EVERY and log_point
-                                          or since >= COMPACT_MAX):
-            self._tracker.compact()
-            self._merged_at = step
+    def step(self, step: int, parts: Mapping[str, Stateful]) -> bool:
+        """Called after every optimizer step: save when the interval says so."""
         if self.cfg.every and step % self.cfg.every == 0:
             self.save(step, parts)
             return True
@@ -294,14 +284,14 @@ class CheckpointManager:
         self.wait()
         state = {k: v.state_dict() for k, v in parts.items()}
         tables = _tables(state)
-        touched = self._tracker.take(tables) if self._tracker is not None else None
-        self._merged_at = step
+        touched = self._tracker.take(tables)
         q = self.cfg.quantize
-        est = torch.tensor([_bytes(tables, touched, q), _bytes(tables, None, q)],
-                           dtype=torch.float64)
-        delta_bytes, base_bytes = (float(x) for x in self.env.all_sum(est))
+        # (ranks that cannot tell which rows changed: a baseline on every rank)
+        est = torch.tensor([_bytes(tables, touched, q), _bytes(tables, None, q),
+                            touched is None], dtype=torch.float64)
+        delta_bytes, base_bytes, unknown = (float(x) for x in self.env.all_sum(est))
         head = self._head
-        baseline = head is None or touched is None or head.wants_baseline(self.cfg, delta_bytes)
+        baseline = head is None or unknown > 0 or head.wants_baseline(self.cfg, delta_bytes)
         snap = snapshot.capture(state, tables, None if baseline else touched,
                                 dense=self.env.is_main)
         seq, name = self._seq, final_name(self._seq, step)
@@ -313,7 +303,8 @@ class CheckpointManager:
             "estimated_bytes": base_bytes if baseline else delta_bytes, "owner": self.owner,
         }
         job = _Job(self.store, self.root / temp_name(seq, step, self._nonce), manifest, snap,
-                   self.env, self._nonce, keep=self.cfg.keep, pinned=self._pinned)
+                   self.env, self._nonce, keep=self.cfg.keep, pinned=self._pinned,
+                   recon=self._recon)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lrm-checkpoint")
         self._pending = self._pool.submit(job.run)
@@ -356,9 +347,6 @@ class CheckpointManager:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        if self._tracker is not None:
-            self._tracker.close()
-            self._tracker = None
 
     # -- the best state: kept through retention, read back -------------------------------
     def _of_this_run(self, step: int) -> Entry | None:
@@ -437,8 +425,7 @@ class CheckpointManager:
 def _bytes(tables: Mapping[str, list[TableShard]], touched: Mapping[str, torch.Tensor] | None,
            q: str) -> int:
     """Bytes this rank's rows take in a checkpoint: all rows (touched None) or the touched."""
-    from lrm.checkpoint.quantize import row_bytes
-
+    codec = quantize.codecs(q)[0 if touched is None else 1]
     n = 0
     for key, shards in tables.items():
         for s in shards:
@@ -447,7 +434,8 @@ def _bytes(tables: Mapping[str, list[TableShard]], touched: Mapping[str, torch.T
             else:
                 ids = touched.get(key)
                 rows = 0 if ids is None else int(((ids >= s.r0) & (ids < s.r1)).sum())
-            n += rows * (row_bytes(s.c1 - s.c0, q) + 4 + 4 * len(s.states))
+            n += snapshot.piece_bytes(rows, s.weight.shape[0], s.c1 - s.c0, len(s.states),
+                                      codec, q)
     return n
 
 
@@ -456,10 +444,11 @@ class _Job:
 
     def __init__(self, store: Store, tmp: Path, manifest: dict[str, Any],
                  snap: snapshot.Snapshot, env: Dist, nonce: str, keep: int,
-                 pinned: str | None = None) -> None:
+                 pinned: str | None = None,
+                 recon: snapshot.Reconstruction | None = None) -> None:
         self.store, self.tmp, self.manifest, self.snap = store, tmp, manifest, snap
         self.rank, self.world_size, self.main = env.rank, env.world_size, env.is_main
-        self.nonce, self.keep, self.pinned = nonce, keep, pinned
+        self.nonce, self.keep, self.pinned, self.recon = nonce, keep, pinned, recon
 
     def run(self) -> Path | None:
         q, snap = self.manifest["quantize"], self.snap
@@ -467,7 +456,9 @@ class _Job:
         files = {}
         if snap.pieces:
             def rows(path: Path) -> dict[str, Any]:
-                info, meta = snapshot.write_rows(snap, q, path)
+                info, meta = snapshot.write_rows(
+                    snap, q, path, baseline=self.manifest["kind"] == "baseline",
+                    recon=self.recon)
                 pieces.extend(meta)
                 return info
             files[snapshot.ROWS_FILE.format(rank=self.rank)] = rows

@@ -15,6 +15,13 @@ width-weighted mean of the source pieces' states over its columns: the same valu
 layout is unchanged, exact when column shards merge (a row's mean square gradient over all
 columns is the width-weighted mean of the shards' means), and the whole row's mean for
 each part when a table is split into more column shards (the best estimate there is).
+
+How rows are stored (`write_rows`): each piece's row ids as a bitmap over its shard's rows
+where that is smaller than the ids (a baseline's: one bit a row), and the rows in their
+chain's codecs (lrm.checkpoint.quantize). A quantized chain's deltas hold residuals: each
+row minus what the chain restores it to so far (`Reconstruction`, kept by the writer), so
+a row's error after a restore is that of its last residual, not of a 4-bit row (the
+figures: lrm.checkpoint.quantize).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from lrm.checkpoint import quantize
@@ -42,6 +50,8 @@ class Piece:
     table: str
     c0: int
     c1: int
+    r0: int  # the rows [r0, r1) of the shard it comes from
+    r1: int
     ids: torch.Tensor  # [n] global row ids, ascending
     rows: torch.Tensor  # [n, c1 - c0] fp32
     states: dict[str, torch.Tensor] = field(default_factory=dict)  # name -> [n] fp32
@@ -100,7 +110,7 @@ def capture(state: Mapping[str, Any], tables: Mapping[str, list[TableShard]],
                 sts = {n: (v.detach().to("cpu", torch.float32, copy=True) if local is None
                            else v.detach().index_select(0, local.to(v.device)).cpu().float())
                        for n, v in s.states.items()}
-            pieces.append(Piece(key, s.c0, s.c1, ids.to(small), rows, sts))
+            pieces.append(Piece(key, s.c0, s.c1, s.r0, s.r1, ids.to(small), rows, sts))
     for path, leaf in _walk(state):
         if is_sharded(leaf):
             if not _table_leaf(path, tables):
@@ -123,12 +133,109 @@ def capture(state: Mapping[str, Any], tables: Mapping[str, list[TableShard]],
     return Snapshot(pieces, dense_out, values, meta)
 
 
-def write_rows(snap: Snapshot, q: str, path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+class Reconstruction:
+    """The rows a quantized chain restores to, per shard, as its writer left them: what a
+    delta's residuals are taken from. Set from a baseline as it is written, moved by each
+    delta, and copied from the tables after a restore (which leaves them exactly so)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, int, int], torch.Tensor] = {}  # (table, r0, c0) -> fp32
+
+    def reset(self, tables: Mapping[str, list[TableShard]]) -> None:
+        self.rows = {(key, s.r0, s.c0): s.weight.detach().to("cpu", torch.float32, copy=True)
+                     for key, shards in tables.items() for s in shards}
+
+    def of(self, p: Piece) -> torch.Tensor:
+        have = self.rows.get((p.table, p.r0, p.c0))
+        if have is None or have.shape != (p.r1 - p.r0, p.c1 - p.c0):
+            raise RuntimeError(f"{p.table}: no reconstruction of the shard at rows {p.r0}, "
+                               f"columns {p.c0} (a delta before its chain's baseline?)")
+        return have
+
+    def update(self, p: Piece, rows: torch.Tensor, baseline: bool) -> None:
+        if baseline:
+            self.rows[p.table, p.r0, p.c0] = rows
+        else:
+            self.of(p)[p.ids.long() - p.r0] = rows
+
+
+def _bitmap(p: Piece) -> bool:
+    """Whether a piece's ids are smaller as a bitmap over its shard's rows."""
+    return -(-(p.r1 - p.r0) // 8) < p.ids.numel() * p.ids.element_size()
+
+
+def _encode_ids(pieces: list[Piece], g: int) -> dict[str, torch.Tensor]:
+    """A group's ids: `index` [pieces, 4] (bitmap or not, r0, r1, ids), the ids of the
+    pieces stored as ids, the bitmaps (little-endian bits, a whole byte per piece)."""
+    index, ids, bits = [], [], []
+    for p in pieces:
+        bitmap = _bitmap(p)
+        index.append([int(bitmap), p.r0, p.r1, int(p.ids.numel())])
+        if bitmap:
+            mask = np.zeros(p.r1 - p.r0, bool)
+            mask[p.ids.numpy() - p.r0] = True
+            bits.append(torch.from_numpy(np.packbits(mask, bitorder="little")))
+        else:
+            ids.append(p.ids)
+    out = {f"{g}/index": torch.tensor(index, dtype=torch.int64)}
+    if ids:
+        out[f"{g}/ids"] = torch.cat(ids).to(torch.int32 if all(i.dtype == torch.int32
+                                                                for i in ids) else torch.int64)
+    if bits:
+        out[f"{g}/bits"] = torch.cat(bits)
+    return out
+
+
+def _decode_ids(tensors: Mapping[str, torch.Tensor], g: int, where: Path) -> torch.Tensor:
+    """The ids of group `g` (int64, the pieces' in order) from a file's tensors
+    (`_encode_ids`, or the ids alone as lrm wrote them before bitmaps)."""
+    index, ids, bits = (tensors.get(f"{g}/{k}") for k in ("index", "ids", "bits"))
+    if index is None:
+        if ids is None:
+            raise CheckpointError(f"{where}: lacks {g}/ids")
+        return ids.to(torch.int64)
+    ids = torch.zeros(0, dtype=torch.int64) if ids is None else ids.to(torch.int64)
+    packed = np.zeros(0, np.uint8) if bits is None else bits.numpy()
+    out, at_ids, at_bits = [], 0, 0
+    for bitmap, r0, r1, n in index.tolist():
+        if bitmap:
+            nb = -(-(r1 - r0) // 8)
+            mask = np.unpackbits(packed[at_bits:at_bits + nb], count=r1 - r0,
+                                 bitorder="little")
+            got = torch.from_numpy(np.flatnonzero(mask)) + r0
+            at_bits += nb
+        else:
+            got = ids[at_ids:at_ids + n]
+            at_ids += n
+        if got.numel() != n:
+            raise CheckpointError(f"{where}: group {g} holds {got.numel()} ids of a piece of "
+                                  f"{n}")
+        out.append(got)
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
+
+
+def piece_bytes(n: int, span: int, cols: int, states: int, codec: str, q: str) -> int:
+    """Bytes `n` rows of a shard of `span` rows take in a piece stored with `codec` in a
+    chain quantized `q` (its ids, rows and states), as `write_rows` writes them."""
+    ids = min(-(-span // 8), 4 * n)
+    state = torch.finfo(quantize.state_dtype(q)).bits // 8
+    return ids + n * (quantize.row_bytes(cols, codec) + states * state)
+
+
+def write_rows(snap: Snapshot, q: str, path: Path, *, baseline: bool,
+               recon: Reconstruction | None = None
+               ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Quantize and write this rank's pieces: (file info, the pieces' manifest entries).
 
-    Pieces of the same width and number of states are packed into one group of three
-    tensors (ids, stored rows, states [n, k]): loading a weights-only file costs per tensor,
-    and fbgemm's operators per call."""
+    A baseline's rows go in its chain's baseline codec, a delta's in the delta codec: as
+    residuals over `recon` (which this moves to what the rows restore to) when quantized.
+    Pieces of the same width and number of states are packed into one group of tensors
+    (ids, stored rows, states [n, k]): loading a weights-only file costs per tensor, and
+    fbgemm's operators per call."""
+    codec = quantize.codecs(q)[0 if baseline else 1]
+    residual = not baseline and codec != "f32"
+    if residual and recon is None:
+        raise ValueError("a quantized delta needs its chain's reconstruction")
     groups: dict[tuple[int, int], list[Piece]] = {}
     for p in snap.pieces:
         groups.setdefault((p.c1 - p.c0, len(p.states)), []).append(p)
@@ -140,13 +247,26 @@ def write_rows(snap: Snapshot, q: str, path: Path) -> tuple[dict[str, Any], list
             meta.append({"file": path.name, "group": g, "at": at, "rows": int(p.ids.numel()),
                          "table": p.table, "c0": p.c0, "c1": p.c1, "states": sorted(p.states)})
             at += int(p.ids.numel())
-        ids = torch.cat([p.ids for p in pieces])
-        tensors[f"{g}/ids"] = ids.to(torch.int32 if all(p.ids.dtype == torch.int32
-                                                         for p in pieces) else torch.int64)
-        tensors[f"{g}/rows"] = quantize.encode(torch.cat([p.rows for p in pieces]), q)
+        tensors.update(_encode_ids(pieces, g))
+        rows = torch.cat([p.rows for p in pieces])
+        if residual:
+            assert recon is not None
+            prev = torch.cat([recon.of(p)[p.ids.long() - p.r0] for p in pieces])
+            stored = quantize.encode(rows - prev, codec)
+            tensors[f"{g}/residual.{codec}"] = stored
+            restores = prev + quantize.decode(stored, codec, width)
+        else:
+            stored = quantize.encode(rows, codec)
+            tensors[f"{g}/rows.{codec}"] = stored
+            restores = quantize.decode(stored, codec, width) if recon is not None else None
+        if recon is not None and restores is not None:
+            for p, r in zip(pieces, restores.split([int(p.ids.numel()) for p in pieces]),
+                            strict=True):
+                recon.update(p, r, baseline)
         if k:
             tensors[f"{g}/states"] = torch.cat(
-                [torch.stack([p.states[n] for n in sorted(p.states)], 1) for p in pieces])
+                [torch.stack([p.states[n] for n in sorted(p.states)], 1) for p in pieces]
+            ).to(quantize.state_dtype(q))
     return save_tensors(tensors, path), meta
 
 
@@ -182,19 +302,30 @@ class _Files:
             raise CheckpointError(f"{self.entry.path / name}: lacks {key}")
         return t
 
-    def group(self, piece: Mapping[str, Any], q: str) -> tuple[torch.Tensor, ...]:
-        """(ids int64, rows fp32, states [n, k] or None) of a piece's group, decoded once."""
+    def group(self, piece: Mapping[str, Any], q: str) -> tuple[Any, ...]:
+        """(ids int64, rows fp32, states [n, k] fp32 or None, whether the rows are
+        residuals) of a piece's group, decoded once."""
         key = (piece["file"], piece["group"])
         if key not in self._groups:
             g, f = piece["group"], piece["file"]
-            ids = self.get(f, f"{g}/ids").to(torch.int64)
-            rows = quantize.decode(self.get(f, f"{g}/rows"), q, piece["c1"] - piece["c0"])
-            states = self.get(f, f"{g}/states") if piece["states"] else None
+            where, tensors = self.entry.path / f, self.file(f)
+            ids = _decode_ids(tensors, g, where)
+            stored = [k for k in tensors if k.startswith((f"{g}/rows", f"{g}/residual"))]
+            if len(stored) != 1:
+                raise CheckpointError(f"{where}: group {g} has no rows" if not stored else
+                                      f"{where}: group {g} has rows {stored}")
+            kind, _, codec = stored[0].split("/", 1)[1].partition(".")
+            try:  # a bare `rows`: written before codecs were named
+                rows = quantize.decode(tensors[stored[0]], codec or quantize.LEGACY[q],
+                                       piece["c1"] - piece["c0"])
+            except (ValueError, KeyError) as e:
+                raise CheckpointError(f"{where}: group {g}: {e}") from None
+            states = self.get(f, f"{g}/states").float() if piece["states"] else None
             if rows.shape[0] != ids.shape[0] or (states is not None
                                                   and states.shape[0] != ids.shape[0]):
-                raise CheckpointError(f"{self.entry.path / f}: group {g} has "
+                raise CheckpointError(f"{where}: group {g} has "
                                       f"{ids.shape[0]} ids but {rows.shape[0]} rows")
-            self._groups[key] = (ids, rows, states)
+            self._groups[key] = (ids, rows, states, kind == "residual")
         return self._groups[key]
 
 
@@ -229,7 +360,7 @@ def restore_tables(lineage: list[Entry], tables: Mapping[str, list[TableShard]])
                 lo, hi = max(s.c0, p["c0"]), min(s.c1, p["c1"])
                 if lo >= hi:
                     continue
-                g_ids, g_rows, g_states = files.group(p, q)
+                g_ids, g_rows, g_states, residual = files.group(p, q)
                 span = slice(p["at"], p["at"] + p["rows"])
                 ids = g_ids[span]
                 pick = ((ids >= s.r0) & (ids < s.r1)).nonzero().flatten()
@@ -242,10 +373,13 @@ def restore_tables(lineage: list[Entry], tables: Mapping[str, list[TableShard]])
                 if int(local[-1]) - int(local[0]) + 1 == n:
                     pick, local = slice(int(pick[0]), int(pick[0]) + n), \
                         slice(int(local[0]), int(local[0]) + n)
-                rows = g_rows[span][pick]
+                rows = g_rows[span][pick][:, lo - p["c0"]:hi - p["c0"]]
                 with torch.no_grad():
-                    s.weight[local, lo - s.c0:hi - s.c0] = \
-                        rows[:, lo - p["c0"]:hi - p["c0"]].to(s.weight.device, s.weight.dtype)
+                    target = s.weight[local, lo - s.c0:hi - s.c0]
+                    if residual:  # exactly what the writer's Reconstruction added
+                        rows = target.to("cpu", torch.float32) + rows
+                    s.weight[local, lo - s.c0:hi - s.c0] = rows.to(s.weight.device,
+                                                                   s.weight.dtype)
                 n_read += n
                 by_cols = states.setdefault((p["table"], si), {})
                 for name in s.states:
@@ -255,7 +389,7 @@ def restore_tables(lineage: list[Entry], tables: Mapping[str, list[TableShard]])
                     acc = by_cols.setdefault((p["c0"], p["c1"]), {}).setdefault(
                         name, torch.zeros(s.weight.shape[0]))
                     assert g_states is not None
-                    acc[local] = g_states[span][pick, p["states"].index(name)].float()
+                    acc[local] = g_states[span][pick, p["states"].index(name)]
     for (key, si), by_cols in states.items():
         s = tables[key][si]
         width = s.c1 - s.c0

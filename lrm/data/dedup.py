@@ -542,20 +542,17 @@ def _dedup_day(schema: FeatureSchema, day: int, paths: list[Path], folder: Path,
     """Day `day`'s impression files -> `folder/part-NNNNN.parquet` (sessions layout)."""
     totals.bytes_in += sum(p.stat().st_size for p in paths)
     writer = _PartWriter(folder, day, cfg.rows_per_file, schema, item_table=cfg.item_table)
-    ids: list[np.ndarray] = []  # session ids of the day, in order
-    where: list[tuple[int, Path]] = []  # (index of the first session, file)
+    seen = _SessionIds()  # the day's sessions so far
     day_sessions = 0
     chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
     for table, source, row0 in _whole_sessions(chunks):
         s = _session_rows(table, schema, source, row0)
-        where.append((day_sessions, source))
-        ids.append(s.column(SESSION).to_numpy())
+        seen.add(s.column(SESSION).to_numpy(), source)
         writer.add(s)
         totals.rows += table.num_rows
         day_sessions += s.num_rows
         rep.update(table.num_rows)
     writer.close()
-    _check_day_contiguous(ids, where)
     totals.sessions += day_sessions
     totals.parts += writer.parts
     totals.bytes_out += writer.bytes_out
@@ -637,16 +634,32 @@ def _check_day(chunk: pa.Table, day: int, path: Path) -> None:
                         f"rows of day {lo.as_py()}..{hi.as_py()} in the day={day} partition")
 
 
-def _check_day_contiguous(ids: list[np.ndarray], where: list[tuple[int, Path]]) -> None:
-    """A session id must not reappear later in the day (in another chunk or file)."""
-    if not ids:
-        return
-    all_ids = np.concatenate(ids)
-    dup = _first_duplicate(all_ids)
-    if dup is None:
-        return
-    starts = np.array([w[0] for w in where])
-    source = where[int(np.searchsorted(starts, dup, side="right")) - 1][1]
-    raise DataError(source, None, SESSION,
-                    f"session {int(all_ids[dup])} is not contiguous: it reappears after other "
-                    "sessions (sessions must be contiguous within a day)")
+class _SessionIds:
+    """The session ids of a day seen so far, as disjoint runs of consecutive ids: a few for
+    a day whose ids count up (the generator's, ingest's), however many sessions it has."""
+
+    def __init__(self) -> None:
+        self.lo = self.hi = np.zeros(0, np.int64)  # runs [lo, hi], ascending
+
+    def add(self, ids: np.ndarray, source: Path) -> None:
+        """Add a table's session ids (distinct); a DataError naming `source` when one of
+        them came earlier in the day (a session must be contiguous within a day)."""
+        if not len(ids):
+            return
+        ids = np.sort(ids.astype(np.int64, copy=False))
+        cut = np.flatnonzero(np.diff(ids) != 1) + 1
+        lo, hi = ids[np.r_[0, cut]], ids[np.r_[cut - 1, len(ids) - 1]]
+        at = np.searchsorted(self.hi, lo)  # the first known run that ends at or after lo
+        hit = at < len(self.lo)
+        hit[hit] = self.lo[at[hit]] <= hi[hit]
+        if hit.any():
+            k = int(np.flatnonzero(hit)[0])
+            dup = max(int(lo[k]), int(self.lo[at[k]]))
+            raise DataError(source, None, SESSION,
+                            f"session {dup} is not contiguous: it reappears after other "
+                            "sessions (sessions must be contiguous within a day)")
+        lo, hi = np.r_[self.lo, lo], np.r_[self.hi, hi]
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        new = np.r_[True, lo[1:] != hi[:-1] + 1]  # a run that does not go on from the last
+        self.lo, self.hi = lo[new], hi[np.r_[new[1:], True]]

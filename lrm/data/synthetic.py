@@ -64,15 +64,25 @@ Dense features are roughly standardized: d_position = log1p(position), d_user_ac
 (log popularity of the user, noisy), d_ad_age (log1p of days), d_bid (log bid).
 
 Determinism: the world's tables come from SeedSequence([seed, _WORLD]) (vertical j's own
-term from [seed, _VERTICAL, j]), day d's draws from SeedSequence([seed, d, stream]): the
-same config gives byte-identical tables.
+term from [seed, _VERTICAL, j]), day d's draws from SeedSequence([seed, d, stream]) (and
+[seed, d, stream, k] for a chunk or block k > 0): the same config gives byte-identical tables.
+
+A day of more than CHUNK_SESSIONS sessions is simulated in chunks, so memory is bounded by
+a chunk whatever the day's size (`_chunks`): the sessions' own draws (user, time, length)
+are made in blocks and spilled to disk by time slice (slices cut at the first block's
+quantiles of time), then each slice, sorted by time, is simulated whole (histories,
+verticals, impressions, labels). The click model's intercepts are then calibrated on the
+impressions of the first block's first sessions, a sample of the whole day. A day of at most
+CHUNK_SESSIONS sessions is one chunk, drawn and calibrated exactly as before chunks were.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,6 +116,10 @@ HISTORY_BASE = 1 << 24  # stream positions start here (so p - L is never negativ
 RAMP_DAYS = 3.0  # an arriving user or ad reaches its rank's full traffic over its first days
 _CACHED_DAYS = 16  # drifted tables and pools kept (a history reaches back HISTORY_DAYS + 1)
 REFERENCE_PAIRS = 4096  # (user, ad) pairs a vertical's own term is scaled on
+# sessions simulated at once (a chunk: ~400k impressions, whose simulation and table peak at
+# ~1.3 GB with the default 100-ad histories); a larger day is simulated in chunks (see the
+# module docstring)
+CHUNK_SESSIONS = 50_000
 _WORLD, _SESSIONS, _HISTORY, _IMPRESSIONS, _LABELS, _POOL, _DRIFT, _VERTICAL = range(8)
 _MAX_LIST_VALUES = 2**31 - 1  # list<int64> offsets are int32
 
@@ -650,9 +664,11 @@ def _calibrate(raw: np.ndarray, ctr: float) -> float:
 
 @dataclass
 class _Day:
-    """One simulated day: session-level and impression-level columns."""
+    """A chunk of a simulated day (all of it when it fits one): sessions [first, first + S)
+    of the day, session-level and impression-level columns."""
 
     day: int
+    first: int  # the day's index of the first session
     sessions: dict[str, np.ndarray]  # per session: user-side columns
     imp_off: np.ndarray  # [S + 1] impression offsets of each session
     hist_off: np.ndarray  # [S + 1] offsets into `hist`
@@ -660,34 +676,54 @@ class _Day:
     imps: dict[str, np.ndarray]  # per impression: position, label, item-side, dense
     logit: np.ndarray  # hidden calibrated logit per impression
     intercepts: np.ndarray  # [verticals] each vertical's calibrated intercept
-    sess_index: np.ndarray  # [n] session of each impression
+    sess_index: np.ndarray  # [n] session (of the chunk) of each impression
 
     @property
     def rows(self) -> int:
         return int(self.imp_off[-1])
 
 
-def _simulate(w: _World, day: int) -> _Day:
+_DRAWS = np.dtype([("rank", np.int64), ("hours", np.float64), ("activity", np.float64),
+                   ("n_imp", np.int64)])  # a session's own draws (as spilled to disk)
+
+
+def _key(k: int) -> tuple[int, ...]:
+    """The seed-sequence suffix of chunk or block k (none for the first: a day of one
+    chunk draws as before chunks were)."""
+    return (k,) if k else ()
+
+
+def _session_draws(w: _World, day: int, block: int, size: int) -> np.ndarray:
+    """The own draws of `size` sessions of `day` (block `block` of them), as drawn."""
     cfg = w.cfg
-    S = cfg.sessions_per_day
-    rs = _rng(cfg.seed, day, _SESSIONS)
-    rank = w.users.sample(rs, S, day)
+    rs = _rng(cfg.seed, day, _SESSIONS, *_key(block))
+    out = np.empty(size, _DRAWS)
+    out["rank"] = rank = w.users.sample(rs, size, day)
+    pref = w.user_attributes(w.users.ids(rank, day))["hour_pref"]
+    out["hours"] = (pref + 0.5 + rs.normal(0, 2.5, size)) % HOURS  # time of day (hours)
+    out["activity"] = np.log(cfg.users * w.users.law.mass(rank)) + rs.normal(0, 0.3, size)
+    out["n_imp"] = 1 + rs.poisson(cfg.mean_session_length - 1, size)
+    return out
+
+
+def _simulate(w: _World, day: int, draws: np.ndarray, *, chunk: int = 0, first: int = 0,
+              intercepts: np.ndarray | None = None) -> _Day:
+    """Sessions of `day` with these own draws, in their order, as chunk `chunk`: their
+    histories, verticals, impressions and labels (the intercepts calibrated on their
+    impressions unless given)."""
+    cfg = w.cfg
+    S = len(draws)
+    rank, hours, activity, n_imp = (draws[k] for k in _DRAWS.names)
     uid = w.users.ids(rank, day)
     attrs = w.user_attributes(uid)
-    hours = (attrs["hour_pref"] + 0.5 + rs.normal(0, 2.5, S)) % HOURS  # time of day (hours)
-    activity = np.log(cfg.users * w.users.law.mass(rank)) + rs.normal(0, 0.3, S)
-    n_imp = 1 + rs.poisson(cfg.mean_session_length - 1, S)
-    # The log is written in the order sessions happen.
-    t = np.argsort(hours, kind="stable")
-    rank, uid, hours, activity, n_imp = rank[t], uid[t], hours[t], activity[t], n_imp[t]
-    attrs = {k: v[t] for k, v in attrs.items()}
     hist_len = attrs["hist_len"]
     sessions = {"user_id": uid, **{c: attrs[c] for c in
                                    ("user_age", "user_gender", "user_geo", "user_device")},
                 "session_hour": np.minimum(hours.astype(np.int64), HOURS - 1),  # (-0.0 % 24: 24.0)
                 # the surface the session is on: its own stream, so the rest of the day is
                 # the same whatever the verticals
-                "vertical": _rng(cfg.seed, day, _VERTICAL).choice(len(w.share), S, p=w.share)}
+                "vertical": _rng(cfg.seed, day, _VERTICAL, *_key(chunk)).choice(
+                    len(w.share), S, p=w.share)}
 
     base, rate = w.stream(uid, rank)
     pos = base + np.floor(rate * (day + hours / HOURS)).astype(np.int64)
@@ -695,7 +731,7 @@ def _simulate(w: _World, day: int) -> _Day:
                                          rate, pos, hist_len)
     hist_off = np.concatenate([[0], np.cumsum(hist_len)])
 
-    ri = _rng(cfg.seed, day, _IMPRESSIONS)
+    ri = _rng(cfg.seed, day, _IMPRESSIONS, *_key(chunk))
     imp_off = np.concatenate([[0], np.cumsum(n_imp)])
     n = int(imp_off[-1])
     seg = np.repeat(np.arange(S), n_imp)
@@ -723,11 +759,13 @@ def _simulate(w: _World, day: int) -> _Day:
              **w.history_features(hist_off, hist_cat, hist_adv, seg, ad["ad_category"],
                                   ad["advertiser_id"])}
     raw = w.raw_logit(day, feats)
-    intercepts = _intercepts(w, day, feats, raw)
+    if intercepts is None:
+        intercepts = _intercepts(w, day, feats, raw)
     logit = raw + intercepts[feats["vertical"]]
-    imps[LABEL] = (_rng(cfg.seed, day, _LABELS).random(n) < _sigmoid(logit)).astype(np.int8)
-    return _Day(day=day, sessions=sessions, imp_off=imp_off, hist_off=hist_off, hist=hist,
-                imps=imps, logit=logit, intercepts=intercepts, sess_index=seg)
+    imps[LABEL] = (_rng(cfg.seed, day, _LABELS, *_key(chunk)).random(n)
+                   < _sigmoid(logit)).astype(np.int8)
+    return _Day(day=day, first=first, sessions=sessions, imp_off=imp_off, hist_off=hist_off,
+                hist=hist, imps=imps, logit=logit, intercepts=intercepts, sess_index=seg)
 
 
 def _intercepts(w: _World, day: int, feats: dict[str, np.ndarray], raw: np.ndarray
@@ -750,6 +788,49 @@ def _intercepts(w: _World, day: int, feats: dict[str, np.ndarray], raw: np.ndarr
     return out
 
 
+def _time_ordered(draws: np.ndarray) -> np.ndarray:
+    return draws[np.argsort(draws["hours"], kind="stable")]
+
+
+def _calibration(w: _World, day: int, blocks: int, draws: np.ndarray) -> np.ndarray:
+    """The intercepts of a day of several chunks: calibrated on the impressions of the first
+    sessions of its first block (drawn i.i.d. over the day), with their own impression
+    draws (those of chunk `blocks`, one past the last)."""
+    enough = int(np.searchsorted(np.cumsum(draws["n_imp"]), CALIBRATION_ROWS)) + 1
+    return _simulate(w, day, draws[:enough], chunk=blocks).intercepts
+
+
+def _chunks(w: _World, day: int) -> Iterator[_Day]:
+    """Day `day` in time order, a chunk of at most about CHUNK_SESSIONS sessions at a time
+    (see the module docstring)."""
+    S = w.cfg.sessions_per_day
+    k = -(-S // CHUNK_SESSIONS)
+    if k == 1:
+        yield _simulate(w, day, _time_ordered(_session_draws(w, day, 0, S)))
+        return
+    sizes = [min(CHUNK_SESSIONS, S - b * CHUNK_SESSIONS) for b in range(k)]
+    with tempfile.TemporaryDirectory(prefix="lrm-generate-") as tmp:
+        slices = [Path(tmp) / f"slice-{j}" for j in range(k)]
+        edges = intercepts = None
+        for b, size in enumerate(sizes):
+            draws = _session_draws(w, day, b, size)
+            if edges is None:  # time slices of about equal counts
+                edges = np.quantile(draws["hours"], np.arange(1, k) / k)
+                intercepts = _calibration(w, day, k, draws)
+            cut = np.searchsorted(edges, draws["hours"], side="right")
+            for j in range(k):
+                with open(slices[j], "ab") as f:
+                    draws[cut == j].tofile(f)
+        first = 0
+        for j, path in enumerate(slices):
+            draws = _time_ordered(np.fromfile(path, _DRAWS))
+            path.unlink()
+            if len(draws):
+                yield _simulate(w, day, draws, chunk=j, first=first,
+                                intercepts=intercepts)
+            first += len(draws)
+
+
 def _table(w: _World, d: _Day, s0: int, s1: int) -> pa.Table:
     """Impression rows of sessions [s0, s1) as a table of the exact impressions schema."""
     sch = w.schema.arrow("impressions")
@@ -760,7 +841,7 @@ def _table(w: _World, d: _Day, s0: int, s1: int) -> pa.Table:
         pa.array((d.hist_off[s0:s1 + 1] - h0).astype(np.int32)), pa.array(d.hist[h0:h1]))
     cols: dict[str, Any] = {
         DAY: np.full(i1 - i0, d.day, np.int32),
-        SESSION: d.day * w.cfg.sessions_per_day + seg,
+        SESSION: d.day * w.cfg.sessions_per_day + d.first + seg,
         **{c: d.sessions[c][seg] for c in w.schema.user_sparse},
         "user_history": per_session.take(pa.array(seg - s0)),
         **{c: d.imps[c][i0:i1] for c in (POSITION, LABEL, *w.schema.item_sparse,
@@ -785,8 +866,17 @@ def _parts(imp_off: np.ndarray, rows_per_file: int) -> list[tuple[int, int]]:
 def generate_day(cfg: GenerateConfig, day: int) -> pa.Table:
     """Day `day` (any day >= 0, not only < cfg.days) as one impressions table."""
     w = _World(cfg)
-    d = _simulate(w, day)
-    return _table(w, d, 0, cfg.sessions_per_day)
+    return pa.concat_tables([_table(w, d, 0, len(d.imp_off) - 1) for d in _chunks(w, day)])
+
+
+def _day_intercepts(w: _World, day: int) -> np.ndarray:
+    """The calibrated intercepts (one a vertical) of day `day`'s click model (as `_chunks`
+    finds them)."""
+    S = w.cfg.sessions_per_day
+    if S <= CHUNK_SESSIONS:
+        return next(_chunks(w, day)).intercepts
+    k = -(-S // CHUNK_SESSIONS)
+    return _calibration(w, day, k, _session_draws(w, day, 0, CHUNK_SESSIONS))
 
 
 def _table_features(w: _World, table: pa.Table) -> dict[str, np.ndarray]:
@@ -820,64 +910,70 @@ def hidden_logit(cfg: GenerateConfig, table: pa.Table, day: int | None = None) -
     for d in np.unique(days):
         m = days == d
         raw = w.raw_logit(int(d), {k: v[m] for k, v in f.items()})
-        out[m] = raw + _simulate(w, int(d)).intercepts[f["vertical"][m]]
+        out[m] = raw + _day_intercepts(w, int(d))[f["vertical"][m]]
     return out
 
 
-def _oracle_ne(labels: np.ndarray, logits: np.ndarray) -> float:
-    """NE of the true click logits (lrm.metrics, the one NE): the best any model can do."""
-    import torch  # here: importing this module stays free of torch's ~2 s import
-
-    from lrm.metrics import normalized_entropy
-
-    return normalized_entropy(torch.from_numpy(logits), torch.from_numpy(labels))
-
-
 def generate(cfg: GenerateConfig, out: Path) -> dict[str, Any]:
-    """Write days 0..cfg.days-1 to out/day=D/part-NNNNN.parquet; return the run's metrics."""
+    """Write days 0..cfg.days-1 to out/day=D/part-NNNNN.parquet; return the run's metrics.
+
+    A day is written a chunk at a time (no part file spans two chunks), and the metrics are
+    sums and sets of ids, so memory stays that of a chunk whatever the day's size."""
+    from lrm.metrics import log_losses, ne_from_sums  # torch: only when metrics are made
+    import torch
+
     w = _World(cfg)
     rows_per_file = max(1, min(cfg.rows_per_file, _MAX_LIST_VALUES // cfg.max_history))
     rows = sessions = files = hist_items = clicks = nbytes = 0
-    users, ads, ctr_day = [], [], {}
-    labels, logits, verticals = [], [], []
+    loss = 0.0
+    users = ads = np.zeros(0, np.int64)
+    ctr_day = {}
+    per_vertical = np.zeros((len(cfg.verticals), 3))  # rows, clicks, log loss of the truth
     with Reporter("generate", total=cfg.days, unit="day") as rep:
         for day in range(cfg.days):
-            d = _simulate(w, day)
-            for p, (s0, s1) in enumerate(_parts(d.imp_off, rows_per_file)):
-                nbytes += io.write_parquet(_table(w, d, s0, s1), part_path(out, day, p))
-                files += 1
-            y = d.imps[LABEL]
-            rows += d.rows
-            sessions += len(d.imp_off) - 1
-            hist_items += len(d.hist)
-            clicks += int(y.sum())
-            users.append(np.unique(d.sessions["user_id"]))
-            ads.append(np.unique(d.imps["ad_id"]))
-            ctr_day[str(day)] = round(float(y.mean()), 6)
-            labels.append(y)
-            logits.append(d.logit)
-            verticals.append(d.sessions["vertical"][d.sess_index])
-            rep.update(1, rows=rows, ctr=float(y.mean()))
-    y, z, v = np.concatenate(labels), np.concatenate(logits), np.concatenate(verticals)
+            day_rows = day_clicks = part = 0
+            for d in _chunks(w, day):
+                for s0, s1 in _parts(d.imp_off, rows_per_file):
+                    nbytes += io.write_parquet(_table(w, d, s0, s1), part_path(out, day, part))
+                    part += 1
+                y = d.imps[LABEL]
+                day_rows += d.rows
+                day_clicks += int(y.sum())
+                sessions += len(d.imp_off) - 1
+                hist_items += len(d.hist)
+                users = np.union1d(users, d.sessions["user_id"])
+                ads = np.union1d(ads, d.imps["ad_id"])
+                losses = log_losses(torch.from_numpy(d.logit), torch.from_numpy(y)).numpy()
+                loss += float(losses.sum())
+                v = d.sessions["vertical"][d.sess_index]
+                for j in range(len(cfg.verticals)):
+                    on = v == j
+                    per_vertical[j] += (on.sum(), y[on].sum(), losses[on].sum())
+            files += part
+            rows += day_rows
+            clicks += day_clicks
+            ctr_day[str(day)] = round(day_clicks / day_rows, 6)
+            rep.update(1, rows=rows, ctr=day_clicks / day_rows)
     return {
         "rows": rows, "sessions": sessions, "days": cfg.days, "files": files, "bytes": nbytes,
         "mean_session_length": rows / sessions,
         "mean_history_length": hist_items / sessions,
         "ctr": clicks / rows, "ctr_per_day": ctr_day,
-        "users_active": int(len(np.unique(np.concatenate(users)))),
-        "ads_active": int(len(np.unique(np.concatenate(ads)))),
-        "oracle_ne": _oracle_ne(y, z),
-        "verticals": _vertical_metrics(cfg, y, z, v),
+        "users_active": len(users), "ads_active": len(ads),
+        # the NE of the true click logits (lrm.metrics): the best any model can do
+        "oracle_ne": ne_from_sums(loss, clicks, rows),
+        "verticals": _vertical_metrics(cfg, per_vertical),
     }
 
 
-def _vertical_metrics(cfg: GenerateConfig, labels: np.ndarray, logits: np.ndarray,
-                      vertical: np.ndarray) -> dict[str, dict[str, Any]]:
+def _vertical_metrics(cfg: GenerateConfig, sums: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per vertical (by name): its rows, click rate and oracle NE (None without both
-    labels)."""
+    labels), from its [rows, clicks, log loss] sums."""
+    from lrm.metrics import ne_from_sums
+
     out = {}
-    for j, vc in enumerate(cfg.verticals):
-        y, z = labels[vertical == j], logits[vertical == j]
-        out[vc.name] = {"rows": len(y), "ctr": float(y.mean()) if len(y) else 0.0,
-                        "oracle_ne": _oracle_ne(y, z) if 0 < y.sum() < len(y) else None}
+    for vc, (n, c, loss) in zip(cfg.verticals, sums, strict=True):
+        out[vc.name] = {"rows": int(n), "ctr": float(c / n) if n else 0.0,
+                        "oracle_ne": ne_from_sums(float(loss), int(c), int(n))
+                        if 0 < c < n else None}
     return out

@@ -1,16 +1,18 @@
 """Scoring a model on a held-out day: NE, AUC, calibration over every impression, each with
-a bootstrap confidence interval (lrm.metrics.bootstrap_ci).
+a bootstrap confidence interval (lrm.metrics).
 
 `evaluate` loads a saved model folder and scores it in this process (the unsharded model):
-every row of the day unless `max_rows` says otherwise, and the result says how many; the
+every row of the day unless `max_rows` says otherwise, and the result says how many. It
+streams: each batch's scores go into a lrm.metrics.StreamingScore and are dropped, so a
+day of any size is scored in the memory of a batch (its AUC on scores binned finely). The
 training loop scores its sharded model with `predict` on every rank and gathers the
-predictions to rank 0.
+predictions to rank 0 (`score`: exact AUC).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -29,27 +31,33 @@ from lrm.train.export import load_model
 
 
 @torch.no_grad()
+def _scored(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
+            max_batches: int | None = None, reporter: Reporter | None = None
+            ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) of each batch, float32 on the CPU, scored in float32 on any device
+    (no autocast: an NE is the saved model's, wherever it runs)."""
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in islice(batches, max_batches):
+            batch = batch.to(device, non_blocking=True)
+            out = model(batch)
+            yield out.float().cpu(), batch.labels.float().cpu()
+            if reporter is not None:
+                reporter.update(batch.size)
+    finally:
+        model.train(was_training)
+
+
 def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
             max_batches: int | None = None,
             reporter: Reporter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, labels) of every impression in `batches`, float32 on the CPU, scored in
     float32 on any device (no autocast: an NE is the saved model's, wherever it runs)."""
-    was_training = model.training
-    model.eval()
-    logits, labels = [], []
-    try:
-        for batch in islice(batches, max_batches):
-            batch = batch.to(device, non_blocking=True)
-            out = model(batch)
-            logits.append(out.float().cpu())
-            labels.append(batch.labels.float().cpu())
-            if reporter is not None:
-                reporter.update(batch.size)
-    finally:
-        model.train(was_training)
-    if not logits:
+    pairs = list(_scored(model, batches, device, max_batches=max_batches, reporter=reporter))
+    if not pairs:
         return torch.zeros(0), torch.zeros(0)
-    return torch.cat(logits), torch.cat(labels)
+    return torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
 
 
 def score(logits: torch.Tensor, labels: torch.Tensor, *, ci: bool = False,
@@ -97,9 +105,10 @@ def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 81
                           f"features than the model's ({card.schema.name!r})")
     day_rows = loader.num_rows()
     want = min(max_rows, day_rows) if max_rows > 0 else day_rows
+    scores = metrics.StreamingScore(resamples=resamples)
     with Reporter(f"evaluate {card.kind}", total=want, unit="rows") as rep:
-        logits, labels = predict(model, loader, dev, reporter=rep,
-                                 max_batches=-(-want // batch_size))
-    logits, labels = logits[:want], labels[:want]
-    return {**score(logits, labels, ci=True, resamples=resamples), "day": chosen,
-            "day_rows": day_rows, "kind": card.kind}
+        for logits, labels in _scored(model, loader, dev, reporter=rep,
+                                      max_batches=-(-want // batch_size)):
+            take = want - scores.rows
+            scores.update(logits[:take], labels[:take])
+    return {**scores.compute(), "day": chosen, "day_rows": day_rows, "kind": card.kind}

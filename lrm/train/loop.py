@@ -267,8 +267,7 @@ class _Run:
             self.guard.check()
             self._log_point(point := self.meter.point())
             rep.update(0, loss=point["loss"], ne=point["ne_window"])
-        if self.ckpt is not None and self.ckpt.step(state.step, self.parts,  # checks the guard
-                                                    log_point=logs):
+        if self.ckpt is not None and self.ckpt.step(state.step, self.parts):  # checks the guard
             self.meter.resume_clock()
 
     def _step(self, b: Batch) -> tuple[torch.Tensor, None]:

@@ -41,10 +41,10 @@ through the same local lookups. Batches with shared histories (`Batch.windows`) 
 taken: their segment count varies too, and the loop trains them through torchrec's
 pipeline.
 
-Checkpoints' row tracker (lrm.checkpoint.tracker) hooks the lookups, which a replay does
-not run on the host: each step records its batch's ids (host tensors) itself. A step that
-cannot be captured (a layer that reads a value on the host) trains uncaptured, with a
-warning; the capture is thread-local, since the loader's threads pin host memory meanwhile.
+Checkpoints find the rows a step changed in the fused optimizer's state, which a replay
+updates as an uncaptured step does (lrm.checkpoint.tracker). A step that cannot be
+captured (a layer that reads a value on the host) trains uncaptured, with a warning; the
+capture is thread-local, since the loader's threads pin host memory meanwhile.
 """
 
 from __future__ import annotations
@@ -375,7 +375,6 @@ class GraphSteps:
             g.static.stage(b)
             g.graph.replay()
             self.replays += 1
-            self._track(b, replayed=True)
         else:
             self._eager(b)
         return True
@@ -397,7 +396,6 @@ class GraphSteps:
             loss.backward()
             self.opt.step()
         self.uncaptured += 1
-        self._track(b, replayed=False)
 
     def _capture(self, layout: Layout, like: Batch) -> _Graph | None:
         """Capture a step at `layout` (replacing the graph of its form); None when the
@@ -455,21 +453,6 @@ class GraphSteps:
                     del sebc.forward
                 else:
                     sebc.forward = fwd
-
-    def _track(self, b: Batch, replayed: bool) -> None:
-        """Tell the DMP's row trackers (checkpoints) of this step's batch: its ids. (An
-        uncaptured step ran DMP's forward, which advanced their batch count.)"""
-        trackers = getattr(self.dmp, "model_trackers", None)
-        if not trackers:
-            return
-        if replayed:
-            for t in trackers.values():
-                t.step()
-        for s in self._empty.sides:
-            sebc = self._sebcs[s.attr]
-            fn = getattr(sebc, "post_lookup_tracker_fn", None)
-            if fn is not None:
-                fn(select_keys(getattr(b, s.attr), list(s.keys)), None, sebc, None)
 
 
 @contextlib.contextmanager

@@ -88,6 +88,16 @@ def batch(step: int, size: int = 16, spread: float = 1.2) -> tuple[KeyedJaggedTe
     return kjt, torch.randint(0, 2, (size,), generator=g).float()
 
 
+def looked_up(steps: range) -> dict[str, set[int]]:
+    """{table: the rows the batches of `steps` look up}."""
+    out: dict[str, set[int]] = {t: set() for t in TABLES}
+    for s in steps:
+        kjt, _ = batch(s)
+        for f, t in FEATURES.items():
+            out[t] |= set(kjt[f].values().tolist())
+    return out
+
+
 def train_steps(parts, steps: range, ckpt=None) -> None:
     dmp, opt, state = parts["model"], parts["optim"], parts["train"]
     dmp.train()

@@ -74,8 +74,8 @@ def test_a_rank_that_cannot_write_stops_the_commit_at_once(env, tmp_path, monkey
     monkeypatch.setattr(snapshot, "write_rows", full)
     tmp = tmp_path / ".tmp-000001-step-2-0badc0de"
     rank1 = Dist(rank=1, world_size=2, local_rank=1, device=torch.device("cpu"))
-    job = _Job(Store(tmp_path), tmp, {"seq": 1, "step": 2, "quantize": "none"}, snap, rank1,
-               "0badc0de", keep=2)
+    manifest = {"seq": 1, "step": 2, "kind": "baseline", "quantize": "none"}
+    job = _Job(Store(tmp_path), tmp, manifest, snap, rank1, "0badc0de", keep=2)
     with pytest.raises(OSError, match="No space"):
         job.run()
     Store(tmp_path).write_part(tmp, 0, "0badc0de", {}, {"pieces": []})

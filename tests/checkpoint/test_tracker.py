@@ -1,49 +1,67 @@
-"""torchrec's ModelDeltaTracker with fbgemm's fused row-wise Adagrad on CPU: the rows it
-reports are exactly the rows training looked up and changed; eval lookups are left out."""
+"""The rows a checkpoint's delta holds, read off fbgemm's fused row-wise Adagrad on CPU:
+exactly the rows training looked up and changed; eval lookups are left out; shards' row
+offsets and column shards of one table."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from lrm.checkpoint.tables import table_shards
+from lrm.checkpoint.tables import TableShard, table_shards
 from lrm.checkpoint.tracker import RowTracker
-from tests.checkpoint.conftest import FEATURES, TABLES, WEIGHT, batch, build, tables_and_state, \
-    train_steps
+from tests.checkpoint.conftest import TABLES, WEIGHT, batch, build, looked_up, \
+    tables_and_state, train_steps
 
 
-def _looked_up(steps: range) -> dict[str, set[int]]:
-    out: dict[str, set[int]] = {t: set() for t in TABLES}
-    for s in steps:
-        kjt, _ = batch(s)
-        for f, t in FEATURES.items():
-            out[t] |= set(kjt[f].values().tolist())
-    return out
+def _tables(parts):
+    state = {k: v.state_dict() for k, v in parts.items()}
+    return table_shards(state["model"], state["optim"])
 
 
 @pytest.mark.parametrize("layout", ["table", "column"])
 def test_tracked_rows_are_the_trained_rows(env, layout):
     dmp, parts = build(env, layout)
-    tracker = RowTracker(dmp)
+    tracker = RowTracker()
+    assert tracker.take(_tables(parts)) is None  # nothing to compare with: every row
+    train_steps(parts, range(2))
     before = tables_and_state(parts, env)
-    train_steps(parts, range(3))
+    tracker.reset(_tables(parts))  # e.g. after a restore: rows changed from here on
+    train_steps(parts, range(2, 5))
     dmp.eval()  # a held-out evaluation reads rows but changes none
     kjt, _ = batch(99, spread=0.2)
     with torch.no_grad():
         dmp(kjt)
     dmp.train()
     after = tables_and_state(parts, env)
-    state = {k: v.state_dict() for k, v in parts.items()}
-    touched = tracker.take(table_shards(state["model"], state["optim"]))
-    looked = _looked_up(range(3))
+    touched = tracker.take(_tables(parts))
+    assert touched is not None
+    looked = looked_up(range(2, 5))
     for t in TABLES:
         key = WEIGHT.format(t)
         changed = (before[key] != after[key]).any(1).nonzero().flatten().tolist()
-        got = touched[key].tolist()
-        assert got == sorted(looked[t]), t  # the training lookups, not the eval one
-        assert set(changed) <= set(got) and len(changed) > 0, t
-    again = tracker.take(table_shards(state["model"], state["optim"]))
-    assert all(v.numel() == 0 for v in again.values())  # taken: forgotten
-    tracker.close()
-    train_steps(parts, range(3, 4))
-    assert "lrm_checkpoint" not in dmp.model_trackers
+        # the training lookups (not the eval one), and exactly the rows whose weights moved
+        assert touched[key].tolist() == sorted(looked[t]) == changed, t
+    again = tracker.take(_tables(parts))
+    assert again is not None and all(v.numel() == 0 for v in again.values())  # taken
+
+
+def test_rows_are_global_and_column_shards_are_one_set():
+    """Shards of rows [10, 14) of a table: the ids are global rows; two column shards of the
+    same rows report the union; a table without a row-wise state reports every row."""
+    def shard(c0: int, state: torch.Tensor | None) -> TableShard:
+        return TableShard("t", 20, 4, torch.zeros(4, 2), 10, c0,
+                          {} if state is None else {"t.momentum1": state})
+
+    left, right = torch.zeros(4), torch.zeros(4)
+    tables = {"t": [shard(0, left), shard(2, right)], "plain": [shard(0, None)]}
+    tracker = RowTracker()
+    tracker.take(tables)
+    left[1] += 1.0
+    right[3] += 1.0
+    got = tracker.take(tables)
+    assert got is not None
+    assert got["t"].tolist() == [11, 13]
+    assert got["plain"].tolist() == [10, 11, 12, 13]
+    tables["t"].append(TableShard("t", 20, 4, torch.zeros(4, 2), 16, 0,
+                                  {"t.momentum1": torch.zeros(4)}))
+    assert tracker.take(tables) is None  # a shard it has not seen: every row

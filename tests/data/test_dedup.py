@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -381,3 +383,20 @@ def test_numbers_stored_as_text_do_not_fit_the_layout(tmp_path):
     write_dataset(tmp_path / "raw", {0: t}, rows_per_file=1000)
     with pytest.raises(DataError, match="field label: type string does not fit"):
         dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+
+
+def test_a_days_session_ids_are_kept_as_runs():
+    """dedup checks a day's sessions for repeats in memory that does not grow with the day
+    when ids count up (one run of a million ids, in chunks); ids out of order or with gaps
+    are runs too, and a repeat anywhere in a run is named with its file."""
+    seen = dedup._SessionIds()
+    for c in range(100):
+        seen.add(np.arange(c * 10_000, (c + 1) * 10_000), Path("a.parquet"))
+    assert (seen.lo.tolist(), seen.hi.tolist()) == ([0], [999_999])
+    other = dedup._SessionIds()
+    for ids in ([20, 21, 22], [5, 7], [10, 11], [6, 8, 9]):  # out of order, with gaps
+        other.add(np.array(ids), Path("b.parquet"))
+    assert (other.lo.tolist(), other.hi.tolist()) == ([5, 20], [11, 22])
+    with pytest.raises(DataError, match="session 5 is not contiguous") as e:
+        other.add(np.array([30, 3, 4, 5, 6]), Path("c.parquet"))
+    assert str(e.value.file) == "c.parquet" and e.value.field == SESSION

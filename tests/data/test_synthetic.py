@@ -418,10 +418,39 @@ def test_a_day_does_not_depend_on_the_days_generated_before():
     """The world caches drifted tables and pools across days; a day generated after later
     ones (or in a fresh world) is the same, histories reaching back a week included."""
     cfg = tiny(days=1, sessions_per_day=200)
-    fresh = synthetic._simulate(synthetic._World(cfg), 9)
+    fresh = next(synthetic._chunks(synthetic._World(cfg), 9))
     w = synthetic._World(cfg)
     for d in (30, 2, 9):
-        got = synthetic._simulate(w, d)
+        got = next(synthetic._chunks(w, d))
     np.testing.assert_array_equal(got.hist, fresh.hist)
     np.testing.assert_array_equal(got.imps["label"], fresh.imps["label"])
     np.testing.assert_array_equal(got.intercepts, fresh.intercepts)
+
+
+def test_a_day_of_several_chunks_is_whole_in_time_order_and_calibrated(tmp_path: Path,
+                                                                         monkeypatch) -> None:
+    """A day of more than CHUNK_SESSIONS sessions, simulated a chunk at a time: every
+    session once, in time order across the chunks, ids 0..S-1 in order, parts within a
+    chunk; the same bytes run after run; the CTR and the oracle NE as the hidden model
+    says (its intercept calibrated on a sample of the day)."""
+    monkeypatch.setattr(synthetic, "CHUNK_SESSIONS", 250)
+    cfg = tiny(days=2, sessions_per_day=1_000, users=5_000, rows_per_file=1_500)
+    metrics = synthetic.generate(cfg, tmp_path / "a")
+    synthetic.generate(cfg, tmp_path / "b")
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.parquet"))
+    assert len(files) >= 8  # at least a part per chunk
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    days = day_files(tmp_path / "a")
+    for day, paths in days.items():
+        t = pa.concat_tables(pq.read_table(p) for p in paths)
+        assert t.equals(synthetic.generate_day(cfg, day))
+        first = session_starts(t)
+        sid = col(t, "session_id")[np.unique(first)]
+        assert (sid == day * cfg.sessions_per_day + np.arange(cfg.sessions_per_day)).all()
+        assert (np.diff(col(t, "session_hour")) >= 0).all()  # time order, chunk to chunk
+        assert abs(col(t, "label").mean() - cfg.base_ctr) < 0.01
+    written = pa.concat_tables(pq.read_table(tmp_path / "a" / f) for f in files)
+    assert metrics["rows"] == written.num_rows
+    assert metrics["oracle_ne"] == pytest.approx(
+        ne(col(written, "label"), synthetic.hidden_logit(cfg, written)), rel=1e-9)

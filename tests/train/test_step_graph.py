@@ -1,7 +1,7 @@
 """Whole-step CUDA graphs (lrm.train.step_graph). On a CPU: the local lookups and the static,
 padded batches train exactly as torchrec's pipeline does (the capture itself needs a GPU);
 the padding and the capacities keep their invariants; the checkpoints' row tracker still
-learns every batch's ids. On a GPU (skipped without one): a replayed step trains as the
+learns every batch's rows. On a GPU (skipped without one): a replayed step trains as the
 uncaptured one, and `lrm.train.train` takes the graphs."""
 
 from __future__ import annotations
@@ -210,12 +210,16 @@ def test_capacities_fit_what_they_were_grown_from_and_refuse_more(datasets):
         assert not Layout(128, grown.sides, grown.form).fits(recd[0])  # another batch size
 
 
-def test_the_row_tracker_learns_every_step_s_ids(datasets):
-    """Checkpoints' deltas: the rows GraphSteps' steps looked up, as under the pipeline."""
+def test_the_row_tracker_learns_every_step_s_rows(datasets):
+    """Checkpoints' deltas: the rows GraphSteps' steps changed, as under the pipeline."""
     got = {}
     for how in ("pipeline", "local"):
         with _build(datasets["sessions"], "student") as (env, model, dmp, opt, step_fn, *_):
-            tracker = RowTracker(dmp)
+            def tables():
+                return table_shards(dmp.state_dict(), opt.state_dict())
+
+            tracker = RowTracker()
+            tracker.take(tables())
             batches = _batches(datasets["sessions"], model, True)
             if how == "pipeline":
                 steps = Steps(dmp, opt, env.device, step_fn)
@@ -225,10 +229,7 @@ def test_the_row_tracker_learns_every_step_s_ids(datasets):
             while steps.step(it):
                 pass
             steps.pause()
-            state = {"model": dmp.state_dict(), "optim": opt.state_dict()}
-            got[how] = {k: v.tolist() for k, v in tracker.take(
-                table_shards(state["model"], state["optim"])).items()}
-            tracker.close()
+            got[how] = {k: v.tolist() for k, v in tracker.take(tables()).items()}
     assert got["local"] == got["pipeline"]
     assert sum(len(v) for v in got["local"].values()) > 100
 
