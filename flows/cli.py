@@ -19,7 +19,7 @@ from flows.dag import STAGES
 from lrm.checkpoint import listing
 from lrm.config import ParamsConfig
 from lrm.errors import LrmError
-from stages._common import app as stage_app
+from stages import ingest
 from stages._common import command, fail, load_params, setup_logging
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -28,9 +28,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 for _stage in STAGES.values():
     if _stage.group is None:
         app.command(_stage.command_name)(command(_stage))
-    else:  # a command group, e.g. `lrm ingest criteo`
-        app.add_typer(stage_app(_stage), name=_stage.command_name,
-                      help=f"{_stage.name}: {_stage.group} and future sources")
+app.add_typer(ingest.app(), name="ingest")  # `lrm ingest criteo|logs`
 
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,
                              pretty_exceptions_enable=False)

@@ -44,7 +44,7 @@ from stages._common import Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES: dict[str, Stage] = {s.name: s for s in (
-    generate.STAGE, ingest.STAGE, dedup.STAGE, shard_plan.STAGE, train.STAGE, evaluate.STAGE,
+    generate.STAGE, ingest.STAGE, ingest.LOGS_STAGE, dedup.STAGE, shard_plan.STAGE, train.STAGE, evaluate.STAGE,
     teacher.STAGE, augment.STAGE, student.STAGE, register.STAGE, summary.STAGE, fp8_probe.STAGE)}
 
 

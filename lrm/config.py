@@ -113,9 +113,96 @@ class GenerateConfig:
         _check(0 <= self.churn < 1, "churn", "must be in [0, 1)")
 
 
+_DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+LOG_FORMATS = ("auto", "parquet", "csv", "tsv", "jsonl")
+TIME_UNITS = ("s", "ms", "us", "iso")
+
+
+def duration_seconds(text: str) -> int:
+    """'30m' -> 1800: an integer and a unit, s | m | h | d."""
+    t = text.strip()
+    if len(t) < 2 or t[-1] not in _DURATION or not t[:-1].isdigit() or int(t[:-1]) < 1:
+        raise ValueError(f"{text!r} is not a duration such as 45s, 30m, 2h or 1d")
+    return int(t[:-1]) * _DURATION[t[-1]]
+
+
+@dataclass(kw_only=True)
+class LogsConfig:
+    """A click log's column mapping (`lrm ingest logs`, lrm.data.logs): the role of each column.
+
+    The same keys are the command's flags (`--label COL`, `--session-gap 30m`, ...) and a
+    mapping file's (`--map FILE`). A column plays one role at most. Which roles a log needs
+    (a label; a user and a time for sessions by gap and for histories) is checked when it
+    is ingested, so the empty default stays valid.
+    """
+
+    files: list[str] = field(default_factory=list)  # used when no FILE is given
+    format: str = "auto"  # auto (by suffix) | parquet | csv | tsv | jsonl (.gz: compressed)
+    columns: list[str] = field(default_factory=list)  # CSV/TSV without a header: the names
+    label: str = ""  # the click column: 0/1 or a boolean (see label_count)
+    label_count: bool = False  # the label counts events: a count > 0 maps to 1
+    user: str = ""  # the user id column
+    item: str = ""  # the item id column (with explode: the name of the exploded items)
+    time: str = ""  # the impression's time
+    time_unit: str = "s"  # s | ms | us (numbers since the epoch) | iso (ISO 8601 text)
+    time_format: str = ""  # a strptime format for other text times, e.g. %m/%d/%Y %I:%M:%S %p
+    session: str = ""  # a page-view or session id column
+    session_gap: str = ""  # or: a user's impressions closer than this are one session (30m)
+    categorical: list[str] = field(default_factory=list)  # per-impression id columns
+    dense: list[str] = field(default_factory=list)  # numeric (log-scaled where heavy-tailed)
+    sequence: list[str] = field(default_factory=list)  # list columns (or delimited strings)
+    item_attributes: list[str] = field(default_factory=list)  # columns that are a function of the item
+    vertical: str = ""  # a surface, tab or page type: ExFM's verticals
+    explode: str = ""  # a page view's shown items with their labels, e.g. "N1-1 N2-0"
+    item_sep: str = " "  # between the items of a delimited list (explode, sequence, history)
+    label_sep: str = "-"  # between an exploded item and its label
+    history: str = "auto"  # auto (clicks before the session) | COL | none
+    history_order: str = "oldest_first"  # of a history COL: oldest_first | newest_first
+    days: str = "auto"  # auto (time when a time column is given, else one) | time | file | one
+    day_start: int = 0  # the UTC hour a day starts at (0-23)
+
+    def __post_init__(self) -> None:
+        _check(self.format in LOG_FORMATS, "format",
+               f"must be one of {list(LOG_FORMATS)}, got {self.format!r}")
+        _check(self.time_unit in TIME_UNITS, "time_unit",
+               f"must be one of {list(TIME_UNITS)}, got {self.time_unit!r}")
+        _check(self.history_order in ("oldest_first", "newest_first"), "history_order",
+               f"must be oldest_first or newest_first, got {self.history_order!r}")
+        _check(bool(self.history), "history", "must be auto, none or a column")
+        _check(self.days in ("auto", "time", "file", "one"), "days",
+               f"must be auto, time, file or one, got {self.days!r}")
+        _check(0 <= self.day_start <= 23, "day_start", "must be an hour, 0-23")
+        _check(bool(self.item_sep) and bool(self.label_sep), "item_sep/label_sep",
+               "must not be empty")
+        _check(not (self.session and self.session_gap), "session/session_gap",
+               "give one: a session column or a gap")
+        if self.session_gap:
+            try:
+                duration_seconds(self.session_gap)
+            except ValueError as e:
+                raise ConfigError(f"session_gap: {e}") from None
+        seen: dict[str, str] = {}
+        for role, col in self.roles():
+            _check(col not in seen, role, f"column {col!r} already plays {seen.get(col)}")
+            seen[col] = role
+
+    def roles(self) -> list[tuple[str, str]]:
+        """(role, source column) of every column the mapping reads."""
+        one = [("label", self.label), ("user", self.user), ("time", self.time),
+               ("session", self.session), ("vertical", self.vertical),
+               ("explode", self.explode)]
+        if not self.explode:
+            one.append(("item", self.item))
+        if self.history not in ("auto", "none"):
+            one.append(("history", self.history))
+        many = [(k, c) for k in ("categorical", "dense", "sequence", "item_attributes")
+                for c in getattr(self, k)]
+        return [(k, c) for k, c in one + many if c]
+
+
 @dataclass(kw_only=True)
 class IngestConfig:
-    """Criteo TSV ingest (lrm.data.criteo)."""
+    """Log ingest: Criteo TSV (lrm.data.criteo) and any click log through a mapping (`logs`)."""
 
     files: list[str] = field(default_factory=list)
     skip_bad: bool = False  # skip and count bad rows instead of failing on the first
@@ -123,6 +210,7 @@ class IngestConfig:
     # ("file": file k of the list is day k) or every file together is one day ("one")
     days: str = "file"
     chunk_rows: int = 200_000  # rows per streamed chunk (bounds memory)
+    logs: LogsConfig = field(default_factory=LogsConfig)  # `lrm ingest logs`: the mapping
 
     def __post_init__(self) -> None:
         _check(self.days in ("file", "one"), "days",

@@ -56,6 +56,8 @@ class FeatureSchema:
     item_key: the item_sparse column naming the item (the ad): a sessions file stores the
         item-side columns that are a function of it once per item (lrm.data.items; None:
         every column per impression).
+    vertical: the user_sparse column naming a session's vertical (a surface, tab or page
+        type: ExFM's verticals; None: one vertical).
     """
 
     name: str
@@ -66,10 +68,13 @@ class FeatureSchema:
     vocab: dict[str, int] = field(default_factory=dict)
     user_key: str | None = None
     item_key: str | None = None
+    vertical: str | None = None
 
     def __post_init__(self) -> None:
         if self.user_key is not None and self.user_key not in self.user_sparse:
             raise ValueError(f"user_key {self.user_key!r} is not a user_sparse feature")
+        if self.vertical is not None and self.vertical not in self.user_sparse:
+            raise ValueError(f"vertical {self.vertical!r} is not a user_sparse feature")
         if self.item_key is not None and self.item_key not in self.item_sparse:
             raise ValueError(f"item_key {self.item_key!r} is not an item_sparse feature")
         taken = set(self.sparse_features) | set(self.dense)
@@ -127,6 +132,7 @@ class FeatureSchema:
             vocab={k: int(v) for k, v in d.get("vocab", {}).items()},
             user_key=d.get("user_key"),
             item_key=d.get("item_key"),
+            vertical=d.get("vertical"),
         )
 
 

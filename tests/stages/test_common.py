@@ -18,7 +18,9 @@ from stages._common import Arg, Stage, _options, app, execute, load_params
 # values that pass validation and differ from the built-in default, for str keys
 STR_VALUES = {"device": "cpu", "seq_pooling": "sum", "adapter_context": "dense+features",
               "recipe": "rowwise", "backend": "scaled_mm", "quantize": "int8",
-              "days": "one", "compute_device": "cuda", "planner": "greedy"}
+              "days": "one", "compute_device": "cuda", "planner": "greedy",
+              "format": "csv", "time_unit": "ms", "history_order": "newest_first",
+              "session_gap": "30m"}
 MAPPING_VALUES = {"students.models": "{x: {embedding_dim: 4}}",
                   "students.variants": "{v: {distill: false}}",
                   "model.tables.shared": "{user_history: ad_id}"}
