@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CRITEO_DIR = REPO.parent / "shared" / "data" / "criteo_sample"
+# the real samples beside the repo (LRM_SHARED_DATA names another place, e.g. for a worktree)
+SHARED_DATA = Path(os.environ.get("LRM_SHARED_DATA", REPO.parent / "shared" / "data"))
+CRITEO_DIR = SHARED_DATA / "criteo_sample"
+MIND_DIR = SHARED_DATA / "mind_sample"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,3 +28,11 @@ def criteo_dir() -> Path:
     if not (CRITEO_DIR / "train.tsv").exists():
         pytest.skip(f"real Criteo sample not found at {CRITEO_DIR} (shared data absent)")
     return CRITEO_DIR
+
+
+@pytest.fixture
+def mind_dir() -> Path:
+    """../shared/data/mind_sample, or skip with a clear message where it is absent."""
+    if not (MIND_DIR / "behaviors.tsv").exists():
+        pytest.skip(f"real MIND sample not found at {MIND_DIR} (shared data absent)")
+    return MIND_DIR

@@ -80,7 +80,7 @@ def sessions(cell: pl.DataFrame, cfg: LogsConfig) -> pl.DataFrame:
     if mode == "gap":
         df = cell.sort([USER, TIME, *tie])
         t = df[TIME].to_numpy()
-        gap = np.diff(t) > duration_seconds(cfg.session_gap) * 1_000_000
+        gap = np.diff(t) >= duration_seconds(cfg.session_gap) * 1_000_000
         new = np.r_[True, gap | (df[USER].to_numpy()[1:] != df[USER].to_numpy()[:-1])]
         return df.with_columns(pl.Series(KEY, np.cumsum(new) - 1))
     raw = pl.col(SESSION) if mode == "column" else (
