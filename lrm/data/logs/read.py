@@ -156,9 +156,11 @@ class Check:
     why: str  # the message, with {value} for the raw value
 
 
-def _type_error(src: Source, col: str, dtype: pl.DataType, role: str, want: str) -> RowError:
-    return RowError(src.path, None, col, f"a {role} column must hold {want}, this one holds "
-                                         f"{dtype}")
+def _wrong_type(col: str, dtype: pl.DataType, role: str, want: str,
+                value: pl.DataType) -> Check:
+    """A column whose type its role cannot take: bad at its first value."""
+    return Check(col, pl.lit(None, value), pl.col(col).is_not_null(),
+                 f"a {role} column must hold {want}, this one holds {dtype}: {{value}}")
 
 
 def _is_int(dt: pl.DataType) -> bool:
@@ -176,7 +178,7 @@ def id_text(src: Source, col: str, dtype: pl.DataType, role: str,
         neg = c < 0 if dtype.is_signed_integer() else pl.lit(False)
         value = c.cast(pl.String)
     else:
-        raise _type_error(src, col, dtype, role, "ids (text or integers)")
+        return _wrong_type(col, dtype, role, "ids (text or integers)", pl.String)
     bad = neg.fill_null(False)
     why = "negative id {value}"
     if required:
@@ -193,8 +195,8 @@ def id_list(src: Source, col: str, dtype: pl.DataType, sep: str, role: str) -> C
     elif isinstance(dtype, pl.List) and (dtype.inner == pl.String or _is_int(dtype.inner)):
         items = c.list.eval(pl.element().cast(pl.String))
     else:
-        raise _type_error(src, col, dtype, role, "lists of ids (or ids joined by "
-                                                 f"{sep!r})")
+        return _wrong_type(col, dtype, role, f"lists of ids (or ids joined by {sep!r})",
+                           pl.List(pl.String))
     items = items.fill_null(pl.lit([], dtype=pl.List(pl.String)))
     neg = items.list.eval((pl.element().str.starts_with("-")
                            & pl.element().str.to_integer(strict=False).is_not_null())
@@ -216,7 +218,8 @@ def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check
         return Check(col, x.cast(pl.Int8, strict=False), ~x.is_in([0.0, 1.0]).fill_null(False)
                      | x.is_null(), "label must be 0 or 1, got {value}"), "binary"
     if dtype != pl.String:
-        raise _type_error(src, col, dtype, "label", "0/1, booleans or counts")
+        return _wrong_type(col, dtype, "label", "0/1, booleans or counts", pl.Int8), \
+            "binary"
     t = c.str.strip_chars().str.to_lowercase()
     as_bool = pl.when(t == "true").then(1).when(t == "false").then(0)
     if count:
@@ -241,13 +244,13 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
                      "missing time")
     if dtype.is_numeric():
         if cfg.time_unit == "iso" or cfg.time_format:
-            raise _type_error(src, col, dtype, "time", "text (the time is read with "
-                                                       "--time-unit iso or --time-format)")
+            return _wrong_type(col, dtype, "time", "text (the time is read with "
+                               "--time-unit iso or --time-format)", pl.Int64)
         x = c.cast(pl.Float64) * _UNIT_US[cfg.time_unit]
         return Check(col, x.round().cast(pl.Int64, strict=False),
                      (~x.is_finite()).fill_null(True), "time does not parse: {value}")
     if dtype != pl.String:
-        raise _type_error(src, col, dtype, "time", "numbers, text or timestamps")
+        return _wrong_type(col, dtype, "time", "numbers, text or timestamps", pl.Int64)
     if cfg.time_format:
         parsed = c.str.strptime(pl.Datetime("us", "UTC"), cfg.time_format, strict=False)
     elif cfg.time_unit == "iso":
@@ -271,7 +274,7 @@ def dense(src: Source, col: str, dtype: pl.DataType) -> Check:
         return Check(col, x, (~x.is_finite()).fill_null(False),
                      "dense value is not finite: {value}")
     if dtype != pl.String:
-        raise _type_error(src, col, dtype, "dense", "numbers")
+        return _wrong_type(col, dtype, "dense", "numbers", pl.Float64)
     x = c.str.strip_chars().cast(pl.Float64, strict=False)
     bad = (c.is_not_null() & x.is_null()) | ~x.is_finite().fill_null(True)
     return Check(col, x, bad, "dense value is not a finite number: {value}")
