@@ -29,7 +29,9 @@ def write(df: pl.DataFrame, path: Path) -> Path:
     if name.endswith(".jsonl"):
         text = df.write_ndjson()
     else:
-        text = df.write_csv(separator="\t" if name.endswith(".tsv") else ",")
+        tsv = name.endswith(".tsv")  # TSV: no quoting (a quote is a character)
+        text = df.write_csv(separator="\t" if tsv else ",",
+                            quote_style="never" if tsv else "necessary")
     data = text.encode()
     path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
     return path

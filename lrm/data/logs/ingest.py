@@ -46,6 +46,7 @@ from lrm.errors import ConfigError, DataError
 log = logging.getLogger("lrm")
 STATE = "_ingest"  # OUT/_ingest/state.json and vocab/*.parquet
 STATE_VERSION = 1
+CLICKS = "clicks.parquet"  # in STATE: each user's recent clicks (history auto)
 PART_ROWS = 1_000_000  # impressions per written part file (a part holds whole cells)
 _MAPPING_FIELDS = [f.name for f in dataclasses.fields(LogsConfig)
                    if f.name not in ("files", "format", "columns")]
@@ -217,11 +218,16 @@ class State:
     dense: dict[str, dict[str, Any]]
     first_day: int  # the absolute day (days since the epoch, or file index) of day 0
     label_kind: str
+    # history auto: each user's last max_history clicks (user, item: ids; time: us), the
+    # history a later day continues from
+    clicks: pl.DataFrame | None = None
 
     def save(self, folder: Path) -> None:
         names = sorted(self.vocabs)
         files = {n: f"vocab/{i:03d}.parquet" for i, n in enumerate(names)}
         vocab.save({files[n][6:-8]: self.vocabs[n] for n in names}, folder / "vocab")
+        if self.clicks is not None:
+            io.write_parquet(self.clicks.to_arrow(), folder / CLICKS)
         io.write_json({"version": STATE_VERSION, "mapping": self.mapping,
                        "vocab": {n: {"file": files[n], "size": self.vocabs[n].height}
                                  for n in names},
@@ -236,7 +242,9 @@ class State:
         except (OSError, ValueError) as e:
             raise DataError(f, None, None, f"cannot read the ingest state: {e}") from None
         vocabs = {n: pl.read_parquet(Path(folder) / v["file"]) for n, v in doc["vocab"].items()}
-        return cls(doc["mapping"], vocabs, doc["dense"], int(doc["first_day"]), doc["label"])
+        clicks = Path(folder) / CLICKS
+        return cls(doc["mapping"], vocabs, doc["dense"], int(doc["first_day"]), doc["label"],
+                   pl.read_parquet(clicks) if clicks.exists() else None)
 
 
 def mapping_of(cfg: LogsConfig) -> dict[str, Any]:
@@ -279,6 +287,34 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
     schema = schema_of(cfg, sizes)
     lookups = {n: vocab.Lookup(v) for n, v in vocabs.items()}
     return state, cells.Plan(cfg, schema, feats, lookups, dense, max_history)
+
+
+def prior_clicks(state: State, cfg: LogsConfig, buckets: int, path: Path) -> FileRead:
+    """A dataset's recent clicks as a read of this ingest: spilled into its buckets, so that
+    the histories of a continued ingest's first sessions reach back over earlier days."""
+    c = state.clicks
+    assert c is not None
+    users = state.vocabs[cfg.user]["s"].gather(c["user"]).hash(read.SEED)
+    items = state.vocabs[read.item_name(cfg)]["s"].gather(c["item"]).hash(read.SEED)
+    frame = pl.DataFrame({read.USER: users, read.TIME: c["time"], read.ITEM: items}).select(
+        *spill.CLICK_COLUMNS[:3], pl.lit(-1, pl.Int32).alias(read.FILE),
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias(read.ROW),
+        pl.lit(0, pl.Int32).alias(read.POS), pl.lit(1, pl.Int8).alias(read.LABEL),
+        read.bucket_of(pl.col(read.USER), buckets).alias(read.BUCKET))
+    return FileRead(read.Source(path, -1, "parquet"),
+                    spilled=[spill.write(frame, path, clicks=True, cells=False)])
+
+
+def recent_clicks(reads: list[FileRead], p: cells.Plan, k: int) -> pl.DataFrame:
+    """Each user's last `k` clicks (user, item: ids; time) over every read (the prior's too)."""
+    c = spill.read_clicks([s for r in reads for s in r.spilled])
+    user = p.lookups[p.cfg.user](c[read.USER].to_numpy())
+    item = p.lookups[read.item_name(p.cfg)](c[read.ITEM].to_numpy())
+    df = c.select(read.TIME, read.FILE, read.ROW, read.POS).with_columns(
+        pl.Series("user", user), pl.Series("item", item))
+    return (df.sort(["user", read.TIME, read.FILE, read.ROW, read.POS])
+            .group_by("user", maintain_order=True).tail(k)
+            .select("user", "item", pl.col(read.TIME).alias("time")))
 
 
 def _field_metadata(schema: FeatureSchema, p: cells.Plan) -> Any:
@@ -368,6 +404,11 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
         if impressions == 0:
             raise DataError(srcs[0].path, None, None, "no impressions to ingest")
         state, p = plan(reads, cfg, max_history, prior_state)
+        if cfg.history == "auto":
+            if prior_state is not None and prior_state.clicks is not None:
+                reads.append(prior_clicks(prior_state, cfg, buckets,
+                                          spill_dir / "prior.arrow"))
+            state = dataclasses.replace(state, clicks=recent_clicks(reads, p, max_history))
         state.save(Path(out) / STATE)
         abs_days = sorted(set().union(*(r.days for r in reads)))
         units = [DayUnit(d, d - state.first_day, buckets) for d in abs_days]

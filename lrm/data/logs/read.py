@@ -154,6 +154,7 @@ class Check:
     value: pl.Expr
     bad: pl.Expr | None  # True where the row's value is bad
     why: str  # the message, with {value} for the raw value
+    shown: str = ""  # the column whose value the message shows ("": `column`)
 
 
 def _wrong_type(col: str, dtype: pl.DataType, role: str, want: str,
@@ -204,6 +205,9 @@ def id_list(src: Source, col: str, dtype: pl.DataType, sep: str, role: str) -> C
     return Check(col, items, neg.fill_null(False), "negative id in {value}")
 
 
+_COUNT = " (a count of clicks? --label-count reads a count > 0 as 1)"
+
+
 def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check, str]:
     """The label as 0/1 int8, and how it was mapped: binary | bool | count."""
     c = pl.col(col)
@@ -216,7 +220,7 @@ def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check
             return Check(col, (x > 0).cast(pl.Int8), bad.fill_null(True),
                          "a count label must be an integer >= 0, got {value}"), "count"
         return Check(col, x.cast(pl.Int8, strict=False), ~x.is_in([0.0, 1.0]).fill_null(False)
-                     | x.is_null(), "label must be 0 or 1, got {value}"), "binary"
+                     | x.is_null(), "label must be 0 or 1, got {value}" + _COUNT), "binary"
     if dtype != pl.String:
         return _wrong_type(col, dtype, "label", "0/1, booleans or counts", pl.Int8), \
             "binary"
@@ -229,8 +233,8 @@ def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check
                      "a count label must be an integer >= 0 (or true/false), got {value}"), \
             "count"
     v = pl.coalesce(pl.when(t == "1").then(1).when(t == "0").then(0), as_bool).cast(pl.Int8)
-    return Check(col, v, v.is_null(), "label must be 0 or 1 (or true/false), got {value}"), \
-        "binary"
+    return Check(col, v, v.is_null(), "label must be 0 or 1 (or true/false), got {value}"
+                 + _COUNT), "binary"
 
 
 def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check:
@@ -302,7 +306,7 @@ def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
     if best is None:
         return
     i, at = best
-    raw: Any = df[flags[i].column][at]
+    raw: Any = df[flags[i].shown or flags[i].column][at]
     if isinstance(raw, pl.Series):
         raw = raw.to_list()
     shown = repr(raw) if raw is not None else "missing"
@@ -328,6 +332,11 @@ def history_name(cfg: LogsConfig) -> str:
     if cfg.history == "none":
         return ""
     return "history" if cfg.history == "auto" else cfg.history
+
+
+def bucket_of(key: pl.Expr, buckets: int) -> pl.Expr:
+    """The bucket of a hashed key (a user's, for her sessions and clicks alike)."""
+    return (key % buckets).cast(pl.Int32)
 
 
 @dataclass
@@ -425,10 +434,11 @@ class Parser:
         lab, self.label_kind = label(self.src, "_elabel", pl.String(), cfg.label_count)
         item = id_text(self.src, "_etext", pl.String(), "item", True)
         checks = [Check(col, pl.col("_e"), pl.col("_etext").is_null(),
-                        f"expected ITEM{cfg.label_sep}LABEL entries, got {{value}}"),
-                  Check(col, pl.col("_e"), item.bad, "negative id in {value}"),
+                        f"expected ITEM{cfg.label_sep}LABEL entries, got {{value}}", "_e"),
+                  Check(col, pl.col("_e"), item.bad, "negative id in {value}", "_e"),
                   Check(col, pl.col("_e"), lab.bad, "label must be 0 or 1 in {value}"
-                        if not cfg.label_count else "a count label must be >= 0 in {value}")]
+                        if not cfg.label_count else "a count label must be >= 0 in {value}",
+                        "_e")]
         first_bad(self.src, out, checks)
         return out.with_columns(lab.value.alias(LABEL)).drop("_elabel")
 
@@ -447,7 +457,7 @@ class Parser:
             return pl.lit(0, pl.Int32)
         key = (pl.col(USER) if self.cfg.user else pl.col(SESSION) if self.cfg.session
                else pl.col(ROW).cast(pl.UInt64).hash(SEED))
-        return (key % self.buckets).cast(pl.Int32)
+        return bucket_of(key, self.buckets)
 
     def _values(self, df: pl.DataFrame, frame: pl.DataFrame) -> dict[str, pl.DataFrame]:
         """Per vocabulary: its distinct values in this chunk, (h, s, day) with the first day."""

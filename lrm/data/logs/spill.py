@@ -46,10 +46,11 @@ def _write(frame: pl.DataFrame, path: Path, keys: list[str]) -> dict[tuple[int, 
     return index
 
 
-def write(frame: pl.DataFrame, path: Path, clicks: bool) -> Spilled:
-    """Spill a parsed chunk to `path` (and its clicks beside it, when `clicks`)."""
-    cells = _write(frame, path, [DAY, BUCKET])
-    s = Spilled(path, {(d, b): v for (d, b), v in cells.items()})
+def write(frame: pl.DataFrame, path: Path, clicks: bool, cells: bool = True) -> Spilled:
+    """Spill a parsed chunk to `path` (and its clicks beside it, when `clicks`; only them
+    without `cells`)."""
+    by_cell = _write(frame, path, [DAY, BUCKET]) if cells else {}
+    s = Spilled(path, {(d, b): v for (d, b), v in by_cell.items()})
     if clicks:
         c = frame.filter(pl.col(LABEL) == 1).select(*CLICK_COLUMNS, BUCKET)
         by_bucket = _write(c, s.clicks_path, [BUCKET]) if c.height else {}
@@ -70,9 +71,11 @@ def read_cell(spilled: Sequence[Spilled], day: int, bucket: int) -> pl.DataFrame
     return pl.from_arrow(pa.concat_tables(parts)) if parts else None  # type: ignore[return-value]
 
 
-def read_clicks(spilled: Sequence[Spilled], bucket: int) -> pl.DataFrame:
-    """Every click of the bucket's users, on any day."""
-    parts = [_read(s.clicks_path, s.clicks[bucket]) for s in spilled if bucket in s.clicks]
+def read_clicks(spilled: Sequence[Spilled], bucket: int | None = None) -> pl.DataFrame:
+    """Every click of the bucket's users (None: of every bucket), on any day."""
+    parts = [_read(s.clicks_path, [i for b, ids in s.clicks.items() for i in ids
+                                   if bucket is None or b == bucket])
+             for s in spilled if s.clicks and (bucket is None or bucket in s.clicks)]
     if not parts:
         return pl.DataFrame(schema={USER: pl.UInt64, TIME: pl.Int64, ITEM: pl.UInt64,
                                     FILE: pl.Int32, ROW: pl.UInt32, POS: pl.Int32})
