@@ -76,7 +76,7 @@ def test_a_continued_ingest_keeps_every_id_and_matches_one_ingest_of_all_days(tm
     m, cont = run([write(day1, tmp_path / "d1.parquet")], tmp_path / "d1", history="auto",
                   prior=tmp_path / "d0", **GAP)
     assert m["vocab"] == {"item": 5, "user": 3}  # a-d, then f (u3: new; a: known)
-    keep = ["user", "item", "label", "position"]
+    keep = ["user", "item", "label", "position", "history"]  # histories reach back to day 0
     assert cont.select(keep).equals(ref.filter(pl.col("day") == 1).select(keep))
     state = json.loads((tmp_path / "d1" / "_ingest" / "state.json").read_text())
     assert state["vocab"]["item"]["size"] == 5
