@@ -11,7 +11,7 @@ FBGEMM_SPEC ?= fbgemm-gpu-cpu==1.8.0
 TORCHREC_SPEC ?= torchrec==1.8.0
 PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 
-.PHONY: setup run repro repro-criteo dag test bench lock clean ui
+.PHONY: setup run repro repro-criteo repro-logs dag test bench lock clean ui
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ repro: $(STAMP)
 # Real logs: your Criteo TSV files in data/criteo/tsv/ (see README).
 repro-criteo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro pipelines/criteo/dvc.yaml
+
+# Any click log: your files in data/logs/in/, the mapping in pipelines/logs/params.yaml.
+repro-logs: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro pipelines/logs/dvc.yaml
 
 # Re-render dvc.yaml (and pipelines/*/dvc.yaml) from the DAG table in flows/dag.py.
 dag: $(STAMP)

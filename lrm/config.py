@@ -544,16 +544,36 @@ class ShardingConfig:
         _check(self.time_limit > 0, "time_limit", "must be > 0")
 
 
+def day_range(text: str) -> tuple[int, int]:
+    """'3..5' -> (3, 5); '4' -> (4, 4); negatives count from the last day ('-2..-1')."""
+    a, sep, b = text.strip().partition("..")
+    try:
+        lo, hi = int(a), int(b if sep else a)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a day range such as 3..5 (or -2..-1)") from None
+    if (lo < 0) == (hi < 0) and lo > hi:
+        raise ValueError(f"{text!r}: the first day comes after the last")
+    return lo, hi
+
+
 @dataclass(kw_only=True)
 class EvalConfig:
     """Offline evaluation of a saved model on a held-out day (lrm.train.evaluate)."""
 
     day: int = -1  # negative counts from the last day (-1: the last)
+    # several held-out days, A..B (inclusive; negatives count from the last): each scored,
+    # then all pooled ("": the one `day`)
+    days: str = ""
     batch_size: int = 8192
     rows: int = 0  # score the day's first N rows (0: every row)
     bootstrap: int = 200  # resamples for the 95% confidence intervals (0: none)
 
     def __post_init__(self) -> None:
+        if self.days:
+            try:
+                day_range(self.days)
+            except ValueError as e:
+                raise ConfigError(f"days: {e}") from None
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.rows >= 0, "rows", "must be >= 0 (0: every row)")
         _check(self.bootstrap >= 0, "bootstrap", "must be >= 0 (0: no intervals)")
