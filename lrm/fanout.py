@@ -35,10 +35,16 @@ def sequential(kind: str, fn: Callable[[Any], Any], items: Sequence[Any],
 _MAPPER: ContextVar[Mapper] = ContextVar("lrm_fanout_mapper", default=sequential)
 
 
+def in_process() -> bool:
+    """Whether the units run one after the other in this process (they may then share
+    objects that do not travel, such as a progress reporter)."""
+    return _MAPPER.get() is sequential
+
+
 def map_units(kind: str, fn: Callable[[T], R], items: Sequence[T],
               names: Sequence[str] | None = None) -> list[R]:
     """fn(item) for every item, in item order, by the current mapper. `kind` says what a
-    unit is ("ingest day", "dedup day"); `names` name each unit (its day, its file)."""
+    unit is ("ingest day", "dedup day"); `names` name each unit ("3", "a.csv"): "dedup day 3"."""
     names = list(names) if names is not None else [str(i) for i in range(len(items))]
     return _MAPPER.get()(kind, fn, list(items), names)
 

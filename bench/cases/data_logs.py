@@ -117,7 +117,10 @@ if what == "read":
 else:
     from bench.cases.data_logs import _ingest
     _ingest(f, out)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+# VmHWM: this process image's own peak (ru_maxrss starts at the parent's RSS at fork)
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
+print(int(hwm[0].split()[1]) * 1024 if hwm else
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lrm import io
+from lrm import fanout, io
 from lrm.config import DedupConfig
 from lrm.data import histories, items, parquet
 from lrm.data.schema import (
@@ -476,57 +477,73 @@ def _whole_sessions(chunks: Iterator[Located]) -> Iterator[Located]:
         yield pa.concat_tables(carry), *carry_at
 
 
+def dedup_day(src: Path, dst: Path, cfg: DedupConfig, day: int, *,
+              chunk_rows: int = READ_CHUNK_ROWS, rep: Reporter | None = None) -> dict[str, Any]:
+    """Dedup day `day` of `src` into `dst/day=D/` (a unit of lrm.fanout: days are
+    independent); its counts (rows, sessions, bytes, parts, histories, item columns)."""
+    schema, files = check_source(src)
+    paths = files[day]
+    writer = _PartWriter(Path(dst), day, cfg.rows_per_file, schema, item_table=cfg.item_table)
+    ids: list[np.ndarray] = []  # session ids of the day, in order
+    where: list[tuple[int, Path]] = []  # (index of the first session, file)
+    rows = sessions = 0
+    chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
+    for table, source, row0 in _whole_sessions(chunks):
+        s = _session_rows(table, schema, source, row0)
+        where.append((sessions, source))
+        ids.append(s.column(SESSION).to_numpy())
+        writer.add(s)
+        rows += table.num_rows
+        sessions += s.num_rows
+        if rep is not None:
+            rep.update(table.num_rows)
+    writer.close()
+    _check_day_contiguous(ids, where)
+    return {"rows": rows, "sessions": sessions,
+            "bytes_in": sum(p.stat().st_size for p in paths), "bytes_out": writer.bytes_out,
+            "parts": writer.parts, "history_values": writer.history_values,
+            "history_stored": writer.history_stored, "item_columns": writer.item_columns}
+
+
 def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
                   chunk_rows: int = READ_CHUNK_ROWS) -> dict[str, Any]:
     """Dedup every day of `src` into `dst/day=D/part-NNNNN.parquet` (sessions layout).
 
     Streams day by day and chunk by chunk (memory: a chunk plus one output file's
     sessions); sessions may straddle input chunks and files, and a session is never split
-    across output files. Returns the metrics (rows, sessions, ratios, bytes).
+    across output files. Each day is a unit of lrm.fanout (a task of the Prefect flows).
+    Returns the metrics (rows, sessions, ratios, bytes).
     """
     schema, files = check_source(src)
     total = sum(parquet.read_metadata(f).num_rows for fs in files.values() for f in fs)
-    rows = sessions = bytes_in = bytes_out = parts = hist_values = hist_stored = 0
-    item_columns: set[str] = set()
     with Reporter("dedup", total=total, unit="rows") as rep:
-        for day, paths in files.items():
-            bytes_in += sum(p.stat().st_size for p in paths)
-            writer = _PartWriter(Path(dst), day, cfg.rows_per_file, schema,
-                                 item_table=cfg.item_table)
-            ids: list[np.ndarray] = []  # session ids of the day, in order
-            where: list[tuple[int, Path]] = []  # (index of the first session, file)
-            day_start = sessions
-            chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
-            for table, source, row0 in _whole_sessions(chunks):
-                s = _session_rows(table, schema, source, row0)
-                where.append((sessions - day_start, source))
-                ids.append(s.column(SESSION).to_numpy())
-                writer.add(s)
-                rows += table.num_rows
-                sessions += s.num_rows
-                rep.update(table.num_rows)
-            writer.close()
-            parts += writer.parts
-            bytes_out += writer.bytes_out
-            _check_day_contiguous(ids, where)
-            hist_values += writer.history_values
-            hist_stored += writer.history_stored
-            item_columns |= writer.item_columns
+        per_day = fanout.map_units(
+            "dedup day", partial(_dedup_unit, src=src, dst=dst, cfg=cfg, chunk_rows=chunk_rows,
+                                 rep=rep if fanout.in_process() else None),
+            list(files), [str(d) for d in files])
+    n = {k: sum(d[k] for d in per_day) for k in per_day[0] if k != "item_columns"}
+    item_columns = set().union(*(d["item_columns"] for d in per_day))
+    rows, sessions, hist_stored = n["rows"], n["sessions"], n["history_stored"]
     return {
         "rows": rows,
         "sessions": sessions,
         "dedup_ratio": rows / sessions if sessions else 0.0,
-        "bytes_in": bytes_in,
-        "bytes_out": bytes_out,
-        "storage_ratio": bytes_in / bytes_out if bytes_out else 0.0,
+        "bytes_in": n["bytes_in"],
+        "bytes_out": n["bytes_out"],
+        "storage_ratio": n["bytes_in"] / n["bytes_out"] if n["bytes_out"] else 0.0,
         "days": len(files),
-        "files": parts,
-        "history_values": hist_values,  # sequence values the sessions' windows hold
+        "files": n["parts"],
+        "history_values": n["history_values"],  # sequence values the sessions' windows hold
         "history_values_stored": hist_stored,  # ... stored once per run
-        "history_ratio": hist_values / hist_stored if hist_stored else 0.0,
+        "history_ratio": n["history_values"] / hist_stored if hist_stored else 0.0,
         # stored once per item in some file (lrm.data.items), in the schema's order
         "item_columns": [c for c in schema.item_sparse + schema.dense if c in item_columns],
     }
+
+
+def _dedup_unit(day: int, *, src: Path, dst: Path, cfg: DedupConfig, chunk_rows: int,
+                rep: Reporter | None) -> dict[str, Any]:
+    return dedup_day(src, dst, cfg, day, chunk_rows=chunk_rows, rep=rep)
 
 
 def _check_day(chunk: pa.Table, day: int, path: Path) -> None:

@@ -133,3 +133,23 @@ def test_a_headerless_tsv_takes_its_column_names_from_the_mapping(tmp_path):
     _, rows = run([f], tmp_path / "out", columns=df.columns, **BASE)
     _, ref = run([write(df, tmp_path / "ref.tsv")], tmp_path / "ref", **BASE)
     assert rows.equals(ref)
+
+
+def test_chunks_are_bounded_and_a_quoted_newline_never_splits_a_row(tmp_path):
+    """Planted bugs that turn this red (each tried): a block cut inside a quoted field;
+    the first block not cut to the chunk's rows."""
+    from lrm.config import LogsConfig
+    from lrm.data.logs import read
+
+    rows = _log(4000)  # ~240 kB: blocks of 64 kB, then of ~3 rows
+    for r in rows:  # quoted fields across line breaks: block ends fall inside some
+        r["cat"] = f'two\nlines, "{r["item"]}"'
+    f = write(frame(rows), tmp_path / "log.csv")
+    cfg = LogsConfig(**BASE)
+    src = read.sources([f], "auto")[0]
+    types = read.check_columns(src, read.scan(src, cfg), cfg)
+    got = list(read.chunks(src, types, cfg, 3))
+    assert max(c.height for c in got) <= 3 and sum(c.height for c in got) == 4000
+    whole = pl.concat(got)
+    assert whole["_row"].to_list() == list(range(1, 4001))
+    assert whole["cat"].to_list() == [r["cat"] for r in rows]

@@ -182,11 +182,12 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
               chunk_rows: int) -> FileRead:
     """Step 1 for one file (a unit of `fanout`)."""
     lf = read.scan(src, cfg)
-    parser = read.Parser(src, read.check_columns(src, lf, cfg), cfg, buckets)
+    types = read.check_columns(src, lf, cfg)
+    parser = read.Parser(src, types, cfg, buckets)
     out = FileRead(src)
     values: dict[str, vocab.Values] = {}
     auto = cfg.history == "auto"
-    for k, chunk in enumerate(read.chunks(src, lf, chunk_rows)):
+    for k, chunk in enumerate(read.chunks(src, types, cfg, chunk_rows)):
         p = parser.parse(chunk)
         out.rows += chunk.height
         out.impressions += p.frame.height
@@ -417,7 +418,7 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
                                                           "day (a continued ingest)")
         per_day = fanout.map_units("ingest day", partial(write_day, reads=reads, p=p,
                                                          out=Path(out)),
-                                   units, [f"day {u.out_day}" for u in units])
+                                   units, [str(u.out_day) for u in units])
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     if state.label_kind != "binary":

@@ -25,6 +25,8 @@ time is an error.
 
 from __future__ import annotations
 
+import gzip
+import io
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +34,8 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from lrm.config import LogsConfig
 from lrm.errors import DataError
@@ -133,14 +137,59 @@ def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, p
     return schema
 
 
-def chunks(src: Source, lf: pl.LazyFrame, rows: int) -> Iterator[pl.DataFrame]:
-    """The file's rows, `rows` at a time, streamed (memory: a chunk, not the file)."""
+def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: int
+           ) -> Iterator[pl.DataFrame]:
+    """The file's rows, about `rows` at a time, with `_row`, streamed: memory holds a chunk,
+    not the file. Text files are read in blocks of whole lines (a CSV block never ends
+    inside a quoted field), each parsed on its own with the file's column names (JSON
+    lines: its column types); Parquet a row group at a time. (polars' and pyarrow's own
+    streaming readers read ahead: measured on a 10M-row CSV, ~400 MB of buffers.)"""
     try:
-        for batch in lf.collect_batches(chunk_size=rows, maintain_order=True):
-            for start in range(0, batch.height, rows):  # the engine may hand back more
-                yield batch.slice(start, rows)
-    except (pl.exceptions.PolarsError, OSError) as e:
+        if src.format == "parquet":
+            f = pq.ParquetFile(src.path)
+            n = 1
+            for batch in f.iter_batches(batch_size=rows):
+                df = pl.from_arrow(batch)
+                yield df.with_row_index(ROW, offset=n)  # type: ignore[union-attr]
+                n += batch.num_rows
+            return
+        yield from _text_chunks(src, [c for c in types if c != ROW], types, cfg, rows)
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as e:
         raise _polars_error(src.path, e) from None
+
+
+def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
+                 cfg: LogsConfig, rows: int) -> Iterator[pl.DataFrame]:
+    opener = gzip.open if src.path.name.endswith(".gz") else open
+    quoted = src.format == "csv"
+    n = 1
+    with opener(src.path, "rb") as fh:  # type: ignore[operator]
+        if src.format != "jsonl" and not cfg.columns:
+            fh.readline()  # the header: `names` already holds it
+        block = 1 << 16  # bytes; fitted to `rows` lines after the first block
+        while True:
+            data = fh.read(block)
+            if not data:
+                return
+            data += fh.readline()
+            while quoted and data.count(b'"') % 2:  # inside a quoted field: read on
+                more = fh.readline()
+                if not more:
+                    break
+                data += more
+            if src.format == "jsonl":
+                df = pl.read_ndjson(io.BytesIO(data), schema={c: types[c] for c in names})
+            else:
+                df = pl.read_csv(io.BytesIO(data), has_header=False, new_columns=names,
+                                 separator="\t" if src.format == "tsv" else ",",
+                                 infer_schema=False, quote_char='"' if quoted else None,
+                                 encoding="utf8-lossy")
+            if df.height:
+                block = max(1 << 12, len(data) * rows // df.height)
+            df = df.with_row_index(ROW, offset=n)
+            n += df.height
+            for start in range(0, df.height, rows):  # the first block may hold more
+                yield df.slice(start, rows)
 
 
 # -- checks: (value, bad, message) per column ----------------------------------------------
