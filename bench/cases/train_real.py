@@ -15,7 +15,10 @@ Each is deduped (RecD), then trained three ways from the same seed:
   ModelConfig(), LoaderConfig(): what `lrm train` runs with the root params.yaml);
 * the baseline: torchrec's DLRM as bench vs_torchrec builds it (`torchrec.models.dlrm.DLRM`
   over TableConfig()'s tables, DMP, fused row-wise Adagrad + AdamW, TrainPipelineSparseDist,
-  per-impression batches of 1024, one pass over the train days: torchrec's example recipe).
+  per-impression batches of 1024), trained twice: one pass over the train days (torchrec's
+  example recipe), and up to 10 passes over all but their last tenth, keeping the epoch with
+  the lowest NE on that tenth; the baseline is whichever of the two scores the held-out day
+  better (an oracle's choice: it favours the baseline, never lrm).
 
 Each model scores every row of the held-out day. A line per (log, model): candidate = lrm's
 NE, baseline = the DLRM's, ratio = baseline / candidate (> 1: lrm's NE is lower), with 95%
@@ -46,6 +49,7 @@ from lrm.data.logs import ingest as logs
 from lrm.data.schema import day_files, read_schema
 from lrm.dist import process_group, quiet_libraries
 from lrm.models import embedding_tables, hash_sizes
+from lrm import metrics
 from lrm.train import load_model, train
 from lrm.train.evaluate import predict
 
@@ -53,6 +57,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared" / "data"
 BATCH = 1024  # the baseline's batch
 RESAMPLES = 200
+VAL_FRACTION = 0.1  # of the train batches, the tuned baseline's validation slice
+MAX_EPOCHS = 10  # the tuned baseline's most passes
 
 
 def shared_dir() -> Path:
@@ -97,28 +103,48 @@ def _lrm(kind: str, data: Path, seed: int, out: Path) -> tuple[torch.Tensor, tor
     return predict(model, loader, torch.device("cpu"))
 
 
-def _dlrm(data: Path, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, labels) of the held-out day from torchrec's DLRM, one pass over the rest."""
+def _scores(t: Any, batches: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    t.dmp.eval()
+    try:
+        with torch.no_grad():
+            x = torch.cat([t.forward(b).float().reshape(-1) for b in batches])
+    finally:
+        t.dmp.train()
+    return x, torch.cat([b.labels.float() for b in batches])
+
+
+def _dlrm(data: Path, seed: int, epochs: int = 1, val: bool = False
+          ) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(logits, labels) of the held-out (last) day from torchrec's DLRM, and its epochs: one
+    pass over the train days (torchrec's example), or, with `val`, up to `epochs` passes
+    over all but their last VAL_FRACTION, keeping the epoch whose NE there is lowest."""
     schema, _ = read_schema(data)
     days = list(day_files(data))
     sizes = hash_sizes(embedding_tables(schema, TableConfig(), DIM))
     with process_group("cpu") as env:
         t = torchrec_dlrm(schema, env, TableConfig(), seed)
-        batches = (torchrec_batch(b, t.keys) for b in BatchLoader(
-            data, BATCH, days=days[:-1], dedup=False, hash_sizes=sizes, drop_last=True))
-        try:
-            while True:
-                t.pipeline.progress(batches)
-        except StopIteration:
-            pass
+        train = [torchrec_batch(b, t.keys) for b in BatchLoader(
+            data, BATCH, days=days[:-1], dedup=False, hash_sizes=sizes, drop_last=True)]
+        held = [torchrec_batch(b, t.keys) for b in BatchLoader(
+            data, 8192, days=[days[-1]], dedup=False, hash_sizes=sizes)]
+        cut = len(train) - max(1, round(VAL_FRACTION * len(train))) if val else len(train)
+        best: tuple[float, int, tuple[torch.Tensor, torch.Tensor]] | None = None
+        for epoch in range(1, epochs + 1):
+            it = iter(train[:cut])
+            try:
+                while True:
+                    t.pipeline.progress(it)
+            except StopIteration:
+                pass
+            if not val:
+                continue
+            ne = metrics.normalized_entropy(*_scores(t, train[cut:]))
+            if best is None or ne < best[0]:
+                best = (ne, epoch, _scores(t, held))
         t.pipeline.detach()
-        t.dmp.eval()
-        logits, labels = [], []
-        with torch.no_grad():
-            for b in BatchLoader(data, 8192, days=[days[-1]], dedup=False, hash_sizes=sizes):
-                logits.append(t.forward(torchrec_batch(b, t.keys)).float().reshape(-1))
-                labels.append(b.labels.float())
-    return torch.cat(logits), torch.cat(labels)
+        if best is not None:
+            return *best[2], best[1]
+        return *_scores(t, held), epochs
 
 
 def _log_loss(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -160,12 +186,18 @@ def run(quick: bool = False, seeds: int = 1) -> None:
             dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
             data = root / "sessions"
             days = list(day_files(data))
-            base = [_dlrm(data, s) for s in range(seeds)]
+            example = [_dlrm(data, s) for s in range(seeds)]
+            tuned = [_dlrm(data, s, MAX_EPOCHS, val=True) for s in range(seeds)]
+            base = []  # per seed: the better of the two on the held-out day
+            for (xe, ye, _), (xt, yt, ep) in zip(example, tuned, strict=True):
+                ne_e, ne_t = (metrics.normalized_entropy(x, y) for x, y in ((xe, ye), (xt, yt)))
+                base.append((xe, ye, "one pass", ne_e, ne_t, ep) if ne_e <= ne_t else
+                            (xt, yt, f"{ep} epochs (validation)", ne_e, ne_t, ep))
             for kind in kinds:
                 per_seed = []
                 for s in range(seeds):
                     a, y = _lrm(kind, data, s, root / f"{kind}-{s}")
-                    b, yb = base[s]
+                    b, yb = base[s][:2]
                     assert torch.equal(y, yb), "the held-out rows differ"
                     per_seed.append(paired_ne(a.double().numpy(), b.double().numpy(),
                                               y.double().numpy(), seed=s))
@@ -176,12 +208,18 @@ def run(quick: bool = False, seeds: int = 1) -> None:
                      log=name, model=f"lrm {kind} (defaults)", seeds=seeds,
                      ne_candidate_per_seed=[round(p["ne_a"], 5) for p in per_seed],
                      ne_baseline_per_seed=[round(p["ne_b"], 5) for p in per_seed],
+                     baseline_chosen=[b[2] for b in base],
+                     ne_dlrm_one_pass=[round(b[3], 5) for b in base],
+                     ne_dlrm_tuned=[round(b[4], 5) for b in base],
                      ratio_ci_seed0=[round(v, 4) for v in first["ratio_ci"]],
                      ne_candidate_ci_seed0=[round(v, 5) for v in first["ne_a_ci"]],
                      ne_baseline_ci_seed0=[round(v, 5) for v in first["ne_b_ci"]],
                      train_days=days[:-1], held_out_day=days[-1], held_out_rows=len(y),
                      baseline_is="torchrec.models.dlrm.DLRM (bench vs_torchrec's shape), "
                                  "DMP, fused Adagrad + AdamW, TrainPipelineSparseDist, "
-                                 f"batch {BATCH}, one pass, TableConfig() tables")
+                                 f"batch {BATCH}, TableConfig() tables: the better on the "
+                                 "held-out day of one pass (torchrec's example) and up to "
+                                 f"{MAX_EPOCHS} passes, the epoch chosen on the train "
+                                 f"days' last {VAL_FRACTION:.0%}")
                 if not math.isfinite(ne_l):
                     raise SystemExit(f"train.real: {name} {kind}: NE is not finite")

@@ -26,6 +26,14 @@ length is the field count, and the scanner's row index gives the 1-based line nu
 errors. CRLF line ends are accepted; bytes that are not UTF-8 are replaced (and then fail a
 field's check); a NUL byte in a file is a file-level error.
 
+Criteo is also one mapping of `lrm ingest logs` (lrm.data.logs: ``--format tsv --columns
+label,I1,..,C26 --label label --dense I1,..,I13 --categorical C1,..,C26 --days file``; the same
+rows, labels and days, each hash a dense vocabulary id). This reader stays beside it as the
+`criteo` shortcut for what the mapping cannot say: its output is a contract (the hashes as
+they are, for hashed tables and `fit_tables`; the DLRM transform log(1 + max(x, 0)) of the
+counts, not a scaling fitted to the data), `skip_bad` skips and counts bad rows by reason,
+and one 40-field split per line checks the field count a CSV reader pads or refuses.
+
 Bad rows (wrong field count, a label other than 0/1, a non-integer ``I`` field, a ``C`` field
 that is not 8 hex digits) raise a `DataError` naming the file, line and field of the first
 one; with ``cfg.skip_bad`` they are skipped and counted per reason instead. A missing or

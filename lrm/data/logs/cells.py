@@ -192,10 +192,10 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
         else:
             session_level = feat in schema.user_sparse
             src = first[col] if session_level else df[col]
-            h = src.to_numpy()
+            h = src.fill_null(0).to_numpy()  # (with nulls, to_numpy would give floats)
             valid = ~src.is_null().to_numpy()
             ids = np.zeros(len(h), np.int64)
-            ids[valid] = lookup(h[valid].astype(np.uint64))
+            ids[valid] = lookup(h[valid])
             arr = pa.array(ids, mask=~valid)
             cols[feat] = pa.array(ids[session_of_row], mask=~valid[session_of_row]) \
                 if session_level else arr
