@@ -204,11 +204,11 @@ class LogsConfig:
 class IngestConfig:
     """Log ingest: Criteo TSV (lrm.data.criteo) and any click log through a mapping (`logs`)."""
 
-    files: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # Criteo TSV files, when no FILE is given
     skip_bad: bool = False  # skip and count bad rows instead of failing on the first
     # the days: the data's own time. Criteo TSV has no time column, so a day is a file
     # ("file": file k of the list is day k) or every file together is one day ("one")
-    days: str = "file"
+    days: str = "file"  # file (file k is day k) | one (every file one day)
     chunk_rows: int = 200_000  # rows per streamed chunk (bounds memory)
     logs: LogsConfig = field(default_factory=LogsConfig)  # `lrm ingest logs`: the mapping
 

@@ -138,9 +138,11 @@ def _dlrm(data: Path, seed: int, epochs: int = 1, val: bool = False
                 pass
             if not val:
                 continue
+            t.pipeline.detach()  # plain forwards (the pipeline owns the embeddings' input)
             ne = metrics.normalized_entropy(*_scores(t, train[cut:]))
             if best is None or ne < best[0]:
                 best = (ne, epoch, _scores(t, held))
+            t.pipeline.attach()
         t.pipeline.detach()
         if best is not None:
             return *best[2], best[1]
