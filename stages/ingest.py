@@ -29,6 +29,7 @@ import typer
 
 from lrm import io
 from lrm.config import IngestConfig, LogsConfig
+from lrm.data.logs import LOG_SUFFIXES
 from lrm.errors import ConfigError, LrmError
 from stages._common import (
     Arg,
@@ -41,35 +42,21 @@ from stages._common import (
 
 NAME = "ingest"
 LOGS = "ingest_logs"
-LOG_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt", ".jsonl", ".ndjson", ".json")
 
 
-def input_files(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder expands to its *.tsv files, sorted."""
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(p.glob("*.tsv"))
-            if not found:
-                raise ConfigError(f"{p}: no *.tsv files in this folder")
-            out += found
-        else:
-            out.append(p)
-    return out
-
-
-def log_files(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder expands to its log files, a pattern to its matches (sorted)."""
+def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[Path]:
+    """Files as given; a folder expands to its files whose names end with one of `names`,
+    and (with `patterns`) a path with * or ? that is not a file to its matches, sorted."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
             found = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
-                           and f.name.removesuffix(".gz").endswith(LOG_SUFFIXES))
+                           and f.name.endswith(names))
             if not found:
-                raise ConfigError(f"{p}: no log files in this folder ({', '.join(LOG_SUFFIXES)}"
-                                  f", also .gz)")
+                raise ConfigError(f"{p}: no {' or '.join('*' + n for n in names)} files in "
+                                  f"this folder")
             out += found
-        elif not p.exists() and glob.has_magic(str(p)):
+        elif patterns and not p.exists() and glob.has_magic(str(p)):
             found = sorted(Path(f) for f in glob.glob(str(p)))
             if not found:
                 raise ConfigError(f"{p}: no file matches")
@@ -77,6 +64,16 @@ def log_files(paths: list[Path]) -> list[Path]:
         else:
             out.append(p)
     return out
+
+
+def input_files(paths: list[Path]) -> list[Path]:
+    """Files as given; a folder expands to its *.tsv files, sorted."""
+    return _expand(paths, (".tsv",), patterns=False)
+
+
+def log_files(paths: list[Path]) -> list[Path]:
+    """Files as given; a folder expands to its log files, a pattern to its matches (sorted)."""
+    return _expand(paths, LOG_SUFFIXES, patterns=True)
 
 
 def run(*, listed: list[str], skip_bad: bool, days: str, chunk_rows: int,

@@ -52,6 +52,7 @@ import polars as pl
 
 from lrm import io
 from lrm.config import IngestConfig
+from lrm.data.logs.read import check_files
 from lrm.data.schema import (
     CRITEO_CAT,
     CRITEO_INT,
@@ -118,19 +119,6 @@ def _message(field: str, nfields: int, raw: str | None) -> str:
     if field in CRITEO_INT:
         return f"not an integer: {shown}"
     return f"not an 8-hex-digit hash: {shown}"
-
-
-def _check_files(files: Sequence[Path]) -> None:
-    """Fail before reading anything if an input is absent, not a file, or empty."""
-    if not files:
-        raise DataError("<no files>", None, None, "no input files given")
-    for f in files:
-        if not f.exists():
-            raise DataError(f, None, None, "file not found")
-        if not f.is_file():
-            raise DataError(f, None, None, "not a regular file")
-        if f.stat().st_size == 0:
-            raise DataError(f, None, None, "file is empty (no rows)")
 
 
 def _chunks(path: Path, chunk_rows: int) -> Iterator[pl.DataFrame]:
@@ -223,7 +211,7 @@ def ingest(files: Sequence[Path], out: Path, cfg: IngestConfig) -> dict[str, Any
     file; `out` is then partly written, which is why callers wrap it in `io.atomic_dir`.
     """
     files = [Path(f) for f in files]
-    _check_files(files)
+    check_files(files)
     values = _values()
     checks = _checks(values)
     bad_expr = pl.any_horizontal(*checks.values())

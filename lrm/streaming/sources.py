@@ -38,6 +38,7 @@ import pyarrow.parquet as pq
 
 from lrm import io
 from lrm.config import GenerateConfig, IngestConfig
+from lrm.data.logs import LOG_SUFFIXES
 from lrm.data.schema import DAY, META_KEY, SESSION, FeatureSchema, day_files, part_path, \
     read_schema
 from lrm.errors import DataError
@@ -47,7 +48,6 @@ log = logging.getLogger("lrm")
 SOURCE = "_source.json"
 STATE = "_ingest"  # a log day's ingest state (lrm.data.logs.ingest.STATE)
 SUFFIXES = (".parquet", ".tsv")
-LOG_SUFFIXES = (".parquet", ".pq", ".csv", ".tsv", ".txt", ".jsonl", ".ndjson", ".json")
 SESSION_BITS = 40  # a log day's session ids: day << 40 | n (lrm.data.logs.cells)
 
 
@@ -154,8 +154,7 @@ def _dropped_table(path: Path, ingest: IngestConfig) -> pa.Table:
 def _inbox(watch: Path, ingest: IngestConfig) -> list[Path]:
     logs = maps_logs(ingest)
     return sorted(p for p in watch.iterdir() if p.is_file() and not p.name.startswith(".")
-                  and (p.suffix in SUFFIXES or logs and p.name.removesuffix(".gz").endswith(
-                      LOG_SUFFIXES)))
+                  and (p.suffix in SUFFIXES or logs and p.name.endswith(LOG_SUFFIXES)))
 
 
 def folder_days(watch: Path, raw: Path, ingest: IngestConfig,

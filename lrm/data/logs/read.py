@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lrm.config import LogsConfig
+from lrm.data.logs import FORMAT_OF
 from lrm.errors import DataError
 
 SEED = 0x1A2B  # the hash seed (any fixed value: the hashes never leave one run)
@@ -46,8 +47,6 @@ LABEL, TIME, USER, ITEM, SESSION = "_label", "_time", "_user", "_item", "_sessio
 _ISO = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d %H:%M%#z",
         "%Y-%m-%d %H:%M", "%Y-%m-%d")
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
-_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".tsv": "tsv",
-             ".txt": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
 
 @dataclass
@@ -77,27 +76,30 @@ def file_format(path: Path, fmt: str) -> str:
     if fmt != "auto":
         return fmt
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
-    found = _SUFFIXES.get(Path(name).suffix.lower())
+    found = FORMAT_OF.get(Path(name).suffix.lower())
     if found is None:
         raise DataError(path, None, None, "cannot tell the format from the name; give "
                                           "--format parquet|csv|tsv|jsonl")
     return found
 
 
-def sources(files: Sequence[Path], fmt: str) -> list[Source]:
-    """The inputs in order; a missing, unreadable or empty file fails before any is read."""
+def check_files(files: Sequence[Path]) -> None:
+    """Fail before reading anything if an input is absent, not a file, or empty."""
     if not files:
         raise DataError("<no files>", None, None, "no input files given")
-    out = []
-    for i, f in enumerate(map(Path, files)):
+    for f in map(Path, files):
         if not f.exists():
             raise DataError(f, None, None, "file not found")
         if not f.is_file():
             raise DataError(f, None, None, "not a regular file")
         if f.stat().st_size == 0:
             raise DataError(f, None, None, "file is empty (no rows)")
-        out.append(Source(f, i, file_format(f, fmt)))
-    return out
+
+
+def sources(files: Sequence[Path], fmt: str) -> list[Source]:
+    """The inputs in order, each with its format (checked before any is read)."""
+    check_files(files)
+    return [Source(Path(f), i, file_format(Path(f), fmt)) for i, f in enumerate(files)]
 
 
 def _polars_error(path: Path, e: Exception) -> DataError:
