@@ -126,9 +126,18 @@ def histories(first_rows: pl.DataFrame, clicks: pl.DataFrame, k: int
     return offsets, c[ITEM].to_numpy()[idx]
 
 
+def _arrow(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A numpy array as Arrow (through polars: pyarrow's own conversion imports pandas,
+    seconds at the first call); `valid`: False where null."""
+    s = pl.Series(values)
+    if valid is not None and not valid.all():
+        s = pl.select(pl.when(pl.Series(valid)).then(s)).to_series()
+    return s.to_arrow()
+
+
 def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)),
-                                    pa.array(values, pa.int64()))
+    return pa.ListArray.from_arrays(_arrow(offsets.astype(np.int32)),
+                                    _arrow(values.astype(np.int64)))
 
 
 def _per_row(offsets: np.ndarray, values: np.ndarray, session_of_row: np.ndarray
@@ -164,11 +173,11 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
     session_of_row = np.repeat(np.arange(n_sessions), lens)
     position = np.minimum(np.arange(df.height) - np.repeat(starts, lens), MAX_POSITION)
     cols: dict[str, pa.Array] = {
-        DAY_COL: pa.array(np.full(df.height, day, np.int32)),
-        SESSION_COL: pa.array((np.int64(day) << SESSION_BITS) + first_session
-                              + session_of_row),
-        POSITION: pa.array(position.astype(np.int16)),
-        LABEL_COL: pa.array(df[LABEL].to_numpy().astype(np.int8)),
+        DAY_COL: _arrow(np.full(df.height, day, np.int32)),
+        SESSION_COL: _arrow((np.int64(day) << SESSION_BITS) + first_session
+                            + session_of_row),
+        POSITION: _arrow(position.astype(np.int16)),
+        LABEL_COL: df[LABEL].cast(pl.Int8).to_arrow(),
     }
     first = df[starts] if n_sessions else df.clear()
     stats = {"rows": df.height, "sessions": n_sessions, "clicks": int(df[LABEL].sum()),
@@ -196,9 +205,8 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
             valid = ~src.is_null().to_numpy()
             ids = np.zeros(len(h), np.int64)
             ids[valid] = lookup(h[valid])
-            arr = pa.array(ids, mask=~valid)
-            cols[feat] = pa.array(ids[session_of_row], mask=~valid[session_of_row]) \
-                if session_level else arr
+            cols[feat] = _arrow(ids[session_of_row], valid[session_of_row]) \
+                if session_level else _arrow(ids, valid)
     for name in schema.dense:
         cols[name] = df.select(dense_mod.scaled(pl.col(f"d:{name}"), plan.dense[name]))[
             f"d:{name}"].to_arrow()
