@@ -159,7 +159,8 @@ def logs_command() -> Callable[..., None]:
                             default=typer.Option(None, "--map", help="a mapping file: YAML "
                                                  "with the keys of ingest.logs, laid over the "
                                                  "params (the flags win)"))
-    cli.__signature__ = sig.replace(parameters=[*sig.parameters.values(), opt])  # type: ignore[attr-defined]
+    cli.__signature__ = sig.replace(  # type: ignore[attr-defined]
+        parameters=[*sig.parameters.values(), opt])
     cli.__doc__, cli.__name__ = base.__doc__, base.__name__
     return cli
 

@@ -3,17 +3,18 @@
 The log: a click log of the shape the mapping is for (`_write_log`): one row per impression,
 in time order, CSV with a header; a user id (~1 per 50 rows), a time over six days (sessions
 of ~5 impressions), an item id (~1 per 200 rows, Zipf-popular), a 0/1 click (4%), two
-categoricals and two dense columns (one heavy-tailed). The mapping: sessions by a 30-minute gap, histories from the log (`auto`),
-days from the time, both categoricals and both dense columns.
+categoricals and two dense columns (one heavy-tailed). The mapping: sessions by a 30-minute
+gap, histories from the log (`auto`), days from the time, both categoricals and both dense
+columns.
 
 * speed (`logs_csv_N_rows`, rows/s): the whole ingest (read and check every column, spill by
   day and user bucket, vocabularies, sessions, positions, histories, scaled dense columns,
   zstd Parquet per day; into an atomic folder, no MLflow) against `pl.read_csv` of the same
   file, which parses it into memory and does nothing else: the ceiling, so the ratio is
   below 1 (the aim: 0.5). Alternating, the best of a few runs each.
-* memory (`logs_peak_rss_N_rows`, bytes): the peak RSS of a fresh process that ingests the
-  file, against one that reads it with `pl.read_csv`: ratio = read / ingest (> 1: the ingest
-  holds less than the file). A second line puts the ingest's peak at N rows against its
+* memory (`logs_peak_rss_N_rows`, bytes): the peak RSS (VmHWM) of a fresh process that
+  ingests the file, against one that reads it with `pl.read_csv`: ratio = read / ingest (> 1:
+  the ingest holds less than the file). A second line puts the ingest's peak at N rows against its
   peak at N / 10 rows: bounded by a chunk, the ratio stays near 1 as the file grows.
 
 Default: 1M rows (speed and memory); without --quick also 10M rows (memory; ~450 MB CSV).

@@ -82,7 +82,7 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
                           "item (--item)")
     reserved = {"day", "session_id", "position", "label"}
     names = feature_names(cfg)
-    clash = sorted((set(names) & reserved) - ({"label"} if cfg.label == "label" else set()))
+    clash = sorted(set(names) & reserved)
     if clash or len(set(names)) != len(names):
         raise ConfigError(f"ingest.logs: feature names {clash or names} clash (day, "
                           f"session_id, position and label are the layout's own)")
@@ -139,7 +139,7 @@ def _head_bytes(path: Path, n: int = 1 << 20) -> tuple[bytes, float]:
         with open(path, "rb") as raw, gzip.open(raw) as f:
             data = f.read(n)
             used = max(raw.tell(), 1)
-        return data, len(data) / used if len(data) < n or used else 1.0
+        return data, len(data) / used
     with open(path, "rb") as f:
         return f.read(n), 1.0
 
@@ -279,7 +279,7 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
             st = None
             for r in reads:
                 st = r.dense[c] if st is None else st.merge(r.dense[c])
-            dense[c] = st.decide() if st is not None else Stats.of(pl.Series([], dtype=pl.Float64)).decide()
+            dense[c] = (st or Stats.of(pl.Series([], dtype=pl.Float64))).decide()
     kinds = {r.label_kind for r in reads if r.impressions}
     label_kind = "bool" if "bool" in kinds else ("count" if "count" in kinds else "binary")
     state = State(mapping, vocabs, dense, first_day, label_kind)

@@ -346,7 +346,8 @@ def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
     flags = [c for c in checks if c.bad is not None]
     if not flags:
         return
-    bad = df.select([c.bad.alias(f"_b{i}") for i, c in enumerate(flags)])  # type: ignore[union-attr]
+    bad = df.select([c.bad.alias(f"_b{i}")  # type: ignore[union-attr]
+                     for i, c in enumerate(flags)])
     rows = df[ROW].to_numpy()
     best: tuple[int, int] | None = None
     for i in range(len(flags)):
