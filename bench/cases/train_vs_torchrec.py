@@ -180,10 +180,10 @@ class TorchrecDLRM(NamedTuple):
 
 
 def torchrec_dlrm(schema: FeatureSchema, env: Dist, tables: TableConfig = MODEL.tables,
-                  seed: int = 0) -> TorchrecDLRM:
+                  seed: int = 0, lr: float = LR) -> TorchrecDLRM:
     """`torchrec.models.dlrm.DLRM` over lrm's tables of `schema` (one collection), the
-    benchmark's shape, DMP with fused row-wise Adagrad, AdamW on the dense part, driven by
-    TrainPipelineSparseDist."""
+    benchmark's shape, DMP with fused row-wise Adagrad, AdamW (`lr`) on the dense part,
+    driven by TrainPipelineSparseDist."""
     emb = embedding_tables(schema, tables, DIM)  # lrm's tables, one collection
     keys = [f for t in emb for f in t.feature_names]
     torch.manual_seed(seed)
@@ -194,7 +194,7 @@ def torchrec_dlrm(schema: FeatureSchema, env: Dist, tables: TableConfig = MODEL.
     dmp = parallel.shard(DLRMTrain(dlrm), env, embedding_lr=EMBEDDING_LR, seed=seed)
     dense = KeyedOptimizerWrapper(
         {k: p for k, p in dmp.named_parameters() if not hasattr(p, "_in_backward_optimizers")},
-        lambda ps: torch.optim.AdamW(ps, lr=LR))
+        lambda ps: torch.optim.AdamW(ps, lr=lr))
     opt = CombinedOptimizer([dmp.fused_optimizer, dense])
     return TorchrecDLRM(dmp, TrainPipelineSparseDist(dmp, opt, env.device), keys)
 
