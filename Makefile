@@ -14,7 +14,7 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 # 2-core machine that was not enough ("Timed out while attempting to connect")
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 
-.PHONY: setup run repro repro-criteo dag test bench lock clean ui
+.PHONY: setup run repro repro-criteo repro-logs dag test bench lock clean ui
 
 setup: $(STAMP)
 
@@ -38,6 +38,10 @@ repro: $(STAMP)
 # Real logs: your Criteo TSV files in data/criteo/tsv/ (see README).
 repro-criteo: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro pipelines/criteo/dvc.yaml
+
+# Any click log: your files in data/logs/in/, the mapping in pipelines/logs/params.yaml.
+repro-logs: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/dvc repro pipelines/logs/dvc.yaml
 
 # Re-render dvc.yaml (and pipelines/*/dvc.yaml) from the DAG table in flows/dag.py.
 dag: $(STAMP)

@@ -9,6 +9,9 @@ train.collections        the tables' lookup step in lrm's two collections vs one
                          pooled rows the output dist carries)
 train.end_to_end         lrm.train.train's steady samples/s (loader and loop included) vs the
                          step alone on batches built beforehand
+train.real               lrm's default student and teacher vs torchrec's DLRM on the real logs
+                         in ../shared/data, held out in time: NE with paired intervals
+                         (--seeds N; only with --only real, or in a full run)
 --quick: small sizes and a few steps (vs_torchrec: ~40k rows).
 --batch B: every case's batch size (defaults: vs_torchrec 1024, the peers' benchmark; the
 others 2048, TrainConfig's); the days grow to hold enough batches of B. vs_torchrec's GPU
@@ -28,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 from bench.cases import train_collections, train_common, train_dedup, train_plain, \
-    train_e2e, train_scaling, train_vs_torchrec  # noqa: E402
+    train_e2e, train_real, train_scaling, train_vs_torchrec  # noqa: E402
 from bench.cases.train_common import dataset  # noqa: E402
 
 
@@ -37,13 +40,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     ap.add_argument("--only", default=None,
                     choices=["vs_torchrec", "dedup", "plain", "scaling", "collections",
-                             "end_to_end"])
+                             "end_to_end", "real"])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--batch", type=int, default=None,
                     help="every case's batch size (default: vs_torchrec 1024, the others "
                          "2048; the GPU aims: 2048 and 16384)")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--seeds", type=int, default=1, help="train.real: seeds per model")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.batch is not None and args.batch < 1:
@@ -66,7 +70,9 @@ def main() -> None:
              "collections": train_collections.run}
     if args.only in (None, "end_to_end"):  # its own days: one pass over them
         train_e2e.run(quick=args.quick)
-    if args.only in ("vs_torchrec", "end_to_end"):
+    if args.only in (None, "real"):  # the real logs beside the repo
+        train_real.run(quick=args.quick, seeds=args.seeds)
+    if args.only in ("vs_torchrec", "end_to_end", "real"):
         return
     with dataset(args.quick) as data:  # one dataset for the other cases
         for name, fn in cases.items():

@@ -26,6 +26,7 @@ from lrm.errors import LrmError
 from stagekit import load_params
 from stagekit.cli import app as stage_app
 from stagekit.cli import command, fail, setup_logging
+from stages import ingest
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lrm: train and keep retraining large recommendation models.")
@@ -33,9 +34,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 for _stage in STAGES.values():
     if _stage.group is None:
         app.command(_stage.command_name)(command(_stage))
-    else:  # a command group, e.g. `lrm ingest criteo`
-        app.add_typer(stage_app(_stage), name=_stage.command_name,
-                      help=f"{_stage.name}: {_stage.group} and future sources")
+app.add_typer(ingest.app(), name="ingest")  # `lrm ingest criteo|logs`
 
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,
                              pretty_exceptions_enable=False)

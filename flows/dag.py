@@ -44,7 +44,7 @@ from stagekit import Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES: dict[str, Stage] = {s.name: s for s in (
-    generate.STAGE, ingest.STAGE, dedup.STAGE, shard_plan.STAGE, train.STAGE, evaluate.STAGE,
+    generate.STAGE, ingest.STAGE, ingest.LOGS_STAGE, dedup.STAGE, shard_plan.STAGE, train.STAGE, evaluate.STAGE,
     teacher.STAGE, augment.STAGE, student.STAGE, register.STAGE, summary.STAGE, fp8_probe.STAGE)}
 
 
@@ -137,7 +137,47 @@ CRITEO = Pipeline("lrm-criteo", dvc_file=Path("pipelines/criteo/dvc.yaml"),
         "data": "data/criteo/sessions", "out": "metrics/criteo/eval.json"}),
 ))
 
-PIPELINES = {p.name: p for p in (SYNTHETIC, CRITEO)}
+# -- real logs: any click log in data/logs/in/, through the mapping in its params ----------
+
+STUDENTS = ("small", "tiny")  # students.models' names (the serving models evaluated)
+
+LOGS = Pipeline("lrm-logs", dvc_file=Path("pipelines/logs/dvc.yaml"),
+                params=("params.yaml", "pipelines/logs/params.yaml"), header=(
+    "Real logs: any click log (Parquet, CSV/TSV, JSON lines) put in data/logs/in/, read through\n"
+    "the column mapping `ingest.logs` of pipelines/logs/params.yaml (days, sessions and histories\n"
+    "from the data) -> RecD dedup -> ExFM: the teacher on days [0, T), the augmented days, the\n"
+    "students day by day -> the teacher and the serving students scored on the last day ->\n"
+    "the registry. Run: dvc repro pipelines/logs/dvc.yaml"), nodes=(
+    Node("ingest", STAGES["ingest_logs"], {"files": ["data/logs/in"], "out": "data/logs/raw",
+                                           "metrics": "metrics/logs/ingest.json"}),
+    Node("dedup", STAGES["dedup"], {"src": "data/logs/raw", "out": "data/logs/sessions",
+                                    "metrics": "metrics/logs/dedup.json"}),
+    Node("teacher", STAGES["teacher"], {
+        "data": "data/logs/sessions", "out": "models/logs/teacher",
+        "checkpoints": "checkpoints/logs/teacher", "metrics": "metrics/logs/teacher.json",
+        "plot": "plots/logs/teacher.csv"},
+         desc="ExFM: one teacher (Wukong, days [0, T)) for every student."),
+    Node("augment", STAGES["augment"], {"data": "data/logs/sessions",
+                                        "teacher": "models/logs/teacher",
+                                        "out": "data/logs/augmented",
+                                        "metrics": "metrics/logs/augment.json"}),
+    Node("student", STAGES["student"], {"data": "data/logs/augmented",
+                                        "out": "models/logs/students",
+                                        "metrics": "metrics/logs/exfm.json",
+                                        "table": "metrics/logs/exfm.md",
+                                        "plot": "plots/logs/exfm_ne.csv"}),
+    Node("evaluate", STAGES["evaluate"], {
+        "models": ["teacher=models/logs/teacher",
+                   *(f"{s}=models/logs/students/{s}/aux_adapter" for s in STUDENTS)],
+        "data": "data/logs/augmented", "out": "metrics/logs/eval.json"},
+         desc="The teacher and each student's serving model on the last day."),
+    Node("register", STAGES["register"], {"models": "models/logs/students",
+                                          "data": "data/logs/augmented",
+                                          "metrics": "metrics/logs/register.json"},
+         desc="Each student's serving model -> its registered model; @champion moves on NE."),
+))
+
+PIPELINES = {p.name: p for p in (SYNTHETIC, CRITEO, LOGS)}
 
 
 # -- rendering dvc.yaml ----------------------------------------------------------------

@@ -11,6 +11,13 @@ each metric with its 95% bootstrap interval (`ne_ci`: [low, high], ...). Named m
 of the data); every row of it is scored unless `evaluate.rows` says otherwise, and a line
 per model on stdout says how many rows were scored. `--model` is the old name of
 `--model-dir`.
+
+    lrm evaluate --model-dir models/student --data data/sessions --days 3..5 --out m.json
+
+`--days A..B` (`evaluate.days`; inclusive, negatives count from the last day) scores each of
+those days, every row, then all of them pooled: a model's metrics are the pooled ones (NE,
+AUC, calibration with their intervals), `days`, and `per_day` {day: the same metrics}; a
+line per day and one pooled on stdout.
 """
 
 from __future__ import annotations
@@ -42,32 +49,52 @@ def parse_models(models: list[str], name: str | None = None) -> list[tuple[str |
     return parsed
 
 
-def describe(name: str, m: dict[str, Any]) -> str:
-    """One line: what was scored and the metrics, with their intervals when present."""
+def describe(name: str, m: dict[str, Any], what: str = "") -> str:
+    """One line: what was scored (`what`: "day D") and the metrics, with their intervals."""
     def metric(k: str, label: str, digits: int) -> str:
         ci = m.get(f"{k}_ci")
         return f"{label} {m[k]:.{digits}f}" + (f" [{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
                                                 if ci else "")
     which = "every row" if m["rows"] == m["day_rows"] else f"of {m['day_rows']}"
-    return (f"{name}: scored {m['rows']} rows of day {m['day']} ({which}): "
+    what = what or f"day {m['day']}"
+    return (f"{name}: scored {m['rows']} rows of {what} ({which}): "
             f"{metric('ne', 'NE', 4)}, {metric('auc', 'AUC', 4)}, "
             f"{metric('calibration', 'calibration', 3)}"
             + (f" (95% bootstrap intervals, {m['ci_resamples']} resamples)"
                if "ci_resamples" in m else ""))
 
 
+def describe_days(name: str, m: dict[str, Any]) -> str:
+    """A line per day, then the pooled line."""
+    lines = [describe(name, {**d, "day_rows": d["rows"]}) for d in m["per_day"].values()]
+    days = ", ".join(map(str, m["days"]))
+    return "\n".join([*lines, describe(name, m, f"days {days} pooled")])
+
+
 def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"),
         out: Path = Path("metrics/eval.json"), name: str | None = None, force: bool = False
         ) -> dict[str, Any]:
-    """Score saved models on a held-out day: NE, AUC, calibration, rows."""
-    from lrm.train.evaluate import evaluate  # torch import: only when the stage runs
+    """Score saved models on a held-out day (or days): NE, AUC, calibration, rows."""
+    from lrm.config import day_range
+    from lrm.data.schema import day_files
+    from lrm.train.evaluate import evaluate, evaluate_days, pick_days  # torch: only here
 
     parsed = parse_models(models, name)
+    days = pick_days(list(day_files(data)), *day_range(cfg.days), "evaluate.days") \
+        if cfg.days else None
+    if days is not None and cfg.rows:
+        raise ConfigError("evaluate: rows scores one day's first rows; with days every row "
+                          "of each day is scored (leave rows at 0)")
     results = {}
     for key, path in parsed:
-        results[key] = m = evaluate(path, data, day=cfg.day, batch_size=cfg.batch_size,
-                                    max_rows=cfg.rows, resamples=cfg.bootstrap)
-        print(describe(key or str(path), m), flush=True)
+        if days is None:
+            results[key] = m = evaluate(path, data, day=cfg.day, batch_size=cfg.batch_size,
+                                        max_rows=cfg.rows, resamples=cfg.bootstrap)
+            print(describe(key or str(path), m), flush=True)
+        else:
+            results[key] = m = evaluate_days(path, data, days, batch_size=cfg.batch_size,
+                                             resamples=cfg.bootstrap)
+            print(describe_days(key or str(path), m), flush=True)
     if list(results) == [None]:
         io.write_json(results[None], out, stage=NAME, force=force)
         return results[None]

@@ -26,7 +26,10 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 HARNESS_STARTUP_S = 120  # prefect_test_harness's own bound (30 s by default)
 
 REPO = Path(__file__).resolve().parents[1]
-CRITEO_DIR = REPO.parent / "shared" / "data" / "criteo_sample"
+# the real samples beside the repo (LRM_SHARED_DATA names another place, e.g. for a worktree)
+SHARED_DATA = Path(os.environ.get("LRM_SHARED_DATA", REPO.parent / "shared" / "data"))
+CRITEO_DIR = SHARED_DATA / "criteo_sample"
+MIND_DIR = SHARED_DATA / "mind_sample"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -124,3 +127,11 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     synthetic.generate(SHARD_WORLD, root / "raw")
     dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
     return root / "sessions"
+
+
+@pytest.fixture
+def mind_dir() -> Path:
+    """../shared/data/mind_sample, or skip with a clear message where it is absent."""
+    if not (MIND_DIR / "behaviors.tsv").exists():
+        pytest.skip(f"real MIND sample not found at {MIND_DIR} (shared data absent)")
+    return MIND_DIR

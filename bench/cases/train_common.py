@@ -45,7 +45,7 @@ from lrm.train.steps import Steps, dense_optimizer
 
 BATCH = 2048  # the cases' batch unless use_batch says otherwise (TrainConfig's default)
 MOST_STEPS = {True: 16, False: 60}  # the most batches of day 0 a case takes (quick, full)
-LR, EMBEDDING_LR = 1e-3, 0.05  # TrainConfig's defaults
+LR, EMBEDDING_LR = TrainConfig().lr, TrainConfig().embedding_lr  # the defaults
 MODEL = ModelConfig()  # the default student: d=16, bottom [64], top [128, 64]
 _DEVICE = ["cpu"]
 _BATCH = [BATCH]

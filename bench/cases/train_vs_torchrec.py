@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from torch import nn
 from torchrec import EmbeddingBagCollection
 from torchrec.datasets.utils import Batch as TorchrecBatch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -46,11 +47,12 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from bench.cases.train_common import EMBEDDING_LR, LR, lrm_steps, sessions_for, sync
 from bench.common import emit
 from lrm import metrics
-from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig
+from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig, \
+    TableConfig
 from lrm.data import dedup, synthetic
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
-from lrm.data.schema import read_schema
+from lrm.data.schema import FeatureSchema, read_schema
 from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.models import build_model, embedding_tables
 from lrm.sharding import parallel
@@ -86,7 +88,7 @@ def _load(data: Path, day: int, recd: bool, sizes: dict[str, int], batch: int,
                             drop_last=drop_last, prefetch=0))
 
 
-def _torchrec_batch(b: Batch, keys: list[str]) -> TorchrecBatch:
+def torchrec_batch(b: Batch, keys: list[str]) -> TorchrecBatch:
     """The same impressions as torchrec's Batch: one KJT of every sparse feature."""
     assert not b.deduped
     feats = {**b.user.to_dict(), **b.item.to_dict()}
@@ -166,35 +168,52 @@ def _lrm_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch],
                  steps.pause)
 
 
-def _torchrec_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch]
-                   ) -> _Side:
-    schema, _ = read_schema(data)
-    tables = embedding_tables(schema, MODEL.tables, DIM)  # lrm's tables, one collection
-    keys = [f for t in tables for f in t.feature_names]
-    torch.manual_seed(0)
-    dlrm = DLRM(embedding_bag_collection=EmbeddingBagCollection(tables, device=torch.device(
+class TorchrecDLRM(NamedTuple):
+    """torchrec's DLRM as a torchrec user trains it: sharded, its pipeline, its forward."""
+
+    dmp: nn.Module
+    pipeline: TrainPipelineSparseDist
+    keys: list[str]  # the sparse features, in its KJT's order
+
+    def forward(self, b: TorchrecBatch) -> torch.Tensor:
+        return self.dmp(b)[1][1]  # DLRMTrain: (loss, (loss, logits, labels))
+
+
+def torchrec_dlrm(schema: FeatureSchema, env: Dist, tables: TableConfig = MODEL.tables,
+                  seed: int = 0, lr: float = LR) -> TorchrecDLRM:
+    """`torchrec.models.dlrm.DLRM` over lrm's tables of `schema` (one collection), the
+    benchmark's shape, DMP with fused row-wise Adagrad, AdamW (`lr`) on the dense part,
+    driven by TrainPipelineSparseDist."""
+    emb = embedding_tables(schema, tables, DIM)  # lrm's tables, one collection
+    keys = [f for t in emb for f in t.feature_names]
+    torch.manual_seed(seed)
+    dlrm = DLRM(embedding_bag_collection=EmbeddingBagCollection(emb, device=torch.device(
         "meta")), dense_in_features=len(schema.dense),
         dense_arch_layer_sizes=[*MODEL.student.bottom_mlp, DIM],
         over_arch_layer_sizes=[*MODEL.student.top_mlp, 1], dense_device=env.device)
-    dmp = parallel.shard(DLRMTrain(dlrm), env, embedding_lr=EMBEDDING_LR, seed=0)
+    dmp = parallel.shard(DLRMTrain(dlrm), env, embedding_lr=EMBEDDING_LR, seed=seed)
     dense = KeyedOptimizerWrapper(
         {k: p for k, p in dmp.named_parameters() if not hasattr(p, "_in_backward_optimizers")},
-        lambda ps: torch.optim.AdamW(ps, lr=LR))
+        lambda ps: torch.optim.AdamW(ps, lr=lr))
     opt = CombinedOptimizer([dmp.fused_optimizer, dense])
-    pipeline = TrainPipelineSparseDist(dmp, opt, env.device)
+    return TorchrecDLRM(dmp, TrainPipelineSparseDist(dmp, opt, env.device), keys)
 
-    def forward(b: TorchrecBatch) -> torch.Tensor:
-        return dmp(b)[1][1]  # DLRMTrain: (loss, (loss, logits, labels))
+
+def _torchrec_side(data: Path, env: Dist, train: list[Batch], held_out: list[Batch]
+                   ) -> _Side:
+    schema, _ = read_schema(data)
+    t = torchrec_dlrm(schema, env)
+    dmp, pipeline, keys, forward = t.dmp, t.pipeline, t.keys, t.forward
 
     def score() -> float:
         dmp.eval()
         try:
-            return _eval_ne(forward, [_torchrec_batch(b, keys).to(env.device)
+            return _eval_ne(forward, [torchrec_batch(b, keys).to(env.device)
                                       for b in held_out], lambda b: b.labels)
         finally:
             dmp.train()
 
-    return _Side("torchrec", pipeline.progress, [_torchrec_batch(b, keys).to(env.device)
+    return _Side("torchrec", pipeline.progress, [torchrec_batch(b, keys).to(env.device)
                                          for b in train], score, pipeline.detach)
 
 

@@ -26,6 +26,14 @@ length is the field count, and the scanner's row index gives the 1-based line nu
 errors. CRLF line ends are accepted; bytes that are not UTF-8 are replaced (and then fail a
 field's check); a NUL byte in a file is a file-level error.
 
+Criteo is also one mapping of `lrm ingest logs` (lrm.data.logs: ``--format tsv --columns
+label,I1,..,C26 --label label --dense I1,..,I13 --categorical C1,..,C26 --days file``; the same
+rows, labels and days, each hash a dense vocabulary id). This reader stays beside it as the
+`criteo` shortcut for what the mapping cannot say: its output is a contract (the hashes as
+they are, for hashed tables and `fit_tables`; the DLRM transform log(1 + max(x, 0)) of the
+counts, not a scaling fitted to the data), `skip_bad` skips and counts bad rows by reason,
+and one 40-field split per line checks the field count a CSV reader pads or refuses.
+
 Bad rows (wrong field count, a label other than 0/1, a non-integer ``I`` field, a ``C`` field
 that is not 8 hex digits) raise a `DataError` naming the file, line and field of the first
 one; with ``cfg.skip_bad`` they are skipped and counted per reason instead. A missing or
@@ -44,6 +52,7 @@ import polars as pl
 
 from lrm import io
 from lrm.config import IngestConfig
+from lrm.data.logs.read import check_files
 from lrm.data.schema import (
     CRITEO_CAT,
     CRITEO_INT,
@@ -110,19 +119,6 @@ def _message(field: str, nfields: int, raw: str | None) -> str:
     if field in CRITEO_INT:
         return f"not an integer: {shown}"
     return f"not an 8-hex-digit hash: {shown}"
-
-
-def _check_files(files: Sequence[Path]) -> None:
-    """Fail before reading anything if an input is absent, not a file, or empty."""
-    if not files:
-        raise DataError("<no files>", None, None, "no input files given")
-    for f in files:
-        if not f.exists():
-            raise DataError(f, None, None, "file not found")
-        if not f.is_file():
-            raise DataError(f, None, None, "not a regular file")
-        if f.stat().st_size == 0:
-            raise DataError(f, None, None, "file is empty (no rows)")
 
 
 def _chunks(path: Path, chunk_rows: int) -> Iterator[pl.DataFrame]:
@@ -215,7 +211,7 @@ def ingest(files: Sequence[Path], out: Path, cfg: IngestConfig) -> dict[str, Any
     file; `out` is then partly written, which is why callers wrap it in `io.atomic_dir`.
     """
     files = [Path(f) for f in files]
-    _check_files(files)
+    check_files(files)
     values = _values()
     checks = _checks(values)
     bad_expr = pl.any_horizontal(*checks.values())

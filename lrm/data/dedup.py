@@ -25,6 +25,7 @@ import json
 import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lrm import io
+from lrm import fanout, io
 from lrm.config import DedupConfig
 from lrm.data import histories, items, parquet, values
 from lrm.data.schema import (
@@ -518,6 +519,18 @@ class _Totals:
     days: int = 0
     item_columns: set[str] = field(default_factory=set)
 
+    def add(self, counts: dict[str, Any]) -> None:
+        """A day's counts (`dedup_day`'s)."""
+        self.rows += counts["rows"]
+        self.sessions += counts["sessions"]
+        self.bytes_in += counts["bytes_in"]
+        self.bytes_out += counts["bytes_out"]
+        self.parts += counts["parts"]
+        self.hist_values += counts["history_values"]
+        self.hist_stored += counts["history_stored"]
+        self.item_columns |= set(counts["item_columns"])
+        self.days += 1
+
     def metrics(self, schema: FeatureSchema) -> dict[str, Any]:
         return {
             "rows": self.rows,
@@ -537,29 +550,50 @@ class _Totals:
         }
 
 
-def _dedup_day(schema: FeatureSchema, day: int, paths: list[Path], folder: Path,
-               cfg: DedupConfig, chunk_rows: int, totals: _Totals, rep: Reporter) -> None:
-    """Day `day`'s impression files -> `folder/part-NNNNN.parquet` (sessions layout)."""
-    totals.bytes_in += sum(p.stat().st_size for p in paths)
+def dedup_day(src: Path, folder: Path, cfg: DedupConfig, day: int, *,
+              chunk_rows: int = READ_CHUNK_ROWS, rep: Reporter | None = None) -> dict[str, Any]:
+    """Dedup day `day` of `src` into `folder/part-NNNNN.parquet` (sessions layout; a unit of
+    lrm.fanout: days are independent); its counts (rows, sessions, bytes, parts, histories,
+    item columns)."""
+    schema, files = check_source(src)
+    paths = files[day]
     writer = _PartWriter(folder, day, cfg.rows_per_file, schema, item_table=cfg.item_table)
     seen = _SessionIds()  # the day's sessions so far
-    day_sessions = 0
+    rows = sessions = 0
     chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))
     for table, source, row0 in _whole_sessions(chunks):
         s = _session_rows(table, schema, source, row0)
         seen.add(s.column(SESSION).to_numpy(), source)
         writer.add(s)
-        totals.rows += table.num_rows
-        day_sessions += s.num_rows
-        rep.update(table.num_rows)
+        rows += table.num_rows
+        sessions += s.num_rows
+        if rep is not None:
+            rep.update(table.num_rows)
     writer.close()
-    totals.sessions += day_sessions
-    totals.parts += writer.parts
-    totals.bytes_out += writer.bytes_out
-    totals.hist_values += writer.history_values
-    totals.hist_stored += writer.history_stored
-    totals.item_columns |= writer.item_columns
-    totals.days += 1
+    return {"rows": rows, "sessions": sessions,
+            "bytes_in": sum(p.stat().st_size for p in paths), "bytes_out": writer.bytes_out,
+            "parts": writer.parts, "history_values": writer.history_values,
+            "history_stored": writer.history_stored, "item_columns": sorted(writer.item_columns)}
+
+
+def _dedup_days(src: Path, folders: dict[int, Path], cfg: DedupConfig, chunk_rows: int,
+                rep: Reporter) -> _Totals:
+    """Every day of `folders` (day -> the folder it is written to), each a unit of
+    lrm.fanout (a task of its own in the Prefect flows), summed."""
+    days = list(folders)
+    per_day = fanout.map_units(
+        "dedup day", partial(_dedup_unit, src=src, folders=folders, cfg=cfg,
+                             chunk_rows=chunk_rows, rep=rep if fanout.in_process() else None),
+        days, [str(d) for d in days])
+    totals = _Totals()
+    for counts in per_day:
+        totals.add(counts)
+    return totals
+
+
+def _dedup_unit(day: int, *, src: Path, folders: dict[int, Path], cfg: DedupConfig,
+                chunk_rows: int, rep: Reporter | None) -> dict[str, Any]:
+    return dedup_day(src, folders[day], cfg, day, chunk_rows=chunk_rows, rep=rep)
 
 
 def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
@@ -568,15 +602,14 @@ def dedup_dataset(src: Path, dst: Path, cfg: DedupConfig, *,
 
     Streams day by day and chunk by chunk (memory: a chunk plus one output file's
     sessions); sessions may straddle input chunks and files, and a session is never split
-    across output files. Returns the metrics (rows, sessions, ratios, bytes).
+    across output files. Each day is a unit of lrm.fanout (a task of the Prefect flows).
+    Returns the metrics (rows, sessions, ratios, bytes).
     """
     schema, files = check_source(src)
     total = sum(parquet.read_metadata(f).num_rows for fs in files.values() for f in fs)
-    totals = _Totals()
     with Reporter("dedup", total=total, unit="rows") as rep:
-        for day, paths in files.items():
-            _dedup_day(schema, day, paths, Path(dst) / f"day={day}", cfg, chunk_rows, totals,
-                       rep)
+        totals = _dedup_days(src, {d: Path(dst) / f"day={d}" for d in files}, cfg, chunk_rows,
+                             rep)
     return totals.metrics(schema)
 
 
@@ -603,13 +636,13 @@ def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = 
               for d in wanted}
     todo = [d for d in wanted if _stamp(out / f"day={d}") != stamps[d]
             or not io.replaceable(out / f"day={d}")]  # a user's file in it: never skipped
-    totals = _Totals()
     total = sum(parquet.read_metadata(f).num_rows for d in todo for f in files[d])
     with Reporter("dedup", total=total, unit="rows") as rep, \
             contextlib.ExitStack() as commit:  # every day's rename, once all are written
-        for d in todo:
-            tmp = commit.enter_context(io.atomic_dir(out / f"day={d}", force=force))
-            _dedup_day(schema, d, files[d], tmp, cfg, chunk_rows, totals, rep)
+        tmps = {d: commit.enter_context(io.atomic_dir(out / f"day={d}", force=force))
+                for d in todo}
+        totals = _dedup_days(src, tmps, cfg, chunk_rows, rep)
+        for d, tmp in tmps.items():
             io.write_json(stamps[d], tmp / FROM)
     if days is None:  # out holds exactly src's days
         for p in out.glob("day=*"):

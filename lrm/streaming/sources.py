@@ -8,31 +8,47 @@ ledger), so a day is the same day whatever path it was read from.
   `generate` params describe, deterministic (the same params give the same bytes).
 * folder: every file in the inbox that no day holds yet (by content, not by name), in
   name order, becomes the next day: an impressions-layout Parquet file written by lrm
-  (`lrm generate`, or an export with the lrm schema), or a Criteo TSV file (`lrm ingest
-  criteo`'s reader). Its rows are renumbered to the day it becomes. The inbox's files are
-  only read, never moved or removed.
+  (`lrm generate`, or an export with the lrm schema); or, where `ingest.logs` maps a click
+  log (a label or an exploded column is named), a log file of any kind `lrm ingest logs`
+  reads, through that mapping (the whole file is the day); else a Criteo TSV file (`lrm
+  ingest criteo`'s reader). Its rows are renumbered to the day it becomes. The inbox's
+  files are only read, never moved or removed.
+
+A log day continues the one before it: its ids come from the vocabularies of the days
+before (a value keeps its id; new ones are appended), its dense columns are scaled as day
+0's were, and its histories reach back over every earlier day's clicks. That state lives
+in each raw day's folder (``raw/day=D/_ingest/``: as it stands after day D). In the stream
+the schema names no vocabulary (the tables keep `model.tables`' rows day after day, so an
+id space that grows is hashed into them like Criteo's, not cut at day 0's size).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lrm import io
 from lrm.config import GenerateConfig, IngestConfig
-from lrm.data.schema import DAY, day_files, part_path, read_schema
+from lrm.data.logs import LOG_SUFFIXES
+from lrm.data.schema import DAY, META_KEY, SESSION, FeatureSchema, day_files, part_path, \
+    read_schema
 from lrm.errors import DataError
 from lrm.streaming.layout import STAGE
 
 log = logging.getLogger("lrm")
 SOURCE = "_source.json"
+STATE = "_ingest"  # a log day's ingest state (lrm.data.logs.ingest.STATE)
 SUFFIXES = (".parquet", ".tsv")
+SESSION_BITS = 40  # a log day's session ids: day << 40 | n (lrm.data.logs.cells)
 
 
 def read_source(raw: Path, day: int) -> dict[str, Any] | None:
@@ -55,11 +71,15 @@ def raw_days(raw: Path) -> list[int]:
     return sorted(found)
 
 
-def _write_day(table: pa.Table, raw: Path, day: int, origin: dict[str, Any]) -> dict[str, Any]:
-    """raw/day=D/part-00000.parquet and its `_source.json`, atomically."""
+def _write_day(table: pa.Table, raw: Path, day: int, origin: dict[str, Any],
+               state: Path | None = None) -> dict[str, Any]:
+    """raw/day=D/part-00000.parquet and its `_source.json` (and a log day's ingest `state`
+    folder), atomically."""
     with io.atomic_dir(Path(raw) / f"day={day}", stage=STAGE) as tmp:
         f = part_path(raw, day, 0).name
         io.write_parquet(table, tmp / f)
+        if state is not None:
+            shutil.copytree(state, tmp / STATE)
         doc = {"day": day, "origin": origin, "rows": table.num_rows,
                "files": [{"file": f, "sha256": io.sha256_file(tmp / f)}]}
         io.write_json(doc, tmp / SOURCE)
@@ -76,6 +96,42 @@ def synthetic_day(cfg: GenerateConfig, day: int, raw: Path) -> dict[str, Any]:
     table = synthetic.generate_day(cfg, day)
     log.info("stream: generated synthetic day %d (%d impressions)", day, table.num_rows)
     return _write_day(table, raw, day, {"source": "synthetic", "seed": cfg.seed})
+
+
+def maps_logs(ingest: IngestConfig) -> bool:
+    """Whether `ingest.logs` maps a click log (then inbox logs go through it)."""
+    return bool(ingest.logs.label or ingest.logs.explode)
+
+
+def _lrm_parquet(path: Path) -> bool:
+    if path.suffix != ".parquet":
+        return False
+    try:
+        read_schema(path)
+    except DataError:
+        return False
+    return True
+
+
+def _log_day(path: Path, ingest: IngestConfig, raw: Path, day: int, max_history: int,
+             tmp: Path) -> tuple[pa.Table, Path]:
+    """An inbox log through `ingest.logs`, continuing the newest earlier day's state: the
+    day's impressions (renumbered, no vocabulary in the schema) and its state folder."""
+    from lrm.data.logs import ingest as logs
+
+    earlier = [d for d in raw_days(raw) if d < day and (raw / f"day={d}" / STATE).is_dir()]
+    prior = raw / f"day={earlier[-1]}" if earlier else None
+    cfg = dataclasses.replace(ingest.logs, days="one", files=[])
+    logs.ingest([path], tmp / "raw", cfg, chunk_rows=ingest.chunk_rows,
+                max_history=max_history, prior=prior)
+    table = pa.concat_tables([pq.read_table(f) for fs in day_files(tmp / "raw").values()
+                              for f in fs])
+    schema = FeatureSchema.from_json(table.schema.metadata[META_KEY].decode())
+    target = dataclasses.replace(schema, vocab={}).arrow("impressions")
+    low = pc.bit_wise_and(table.column(SESSION), pa.scalar((1 << SESSION_BITS) - 1, pa.int64()))
+    table = table.set_column(table.schema.get_field_index(SESSION), SESSION,
+                             pc.add(low, pa.scalar(day << SESSION_BITS, pa.int64())))
+    return table.cast(target), tmp / "raw" / STATE
 
 
 def _dropped_table(path: Path, ingest: IngestConfig) -> pa.Table:
@@ -95,8 +151,16 @@ def _dropped_table(path: Path, ingest: IngestConfig) -> pa.Table:
     return pq.read_table(path)
 
 
-def folder_days(watch: Path, raw: Path, ingest: IngestConfig) -> list[int]:
-    """Make every inbox file no day holds yet the next raw day; the new days, in order."""
+def _inbox(watch: Path, ingest: IngestConfig) -> list[Path]:
+    logs = maps_logs(ingest)
+    return sorted(p for p in watch.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and (p.suffix in SUFFIXES or logs and p.name.endswith(LOG_SUFFIXES)))
+
+
+def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
+                max_history: int = GenerateConfig().max_history) -> list[int]:
+    """Make every inbox file no day holds yet the next raw day; the new days, in order.
+    max_history: a log's histories' longest (generate.max_history)."""
     watch = Path(watch)
     if not watch.is_dir():
         return []
@@ -105,21 +169,28 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig) -> list[int]:
     first = read_schema(raw)[0] if days else None
     nxt = days[-1] + 1 if days else 0
     new = []
-    for f in sorted(p for p in watch.iterdir() if p.is_file() and p.suffix in SUFFIXES
-                    and not p.name.startswith(".")):
+    for f in _inbox(watch, ingest):
         sha = io.sha256_file(f)
         if sha in held:
             continue
-        table = _dropped_table(f, ingest)
-        schema = read_schema(f)[0] if f.suffix == ".parquet" else None
-        if first is not None and schema is not None and schema.sparse_features != \
-                first.sparse_features:
-            raise DataError(f, None, None, f"its features differ from the stream's "
-                                           f"({first.name!r} schema); one stream, one schema")
-        i = table.schema.get_field_index(DAY)
-        table = table.set_column(i, table.schema.field(i),
-                                 pa.array([nxt] * table.num_rows, table.schema.field(i).type))
-        _write_day(table, raw, nxt, {"source": "folder", "file": f.name, "sha256": sha})
+        with tempfile.TemporaryDirectory(prefix="lrm-inbox-") as tmp:
+            state = None
+            if maps_logs(ingest) and not _lrm_parquet(f):
+                table, state = _log_day(f, ingest, Path(raw), nxt, max_history, Path(tmp))
+            else:
+                table = _dropped_table(f, ingest)
+            schema = FeatureSchema.from_json(table.schema.metadata[META_KEY].decode())
+            if first is not None and schema.sparse_features != first.sparse_features:
+                raise DataError(f, None, None, f"its features differ from the stream's "
+                                               f"({first.name!r} schema); one stream, one "
+                                               f"schema")
+            first = first or schema
+            i = table.schema.get_field_index(DAY)
+            table = table.set_column(i, table.schema.field(i),
+                                     pa.array([nxt] * table.num_rows,
+                                              table.schema.field(i).type))
+            _write_day(table, raw, nxt, {"source": "folder", "file": f.name, "sha256": sha},
+                       state)
         log.info("stream: %s is day %d (%d impressions)", f, nxt, table.num_rows)
         held.add(sha)
         new.append(nxt)

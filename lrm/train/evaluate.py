@@ -86,6 +86,49 @@ def score(logits: torch.Tensor, labels: torch.Tensor, *, ci: bool = False,
     return out
 
 
+def pick_days(available: Sequence[int], lo: int, hi: int, key: str = "days") -> list[int]:
+    """The days of `available` from `lo` to `hi` (inclusive; negatives count from the end)."""
+    days = sorted(available)
+    first, last = (pick_day(days, d, key) if d < 0 else d for d in (lo, hi))
+    chosen = [d for d in days if first <= d <= last]
+    if first > last or not chosen:
+        raise ConfigError(f"{key}: no days in {lo}..{hi} (days: {days})")
+    return chosen
+
+
+def evaluate_days(model_dir: Path, data: Path, days: Sequence[int], *, batch_size: int = 8192,
+                  device: str = "cpu", resamples: int = metrics.BOOTSTRAP) -> dict[str, Any]:
+    """Score the saved model on each of `days` (every row), then on all of them pooled:
+    the pooled metrics (with intervals, as `evaluate`'s) and `per_day` {day: metrics}."""
+    quiet_libraries()
+    dev = torch.device(device)
+    model, card = load_model(model_dir, dev)
+    per_day, pooled = {}, metrics.StreamingScore(resamples=resamples)
+    for d in days:  # in the memory of a batch: each day's sums, and the pooled sums
+        loader = _loader(data, d, batch_size, card)
+        day = metrics.StreamingScore(resamples=resamples)
+        with Reporter(f"evaluate {card.kind} day {d}", total=loader.num_rows(),
+                      unit="rows") as rep:
+            for x, y in _scored(model, loader, dev, reporter=rep):
+                day.update(x, y)
+                pooled.update(x, y)
+        per_day[d] = {**day.compute(), "day": d}
+    out = pooled.compute()
+    return {**out, "days": list(days), "day_rows": out["rows"], "kind": card.kind,
+            "per_day": per_day}
+
+
+def _loader(data: Path, day: int, batch_size: int, card: Any,
+            verticals: Sequence[int] | None = None) -> BatchLoader:
+    loader = BatchLoader(data, batch_size, days=[day], dedup=True, hash_sizes=card.hash_sizes,
+                         verticals=verticals)
+    if loader.schema.sparse_features != card.schema.sparse_features or \
+            loader.schema.dense != card.schema.dense:
+        raise ConfigError(f"evaluate: {data} has schema {loader.schema.name!r} with other "
+                          f"features than the model's ({card.schema.name!r})")
+    return loader
+
+
 def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 8192,
              device: str = "cpu", max_rows: int = 0, resamples: int = metrics.BOOTSTRAP,
              verticals: Sequence[int] | None = None) -> dict[str, Any]:
@@ -97,12 +140,7 @@ def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 81
     dev = torch.device(device)
     model, card = load_model(model_dir, dev)
     chosen = pick_day(list(day_files(data)), day, "evaluate.day")
-    loader = BatchLoader(data, batch_size, days=[chosen], dedup=True,
-                         hash_sizes=card.hash_sizes, verticals=verticals)
-    if loader.schema.sparse_features != card.schema.sparse_features or \
-            loader.schema.dense != card.schema.dense:
-        raise ConfigError(f"evaluate: {data} has schema {loader.schema.name!r} with other "
-                          f"features than the model's ({card.schema.name!r})")
+    loader = _loader(data, chosen, batch_size, card, verticals)
     day_rows = loader.num_rows()
     want = min(max_rows, day_rows) if max_rows > 0 else day_rows
     scores = metrics.StreamingScore(resamples=resamples)

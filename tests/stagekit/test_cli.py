@@ -16,7 +16,9 @@ from stagekit.cli import _options, app
 # values that pass validation and differ from the built-in default, for str keys
 STR_VALUES = {"device": "cpu", "seq_pooling": "sum", "adapter_context": "dense+features",
               "recipe": "rowwise", "backend": "scaled_mm", "quantize": "int8",
-              "days": "one", "compute_device": "cuda", "planner": "greedy"}
+              "days": "one", "compute_device": "cuda", "planner": "greedy",
+              "format": "csv", "time_unit": "ms", "history_order": "newest_first",
+              "session_gap": "30m", "evaluate.days": "1..2"}
 MAPPING_VALUES = {"students.models": "{x: {embedding_dim: 4}}",
                   "students.variants": "{v: {distill: false}}",
                   "model.tables.shared": "{user_history: ad_id}"}
@@ -35,7 +37,7 @@ def _sample(key: str, tp: object, default: object) -> tuple[str | None, list[str
     if tp is float:
         return str(default * 0.9 if default else 0.1), []
     if tp is str:
-        return STR_VALUES.get(name, "x"), []
+        return STR_VALUES.get(key, STR_VALUES.get(name, "x")), []
     if origin is list:
         inner = typing.get_args(tp)[0]
         return ("a.tsv,b.tsv" if inner is str else "1,2"), []

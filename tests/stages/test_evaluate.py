@@ -9,11 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from typer.testing import CliRunner
 
 from lrm.config import EvalConfig
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError
 from stages import evaluate as stage
+from stagekit.cli import app as stage_app
 from tests.conftest import REPO
 
 KEYS = {"ne", "auc", "calibration", "rows", "day_rows", "ne_ci", "auc_ci", "calibration_ci"}
@@ -82,3 +84,46 @@ def test_bad_input_exits_2(datasets, model_dir, tmp_path):  # noqa: F811
     with pytest.raises(ConfigError, match="no day 9"):  # the same path, in-process
         stage.run(models=[str(model_dir)], data=datasets["raw"], cfg=EvalConfig(day=9),
                   out=tmp_path / "e.json")
+
+
+def test_days_are_scored_each_and_pooled_with_intervals(datasets, model_dir, tmp_path):  # noqa: F811
+    """Planted bugs that turn this red (each tried): the pooled metrics of the last day
+    only; a range that leaves out its last day."""
+    import torch
+
+    from lrm import metrics
+    from lrm.train.evaluate import _loader, predict
+    from lrm.train.export import load_model
+
+    r = CliRunner().invoke(stage_app(stage.STAGE), [
+        "--model-dir", str(model_dir), "--data", str(datasets["sessions"]), "--days", "1..2",
+        "--out", str(tmp_path / "e.json")])
+    assert r.exit_code == 0, r.output
+    m = json.loads((tmp_path / "e.json").read_text())
+    assert m["days"] == [1, 2] and set(m["per_day"]) == {"1", "2"}
+    model, card = load_model(model_dir)
+    xs, ys = [], []
+    for d in (1, 2):
+        x, y = predict(model, _loader(datasets["sessions"], d, 4096, card), torch.device("cpu"))
+        day = m["per_day"][str(d)]
+        assert day["rows"] == len(y) and day["ne"] == pytest.approx(
+            metrics.normalized_entropy(x, y), rel=1e-6)
+        assert day["ne_ci"][0] < day["ne"] < day["ne_ci"][1]
+        xs.append(x)
+        ys.append(y)
+    x, y = torch.cat(xs), torch.cat(ys)
+    assert m["rows"] == len(y) and m["ne"] == pytest.approx(metrics.normalized_entropy(x, y),
+                                                            rel=1e-6)
+    assert m["ne_ci"][0] < m["ne"] < m["ne_ci"][1] and m["auc_ci"][0] < m["auc"]
+    lines = r.stdout.strip().splitlines()
+    assert [ln.split(" rows of ")[1].split(" (")[0] for ln in lines] == [
+        "day 1", "day 2", "days 1, 2 pooled"]
+    r = CliRunner().invoke(stage_app(stage.STAGE), [
+        "--model-dir", str(model_dir), "--data", str(datasets["sessions"]), "--days", "-2..-1",
+        "--out", str(tmp_path / "f.json")])
+    assert r.exit_code == 0 and json.loads((tmp_path / "f.json").read_text())["days"] == [1, 2]
+    for bad, why in (("2..1", "comes after"), ("7..9", "no days in 7..9"), ("x", "day range")):
+        r = CliRunner().invoke(stage_app(stage.STAGE), [
+            "--model-dir", str(model_dir), "--data", str(datasets["sessions"]), "--days", bad,
+            "--out", str(tmp_path / "g.json")])
+        assert r.exit_code == 2 and why in r.stderr, (bad, r.stderr)

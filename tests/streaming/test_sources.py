@@ -43,3 +43,32 @@ def test_inbox_files_become_days_by_content_and_keep_one_schema(tmp_path):
     with pytest.raises(DataError, match="d.parquet: its features differ"):
         sources.folder_days(inbox, raw, IngestConfig())
     assert sources.raw_days(raw) == [0, 1]  # nothing half-written
+
+
+def test_inbox_logs_go_through_the_mapping_each_day_continuing_the_last(tmp_path):
+    """Planted bugs that turn this red (each tried): a log day started without the day
+    before's state (ids restart, histories forget), the session ids left at day 0's."""
+    import dataclasses
+
+    import polars as pl
+
+    from lrm.config import LogsConfig
+    from tests.data._logs import T0, clicks_log, write
+
+    inbox, raw = tmp_path / "inbox", tmp_path / "raw"
+    inbox.mkdir()
+    log = clicks_log()
+    write(log.filter(pl.col("ts") < T0 + 86_400), inbox / "a.csv")
+    write(log.filter(pl.col("ts") >= T0 + 86_400), inbox / "b.jsonl.gz")
+    (inbox / "notes.md").write_text("not a log")
+    ingest = dataclasses.replace(IngestConfig(), logs=LogsConfig(
+        label="clicked", user="user", item="item", time="ts", session_gap="30m"))
+    assert sources.folder_days(inbox, raw, ingest) == [0, 1]
+    d0, d1 = (pl.read_parquet(raw / f"day={d}" / "part-00000.parquet") for d in (0, 1))
+    assert d1["day"].to_list() == [1] and d1["user"].to_list() == [0]  # u1 keeps her id
+    assert d1["history"].to_list() == [[1, 3, 2, 0]]  # day 0's clicks, newest first
+    assert (d1["session_id"] // 2**40).to_list() == [1] and (d0["session_id"] // 2**40).max() == 0
+    schema, _ = read_schema(raw / "day=1" / "part-00000.parquet")
+    assert schema.vocab == {} and schema.user_key == "user"  # hashed in the stream's tables
+    assert (raw / "day=1" / "_ingest" / "state.json").is_file()
+    assert sources.folder_days(inbox, raw, ingest) == []  # nothing new

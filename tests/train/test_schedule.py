@@ -12,10 +12,15 @@ from lrm.train.schedule import plan
 
 
 def test_a_small_dataset_gets_a_smaller_batch_for_enough_steps():
-    s = plan(TrainConfig(), rows=7609, world_size=1)  # the Criteo sample's train days
-    assert s.batch_size == 7609 // 50 == 152 and s.steps == 50 and s.epochs == 1
-    assert s.val_batches == 0 and s.val_every == 0  # one pass: no slice held out
-    assert s.warmup == 5 and s.adapted and "152" in s.adapted[0]
+    """Planted bugs that turn this red (each tried): the batch shrunk for min_steps only
+    (fit_steps ignored); the batch floor ignored."""
+    log = plan(TrainConfig(), rows=168_000, world_size=1)  # a 200k-impression log's train days
+    assert log.batch_size == 168_000 // 500 == 336 and log.steps == 500 and log.epochs == 1
+    assert log.val_batches == 0 and log.val_every == 0  # one pass: no slice held out
+    assert log.warmup == 50 and "336" in log.adapted[0]
+    s = plan(TrainConfig(), rows=7609, world_size=1)  # the Criteo sample's: the batch floor
+    assert s.batch_size == 128 and s.steps == 7609 // 128 == 59 and s.epochs == 1
+    assert s.warmup == 5 and len(s.adapted) == 1  # 59 >= min_steps: no more passes
     big = plan(TrainConfig(), rows=2_000_000, world_size=1)  # enough rows: untouched
     assert big.batch_size == 2048 and big.steps == 2_000_000 // 2048 and not big.adapted
     assert big.warmup == 50
@@ -59,7 +64,7 @@ def test_validation_is_capped_and_off_when_asked():
     assert s.val_batches == 3 and s.epoch_batches == 997
     assert plan(TrainConfig(batch_size=100, epochs=2, val_fraction=0), 100_000, 1
                 ).val_batches == 0
-    assert plan(TrainConfig(min_steps=0), 7609, 1).batch_size == 2048  # floor off
+    assert plan(TrainConfig(min_steps=0, fit_steps=0), 7609, 1).batch_size == 2048  # off
 
 
 def test_warm_up_ramps_to_the_learning_rate():

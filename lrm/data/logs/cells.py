@@ -1,0 +1,214 @@
+"""One cell of a day (the sessions of the users of one bucket) -> impressions-layout rows.
+
+A cell holds every impression of its users on that day (lrm.data.logs.ingest cuts the days
+into cells by a hash of the user), so everything here is local to it:
+
+* **sessions**: a session column's value (a page view, a visit), cut by user; or a user's
+  impressions, in time order, while the gap between two is at most `session_gap`; or, with
+  neither, each page view (``explode``) or each impression is its own session. A session
+  never straddles a day: the day is cut first.
+* **order**: sessions by user, then start time; a session's impressions by time, then
+  their place in the input (a page view keeps its display order).
+* **positions**: an impression's place in its session (0, 1, ...).
+* **session ids**: ``day << 40 | n``, n counting the day's sessions: unique in the dataset.
+* **session-level features** (the user, the vertical, sequences, a history column): the
+  session's first impression's value, on every impression of it.
+* **histories** (``history auto``): the user's clicked items before the session starts
+  (click time strictly before the session's first impression), most recent first, at most
+  `max_history`; never a click of the session itself or after it (tests/data/
+  test_logs_sessions.py plants one). The clicks come from every day of the cell's bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from lrm.config import LogsConfig, duration_seconds
+from lrm.data.logs import dense as dense_mod
+from lrm.data.logs.read import FILE, ITEM, LABEL, POS, ROW, SESSION, TIME, USER
+from lrm.data.logs.vocab import Lookup
+from lrm.data.schema import DAY as DAY_COL
+from lrm.data.schema import LABEL as LABEL_COL
+from lrm.data.schema import POSITION, SESSION as SESSION_COL
+from lrm.data.schema import FeatureSchema
+
+KEY = "_key"
+MAX_POSITION = 2**15 - 1  # position is int16
+SESSION_BITS = 40  # session_id = day << 40 | n
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What every cell of an ingest needs: the mapping and what the whole ingest decided."""
+
+    cfg: LogsConfig
+    schema: FeatureSchema
+    features: Mapping[str, tuple[str, str]]  # feature -> (typed column, vocabulary)
+    lookups: Mapping[str, Lookup]  # vocabulary -> its lookup
+    dense: Mapping[str, dict[str, Any]]  # dense column -> how it is scaled
+    max_history: int
+
+
+def session_mode(cfg: LogsConfig) -> str:
+    """column | gap | page (each input row is a session: a page view, or an impression)."""
+    return "column" if cfg.session else "gap" if cfg.session_gap else "page"
+
+
+def _run_starts(*keys: np.ndarray) -> np.ndarray:
+    n = len(keys[0])
+    if n == 0:
+        return np.zeros(0, np.int64)
+    change = np.zeros(n, bool)
+    change[0] = True
+    for k in keys:
+        change[1:] |= k[1:] != k[:-1]
+    return np.flatnonzero(change)
+
+
+def sessions(cell: pl.DataFrame, cfg: LogsConfig) -> pl.DataFrame:
+    """The cell sorted into sessions (see the module doc), with `KEY`: the session's number
+    in the cell (0, 1, ...; its rows contiguous)."""
+    has_time, has_user = TIME in cell.columns, USER in cell.columns
+    tie = [FILE, ROW, POS]
+    mode = session_mode(cfg)
+    if mode == "gap":
+        df = cell.sort([USER, TIME, *tie])
+        t = df[TIME].to_numpy()
+        gap = np.diff(t) >= duration_seconds(cfg.session_gap) * 1_000_000
+        new = np.r_[True, gap | (df[USER].to_numpy()[1:] != df[USER].to_numpy()[:-1])]
+        return df.with_columns(pl.Series(KEY, np.cumsum(new) - 1))
+    raw = pl.col(SESSION) if mode == "column" else (
+        pl.col(FILE).cast(pl.UInt64) * (1 << 40) + pl.col(ROW).cast(pl.UInt64))
+    df = cell.with_columns(raw.alias(KEY))
+    order = ([USER] if has_user else [])
+    if has_time:
+        group = [USER, KEY] if has_user else [KEY]
+        df = df.with_columns(pl.col(TIME).min().over(group).alias("_start"))
+        order += ["_start"]
+    df = df.sort([*order, KEY, *([TIME] if has_time else []), *tie])
+    keys = [df[KEY].to_numpy()] + ([df[USER].to_numpy()] if has_user else [])
+    starts = _run_starts(*keys)
+    sid = np.zeros(df.height, np.int64)
+    sid[starts[1:]] = 1
+    return df.with_columns(pl.Series(KEY, np.cumsum(sid)))
+
+
+def histories(first_rows: pl.DataFrame, clicks: pl.DataFrame, k: int
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets, item hashes) of each session's history: the user's clicks strictly before
+    the session's start, most recent first, at most `k`; `first_rows` holds each session's
+    `USER` and `_start`, in session order."""
+    n = first_rows.height
+    if clicks.height == 0 or k == 0:
+        return np.zeros(n + 1, np.int64), np.zeros(0, np.uint64)
+    c = clicks.sort([USER, TIME, FILE, ROW, POS]).with_row_index("_idx")
+    users = c[USER].to_numpy()
+    starts = _run_starts(users)
+    first = np.repeat(starts, np.diff(np.r_[starts, len(users)]))
+    by_time = c.select(USER, TIME, "_idx").sort([TIME, "_idx"])
+    s = first_rows.select(USER, pl.col("_start").alias(TIME),
+                          pl.int_range(pl.len(), dtype=pl.Int64).alias("_s")).sort(TIME)
+    last = s.join_asof(by_time, on=TIME, by=USER, strategy="backward",
+                       allow_exact_matches=False, check_sortedness=False).sort("_s")["_idx"]
+    hi = last.fill_null(-1).to_numpy().astype(np.int64)
+    has = hi >= 0
+    lo = np.where(has, np.maximum(first[hi.clip(0)], hi - k + 1), 0)
+    lens = np.where(has, hi - lo + 1, 0)
+    offsets = np.r_[0, np.cumsum(lens)]
+    back = np.arange(offsets[-1]) - np.repeat(offsets[:-1], lens)
+    idx = np.repeat(hi, lens) - back
+    return offsets, c[ITEM].to_numpy()[idx]
+
+
+def _arrow(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A numpy array as Arrow (through polars: pyarrow's own conversion imports pandas,
+    seconds at the first call); `valid`: False where null."""
+    s = pl.Series(values)
+    if valid is not None and not valid.all():
+        s = pl.select(pl.when(pl.Series(valid)).then(s)).to_series()
+    return s.to_arrow()
+
+
+def _list_array(offsets: np.ndarray, values: np.ndarray) -> pa.Array:
+    return pa.ListArray.from_arrays(_arrow(offsets.astype(np.int32)),
+                                    _arrow(values.astype(np.int64)))
+
+
+def _per_row(offsets: np.ndarray, values: np.ndarray, session_of_row: np.ndarray
+             ) -> pa.Array:
+    """Session lists (offsets, values) repeated on every row of their session."""
+    lens = np.diff(offsets)[session_of_row]
+    row_off = np.r_[0, np.cumsum(lens)]
+    take = np.repeat(offsets[:-1][session_of_row], lens) + (
+        np.arange(row_off[-1]) - np.repeat(row_off[:-1], lens))
+    return _list_array(row_off, values[take])
+
+
+def _lists(series: pl.Series, lookup: Lookup, newest_first: bool, k: int
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """A list column of hashes -> (offsets, ids), reversed when oldest first, at most k."""
+    s = series if newest_first else series.list.reverse()
+    if k:
+        s = s.list.head(k)
+    lens = s.list.len().fill_null(0).to_numpy().astype(np.int64)
+    flat = s.explode().drop_nulls().to_numpy()
+    return np.r_[0, np.cumsum(lens)], lookup(flat)
+
+
+def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
+          first_session: int) -> tuple[pa.Table, dict[str, int]]:
+    """The cell's impressions table (`plan.schema`, impressions layout) and its counts."""
+    cfg, schema = plan.cfg, plan.schema
+    df = sessions(cell, cfg)
+    key = df[KEY].to_numpy()
+    starts = _run_starts(key)
+    lens = np.diff(np.r_[starts, df.height])
+    n_sessions = len(starts)
+    session_of_row = np.repeat(np.arange(n_sessions), lens)
+    position = np.minimum(np.arange(df.height) - np.repeat(starts, lens), MAX_POSITION)
+    cols: dict[str, pa.Array] = {
+        DAY_COL: _arrow(np.full(df.height, day, np.int32)),
+        SESSION_COL: _arrow((np.int64(day) << SESSION_BITS) + first_session
+                            + session_of_row),
+        POSITION: _arrow(position.astype(np.int16)),
+        LABEL_COL: df[LABEL].cast(pl.Int8).to_arrow(),
+    }
+    first = df[starts] if n_sessions else df.clear()
+    stats = {"rows": df.height, "sessions": n_sessions, "clicks": int(df[LABEL].sum()),
+             "history_values": 0}
+    for feat, (col, vocab) in plan.features.items():
+        lookup = plan.lookups[vocab]
+        if col == "auto":  # the history: the user's earlier clicks
+            assert clicks is not None
+            first_start = first.select(USER, pl.col(TIME).alias("_start")) if "_start" not in \
+                first.columns else first.select(USER, "_start")
+            offsets, hashes = histories(first_start, clicks, plan.max_history)
+            cols[feat] = _per_row(offsets, lookup(hashes), session_of_row)
+            stats["history_values"] += int(offsets[-1])
+        elif col.startswith("q:"):  # a sequence: the session's first row's
+            newest = not (col[2:] == cfg.history and cfg.history_order == "oldest_first")
+            k = plan.max_history if col[2:] == cfg.history else 0
+            offsets, ids = _lists(first[col], lookup, newest, k)
+            cols[feat] = _per_row(offsets, ids, session_of_row)
+            if col[2:] == cfg.history:
+                stats["history_values"] += int(offsets[-1])
+        else:
+            session_level = feat in schema.user_sparse
+            src = first[col] if session_level else df[col]
+            h = src.fill_null(0).to_numpy()  # (with nulls, to_numpy would give floats)
+            valid = ~src.is_null().to_numpy()
+            ids = np.zeros(len(h), np.int64)
+            ids[valid] = lookup(h[valid])
+            cols[feat] = _arrow(ids[session_of_row], valid[session_of_row]) \
+                if session_level else _arrow(ids, valid)
+    for name in schema.dense:
+        cols[name] = df.select(dense_mod.scaled(pl.col(f"d:{name}"), plan.dense[name]))[
+            f"d:{name}"].to_arrow()
+    target = schema.arrow("impressions")
+    return pa.table([cols[f.name] for f in target], schema=target), stats

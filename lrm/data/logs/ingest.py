@@ -1,0 +1,444 @@
+"""`lrm ingest logs`: any click log, through a column mapping, into the impressions layout.
+
+Three steps, the first and last made of independent units (lrm.fanout: one after the other
+here, tasks of a Prefect flow's task runner there):
+
+1. **read** each file (a unit per file): stream it in chunks, check and parse every mapped
+   column (lrm.data.logs.read), explode page views, take each row's day from its time, and
+   spill the chunk to local Arrow files cut by (day, user bucket) (lrm.data.logs.spill);
+   gather each vocabulary's distinct values and each dense column's moments.
+2. **plan** (one step, small): the vocabularies' ids (lrm.data.logs.vocab), the dense
+   scalings (lrm.data.logs.dense), the day numbers (the first day of the data is day 0),
+   the schema; written to ``OUT/_ingest/``.
+3. **write** each day (a unit per day): its cells one by one into sessions, positions and
+   histories (lrm.data.logs.cells), as ``OUT/day=D/part-NNNNN.parquet``.
+
+Memory holds a chunk (`chunk_rows`) while reading and a cell (a bucket of a day, sized from
+the estimated rows to about a chunk) while writing, plus the vocabularies; never a file or a
+day. Every check happens in step 1, before anything is written into `out` (which callers wrap
+in `lrm.io.atomic_dir`, so a failure leaves nothing behind).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import logging
+import math
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from lrm import fanout, io
+from lrm.config import LogsConfig
+from lrm.data.logs import cells, read, spill, vocab
+from lrm.data.logs.dense import Stats
+from lrm.data.schema import FeatureSchema, part_path
+from lrm.errors import ConfigError, DataError
+
+log = logging.getLogger("lrm")
+STATE = "_ingest"  # OUT/_ingest/state.json and vocab/*.parquet
+STATE_VERSION = 1
+CLICKS = "clicks.parquet"  # in STATE: each user's recent clicks (history auto)
+PART_ROWS = 1_000_000  # impressions per written part file (a part holds whole cells)
+_MAPPING_FIELDS = [f.name for f in dataclasses.fields(LogsConfig)
+                   if f.name not in ("files", "format", "columns")]
+
+
+# -- the mapping's roles -------------------------------------------------------------------
+
+
+def check_mapping(cfg: LogsConfig) -> LogsConfig:
+    """The mapping as it will run (history auto off where the log cannot give one), or a
+    ConfigError saying what a role needs."""
+    if cfg.explode and cfg.label:
+        raise ConfigError("ingest.logs: with explode the labels come from the shown items "
+                          "(ITEM-LABEL); leave label out")
+    if not cfg.explode and not cfg.label:
+        raise ConfigError("ingest.logs.label: name the click column (--label COL)")
+    if not read.item_name(cfg) and not cfg.categorical and not cfg.item_attributes:
+        raise ConfigError("ingest.logs: a log needs an item (--item) or categorical "
+                          "columns: the model has nothing per impression otherwise")
+    if cfg.item_attributes and not read.item_name(cfg):
+        raise ConfigError("ingest.logs.item_attributes: they are a function of the item; "
+                          "name it (--item)")
+    if cfg.session_gap and not (cfg.user and cfg.time):
+        raise ConfigError("ingest.logs.session_gap: sessions by gap need --user and --time")
+    if cfg.days == "time" and not cfg.time:
+        raise ConfigError("ingest.logs.days: days from the data's time need --time "
+                          "(or --days file | one)")
+    if cfg.history == "auto" and not (cfg.user and cfg.time and read.item_name(cfg)):
+        log.info("ingest logs: no history (history auto needs a user, an item and a time)")
+        cfg = dataclasses.replace(cfg, history="none")
+    if cfg.history not in ("auto", "none") and not read.item_name(cfg):
+        raise ConfigError("ingest.logs.history: a history column holds items; name the "
+                          "item (--item)")
+    reserved = {"day", "session_id", "position", "label"}
+    names = feature_names(cfg)
+    clash = sorted(set(names) & reserved)
+    if clash or len(set(names)) != len(names):
+        raise ConfigError(f"ingest.logs: feature names {clash or names} clash (day, "
+                          f"session_id, position and label are the layout's own)")
+    return cfg
+
+
+def feature_names(cfg: LogsConfig) -> list[str]:
+    return [n for n in (cfg.user, cfg.vertical, *cfg.sequence, read.history_name(cfg),
+                        read.item_name(cfg), *cfg.item_attributes, *cfg.categorical,
+                        *cfg.dense) if n]
+
+
+def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
+    hist = read.history_name(cfg)
+    item = read.item_name(cfg)
+    return FeatureSchema(
+        name="logs",
+        user_sparse=tuple(c for c in (cfg.user, cfg.vertical) if c),
+        user_seq=tuple([*cfg.sequence, *([hist] if hist else [])]),
+        item_sparse=tuple([*([item] if item else []), *cfg.item_attributes, *cfg.categorical]),
+        dense=tuple(cfg.dense),
+        vocab=dict(sizes),
+        user_key=cfg.user or None,
+        item_key=item or None,
+        vertical=cfg.vertical or None,
+    )
+
+
+def features(cfg: LogsConfig) -> dict[str, tuple[str, str]]:
+    """feature -> (its typed column, its vocabulary); the history shares the item's."""
+    item = read.item_name(cfg)
+    out = {}
+    if cfg.user:
+        out[cfg.user] = (read.USER, cfg.user)
+    for c in ([cfg.vertical] if cfg.vertical else []) + cfg.item_attributes + cfg.categorical:
+        out[c] = (f"c:{c}", c)
+    for c in cfg.sequence:
+        out[c] = (f"q:{c}", c)
+    if cfg.history == "auto":
+        out["history"] = ("auto", item)
+    elif cfg.history != "none":
+        out[cfg.history] = (f"q:{cfg.history}", item)
+    if item:
+        out[item] = (read.ITEM, item)
+    return out
+
+
+# -- sizes: how many buckets ---------------------------------------------------------------
+
+
+def _head_bytes(path: Path, n: int = 1 << 20) -> tuple[bytes, float]:
+    """The first `n` bytes of the file's text and the ratio of text to file bytes."""
+    if path.name.endswith(".gz"):
+        with open(path, "rb") as raw, gzip.open(raw) as f:
+            data = f.read(n)
+            used = max(raw.tell(), 1)
+        return data, len(data) / used
+    with open(path, "rb") as f:
+        return f.read(n), 1.0
+
+
+def estimate_rows(src: read.Source, lf: pl.LazyFrame, cfg: LogsConfig) -> int:
+    """About how many impressions the file holds (for the cell size only)."""
+    head = lf.head(2_000).collect()
+    per_row = 1.0
+    if cfg.explode and head.height:
+        p = read.id_list(src, cfg.explode, head.schema[cfg.explode], cfg.item_sep, "explode")
+        per_row = max(1.0, float(head.select(p.value.list.len().mean()).item() or 1.0))
+    if src.format == "parquet":
+        rows = lf.select(pl.len()).collect().item()
+    else:
+        data, ratio = _head_bytes(src.path)
+        lines = max(1, data.count(b"\n"))
+        rows = int(src.path.stat().st_size * ratio / (len(data) / lines)) if data else 0
+    return int(rows * per_row)
+
+
+# -- step 1: read a file -------------------------------------------------------------------
+
+
+@dataclass
+class FileRead:
+    """What reading one file gave: its spilled chunks, vocabularies' values, dense moments."""
+
+    source: read.Source
+    spilled: list[spill.Spilled] = field(default_factory=list)
+    values: dict[str, pl.DataFrame] = field(default_factory=dict)
+    dense: dict[str, Stats] = field(default_factory=dict)
+    rows: int = 0  # input rows (page views, with explode)
+    impressions: int = 0
+    clicks: int = 0
+    label_kind: str = "binary"
+    days: set[int] = field(default_factory=set)
+
+
+def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
+              chunk_rows: int) -> FileRead:
+    """Step 1 for one file (a unit of `fanout`)."""
+    lf = read.scan(src, cfg)
+    types = read.check_columns(src, lf, cfg)
+    parser = read.Parser(src, types, cfg, buckets)
+    out = FileRead(src)
+    values: dict[str, vocab.Values] = {}
+    auto = cfg.history == "auto"
+    for k, chunk in enumerate(read.chunks(src, types, cfg, chunk_rows)):
+        p = parser.parse(chunk)
+        out.rows += chunk.height
+        out.impressions += p.frame.height
+        out.clicks += int(p.frame[read.LABEL].sum())
+        out.label_kind = p.label_kind
+        out.days |= set(p.frame[read.DAY].unique().to_list())
+        for name, piece in p.values.items():
+            values.setdefault(name, vocab.Values()).add(piece)
+        for c in cfg.dense:
+            st = Stats.of(p.frame[f"d:{c}"])
+            out.dense[c] = out.dense[c].merge(st) if c in out.dense else st
+        if p.frame.height:
+            out.spilled.append(spill.write(p.frame, spill_dir / f"f{src.index}-c{k}.arrow",
+                                           clicks=auto))
+    out.values = {n: v.flush() for n, v in values.items()}
+    return out
+
+
+# -- step 2: plan --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class State:
+    """What an ingest decided, kept with its dataset (`OUT/_ingest/`) so that a later ingest
+    of more days (the stream) continues it: the mapping, vocabularies, scalings, days."""
+
+    mapping: dict[str, Any]
+    vocabs: dict[str, pl.DataFrame]
+    dense: dict[str, dict[str, Any]]
+    first_day: int  # the absolute day (days since the epoch, or file index) of day 0
+    label_kind: str
+    # history auto: each user's last max_history clicks (user, item: ids; time: us), the
+    # history a later day continues from
+    clicks: pl.DataFrame | None = None
+
+    def save(self, folder: Path) -> None:
+        names = sorted(self.vocabs)
+        files = {n: f"vocab/{i:03d}.parquet" for i, n in enumerate(names)}
+        vocab.save({files[n][6:-8]: self.vocabs[n] for n in names}, folder / "vocab")
+        if self.clicks is not None:
+            io.write_parquet(self.clicks.to_arrow(), folder / CLICKS)
+        io.write_json({"version": STATE_VERSION, "mapping": self.mapping,
+                       "vocab": {n: {"file": files[n], "size": self.vocabs[n].height}
+                                 for n in names},
+                       "dense": self.dense, "first_day": self.first_day,
+                       "label": self.label_kind}, folder / "state.json")
+
+    @classmethod
+    def load(cls, folder: Path) -> State:
+        f = Path(folder) / "state.json"
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f, None, None, f"cannot read the ingest state: {e}") from None
+        vocabs = {n: pl.read_parquet(Path(folder) / v["file"]) for n, v in doc["vocab"].items()}
+        clicks = Path(folder) / CLICKS
+        return cls(doc["mapping"], vocabs, doc["dense"], int(doc["first_day"]), doc["label"],
+                   pl.read_parquet(clicks) if clicks.exists() else None)
+
+
+def mapping_of(cfg: LogsConfig) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in _MAPPING_FIELDS}
+
+
+def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
+         prior: State | None) -> tuple[State, cells.Plan]:
+    """Step 2: vocabularies, scalings and day numbers from every file's read."""
+    mapping = mapping_of(cfg)
+    if prior is not None and prior.mapping != mapping:
+        diff = sorted(k for k in mapping if prior.mapping.get(k) != mapping[k])
+        raise ConfigError(f"ingest.logs: the mapping differs from the one the dataset was "
+                          f"ingested with ({', '.join(diff)}); one dataset, one mapping")
+    days = sorted(set().union(*(r.days for r in reads)))
+    first_day = prior.first_day if prior is not None else (days[0] if days else 0)
+    names = set(v for _, v in features(cfg).values())
+    vocabs = {}
+    for name in sorted(names):
+        seen = vocab.Values()
+        for r in reads:
+            if name in r.values:
+                seen.add(r.values[name])
+        vocabs[name] = vocab.assign(seen.flush(), prior.vocabs.get(name) if prior else None,
+                                    first_day)
+    if prior is not None:
+        dense = prior.dense
+    else:
+        dense = {}
+        for c in cfg.dense:
+            st = None
+            for r in reads:
+                st = r.dense[c] if st is None else st.merge(r.dense[c])
+            dense[c] = (st or Stats.of(pl.Series([], dtype=pl.Float64))).decide()
+    kinds = {r.label_kind for r in reads if r.impressions}
+    label_kind = "bool" if "bool" in kinds else ("count" if "count" in kinds else "binary")
+    state = State(mapping, vocabs, dense, first_day, label_kind)
+    feats = features(cfg)
+    sizes = {f: vocabs[v].height for f, (_, v) in feats.items()}
+    schema = schema_of(cfg, sizes)
+    lookups = {n: vocab.Lookup(v) for n, v in vocabs.items()}
+    return state, cells.Plan(cfg, schema, feats, lookups, dense, max_history)
+
+
+def prior_clicks(state: State, cfg: LogsConfig, buckets: int, path: Path) -> FileRead:
+    """A dataset's recent clicks as a read of this ingest: spilled into its buckets, so that
+    the histories of a continued ingest's first sessions reach back over earlier days."""
+    c = state.clicks
+    assert c is not None
+    users = state.vocabs[cfg.user]["s"].gather(c["user"]).hash(read.SEED)
+    items = state.vocabs[read.item_name(cfg)]["s"].gather(c["item"]).hash(read.SEED)
+    frame = pl.DataFrame({read.USER: users, read.TIME: c["time"], read.ITEM: items}).select(
+        *spill.CLICK_COLUMNS[:3], pl.lit(-1, pl.Int32).alias(read.FILE),
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias(read.ROW),
+        pl.lit(0, pl.Int32).alias(read.POS), pl.lit(1, pl.Int8).alias(read.LABEL),
+        read.bucket_of(pl.col(read.USER), buckets).alias(read.BUCKET))
+    return FileRead(read.Source(path, -1, "parquet"),
+                    spilled=[spill.write(frame, path, clicks=True, cells=False)])
+
+
+def recent_clicks(reads: list[FileRead], p: cells.Plan, k: int) -> pl.DataFrame:
+    """Each user's last `k` clicks (user, item: ids; time) over every read (the prior's too)."""
+    c = spill.read_clicks([s for r in reads for s in r.spilled])
+    user = p.lookups[p.cfg.user](c[read.USER].to_numpy())
+    item = p.lookups[read.item_name(p.cfg)](c[read.ITEM].to_numpy())
+    df = c.select(read.TIME, read.FILE, read.ROW, read.POS).with_columns(
+        pl.Series("user", user), pl.Series("item", item))
+    return (df.sort(["user", read.TIME, read.FILE, read.ROW, read.POS])
+            .group_by("user", maintain_order=True).tail(k)
+            .select("user", "item", pl.col(read.TIME).alias("time")))
+
+
+def _field_metadata(schema: FeatureSchema, p: cells.Plan) -> Any:
+    """The impressions schema with each dense column's scaling in its field metadata."""
+    target = schema.arrow("impressions")
+    for c, how in p.dense.items():
+        i = target.get_field_index(c)
+        target = target.set(i, target.field(i).with_metadata(
+            {b"lrm.scaling": json.dumps(how, sort_keys=True).encode()}))
+    return target
+
+
+# -- step 3: write a day -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DayUnit:
+    """One day to write: its number in the data, in the dataset, and where its cells are."""
+
+    day: int  # absolute (the spill's)
+    out_day: int
+    buckets: int
+
+
+def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path
+              ) -> dict[str, int]:
+    """Step 3 for one day (a unit of `fanout`): its cells, one after the other, into
+    ``out/day=D/part-NNNNN.parquet``; returns the day's counts."""
+    spilled = [s for r in reads for s in r.spilled]
+    target = _field_metadata(p.schema, p)
+    totals = {"rows": 0, "sessions": 0, "clicks": 0, "history_values": 0, "parts": 0,
+              "bytes": 0}
+    writer: pq.ParquetWriter | None = None
+    in_part = 0
+    path = None
+    try:
+        for b in range(unit.buckets):
+            cell = spill.read_cell(spilled, unit.day, b)
+            if cell is None:
+                continue
+            clicks = spill.read_clicks(spilled, b) if p.cfg.history == "auto" else None
+            table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
+            if writer is None or in_part >= PART_ROWS:
+                if writer is not None:
+                    writer.close()
+                    totals["bytes"] += path.stat().st_size  # type: ignore[union-attr]
+                path = part_path(out, unit.out_day, totals["parts"])
+                path.parent.mkdir(parents=True, exist_ok=True)
+                writer = pq.ParquetWriter(path, target, compression="zstd")
+                totals["parts"] += 1
+                in_part = 0
+            writer.write_table(table.cast(target))
+            in_part += table.num_rows
+            for k, v in st.items():
+                totals[k] += v
+    finally:
+        if writer is not None:
+            writer.close()
+            totals["bytes"] += path.stat().st_size  # type: ignore[union-attr]
+    return totals
+
+
+# -- the whole ingest ----------------------------------------------------------------------
+
+
+def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 200_000,
+           max_history: int = 100, prior: Path | None = None) -> dict[str, Any]:
+    """Ingest `files` into `out` (impressions layout, ``_ingest/`` state); the metrics.
+
+    prior: a dataset folder whose ``_ingest/`` state this ingest continues (its vocabularies
+    grow, its scalings and day numbers hold), e.g. the stream's previous day.
+    """
+    cfg = check_mapping(cfg)
+    srcs = read.sources(files, cfg.format)
+    scans = [read.scan(s, cfg) for s in srcs]
+    for s, lf in zip(srcs, scans, strict=True):  # every file's columns, before any rows
+        read.check_columns(s, lf, cfg)
+    rows = sum(estimate_rows(s, lf, cfg) for s, lf in zip(srcs, scans, strict=True))
+    buckets = max(1, math.ceil(rows / chunk_rows))
+    prior_state = State.load(Path(prior) / STATE) if prior is not None else None
+    spill_dir = Path(tempfile.mkdtemp(prefix=".lrm-ingest-spill-", dir=Path(out).parent))
+    try:
+        reads = fanout.map_units(
+            "ingest file", partial(_read_unit, cfg=cfg, buckets=buckets, spill_dir=spill_dir,
+                                   chunk_rows=chunk_rows), srcs, [s.path.name for s in srcs])
+        impressions = sum(r.impressions for r in reads)
+        if impressions == 0:
+            raise DataError(srcs[0].path, None, None, "no impressions to ingest")
+        state, p = plan(reads, cfg, max_history, prior_state)
+        if cfg.history == "auto":
+            if prior_state is not None and prior_state.clicks is not None:
+                reads.append(prior_clicks(prior_state, cfg, buckets,
+                                          spill_dir / "prior.arrow"))
+            state = dataclasses.replace(state, clicks=recent_clicks(reads, p, max_history))
+        state.save(Path(out) / STATE)
+        abs_days = sorted(set().union(*(r.days for r in reads)))
+        units = [DayUnit(d, d - state.first_day, buckets) for d in abs_days]
+        if any(u.out_day < 0 for u in units):
+            raise DataError(srcs[0].path, None, cfg.time, "rows before the dataset's first "
+                                                          "day (a continued ingest)")
+        per_day = fanout.map_units("ingest day", partial(write_day, reads=reads, p=p,
+                                                         out=Path(out)),
+                                   units, [str(u.out_day) for u in units])
+    finally:
+        shutil.rmtree(spill_dir, ignore_errors=True)
+    if state.label_kind != "binary":
+        log.info("ingest logs: label %s read as %s (%s)", cfg.label or cfg.explode,
+                 state.label_kind, "true -> 1, false -> 0" if state.label_kind == "bool"
+                 else "a count > 0 -> 1")
+    total = {k: sum(d[k] for d in per_day) for k in per_day[0]}
+    return {
+        "rows": total["rows"], "input_rows": sum(r.rows for r in reads),
+        "sessions": total["sessions"], "files": len(srcs),
+        "days": len(units), "ctr": total["clicks"] / max(1, total["rows"]),
+        "label_mapping": state.label_kind, "buckets": buckets,
+        "impressions_per_session": total["rows"] / max(1, total["sessions"]),
+        "history_mean": total["history_values"] / max(1, total["sessions"]),
+        "vocab": {n: v.height for n, v in state.vocabs.items()},
+        "dense_scaling": state.dense, "bytes": total["bytes"],
+        "parts": total["parts"],
+    }
+
+
+def _read_unit(src: read.Source, *, cfg: LogsConfig, buckets: int, spill_dir: Path,
+               chunk_rows: int) -> FileRead:
+    return read_file(src, cfg, buckets, spill_dir, chunk_rows)

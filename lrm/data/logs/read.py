@@ -1,0 +1,535 @@
+"""Reading a click log: its files (Parquet, CSV/TSV, JSON lines; also .gz) streamed in chunks,
+every column a mapping names checked and parsed into one typed frame per chunk.
+
+The typed frame (the rest of lrm.data.logs works on it, never on the raw columns):
+
+* ``_file``, ``_row``: the input file's index and the 1-based data row (the header is not a
+  row); ``_pos``: the impression's place in its page view (``explode``), else 0;
+* ``_label`` int8 (0/1), ``_time`` int64 microseconds since the epoch (UTC), when mapped;
+* ``_user``, ``_item``, ``_session`` and ``c:NAME`` (categorical, item attributes, vertical):
+  the ids' 64-bit hashes (uint64, of their text: an integer id and its text in a CSV are the
+  same id); ``q:NAME``: lists of them (sequences, a history column); ``d:NAME``: float64.
+
+Each id's text is also returned per vocabulary (`Parsed.values`), so that lrm.data.logs.vocab
+can give every distinct value its dense id; the hash only carries the value from here to the
+day that is written (polars' hash is stable within a polars version, and nothing stores it).
+
+Checks, each naming the file, the row and the column of the first bad value (`RowError`, an
+exit-2 error): a column missing; a column of a type its role cannot take (ids must be text or
+integers, a dense value a number, ...); a label that is not 0/1 (or a boolean, or with
+``label_count`` a count); a time that does not parse; a negative id (an integer below 0, or
+text that is one); a dense value that is not finite. A null dense value is missing (its
+feature reads 0); a null categorical is a missing id; a null label, user, item, session or
+time is an error.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lrm.config import LogsConfig
+from lrm.data.logs import FORMAT_OF
+from lrm.errors import DataError
+
+SEED = 0x1A2B  # the hash seed (any fixed value: the hashes never leave one run)
+ROW, FILE, POS = "_row", "_file", "_pos"
+LABEL, TIME, USER, ITEM, SESSION = "_label", "_time", "_user", "_item", "_session"
+_ISO = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d %H:%M%#z",
+        "%Y-%m-%d %H:%M", "%Y-%m-%d")
+_UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+
+@dataclass
+class RowError(DataError):
+    """A bad value, located to its file, data row (1-based) and column."""
+
+    def __str__(self) -> str:
+        where = str(self.file)
+        if self.line is not None:
+            where += f", row {self.line}"
+        if self.field is not None:
+            where += f", column {self.field}"
+        return f"{where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input file: where it is, its place in the input, its format."""
+
+    path: Path
+    index: int
+    format: str  # parquet | csv | tsv | jsonl
+
+
+def file_format(path: Path, fmt: str) -> str:
+    """The file's format: `fmt`, or from its suffix (a .gz suffix is looked through)."""
+    if fmt != "auto":
+        return fmt
+    name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    found = FORMAT_OF.get(Path(name).suffix.lower())
+    if found is None:
+        raise DataError(path, None, None, "cannot tell the format from the name; give "
+                                          "--format parquet|csv|tsv|jsonl")
+    return found
+
+
+def check_files(files: Sequence[Path]) -> None:
+    """Fail before reading anything if an input is absent, not a file, or empty."""
+    if not files:
+        raise DataError("<no files>", None, None, "no input files given")
+    for f in map(Path, files):
+        if not f.exists():
+            raise DataError(f, None, None, "file not found")
+        if not f.is_file():
+            raise DataError(f, None, None, "not a regular file")
+        if f.stat().st_size == 0:
+            raise DataError(f, None, None, "file is empty (no rows)")
+
+
+def sources(files: Sequence[Path], fmt: str) -> list[Source]:
+    """The inputs in order, each with its format (checked before any is read)."""
+    check_files(files)
+    return [Source(Path(f), i, file_format(Path(f), fmt)) for i, f in enumerate(files)]
+
+
+def _polars_error(path: Path, e: Exception) -> DataError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return DataError(path, None, None, f"cannot read as {path.suffix.lstrip('.') or 'a log'}: "
+                                       f"{first}")
+
+
+def scan(src: Source, cfg: LogsConfig) -> pl.LazyFrame:
+    """The file's raw columns, lazily, with `_row`; CSV/TSV columns are all text (each role
+    parses its own, so a bad value names its row instead of failing the whole read)."""
+    p = src.path
+    if src.format == "parquet":
+        lf = pl.scan_parquet(p)
+    elif src.format == "jsonl":
+        lf = pl.scan_ndjson(p, infer_schema_length=10_000)
+    else:
+        header = not cfg.columns
+        lf = pl.scan_csv(p, separator="\t" if src.format == "tsv" else ",",
+                         has_header=header, new_columns=None if header else list(cfg.columns),
+                         infer_schema=False, quote_char=None if src.format == "tsv" else '"',
+                         encoding="utf8-lossy")
+    return lf.with_row_index(ROW, offset=1)
+
+
+def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, pl.DataType]:
+    """The file's column types; a DataError for the first mapped column it lacks."""
+    try:
+        schema = dict(lf.collect_schema())
+    except (pl.exceptions.PolarsError, OSError) as e:
+        raise _polars_error(src.path, e) from None
+    for role, col in cfg.roles():
+        if col not in schema:
+            have = ", ".join(c for c in schema if c != ROW)
+            raise RowError(src.path, None, col, f"column missing (the {role} column; the file "
+                                                f"has: {have})")
+    return schema
+
+
+def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: int
+           ) -> Iterator[pl.DataFrame]:
+    """The file's rows, about `rows` at a time, with `_row`, streamed: memory holds a chunk,
+    not the file. Text files are read in blocks of whole lines (a CSV block never ends
+    inside a quoted field), each parsed on its own with the file's column names (JSON
+    lines: its column types); Parquet a row group at a time. (polars' and pyarrow's own
+    streaming readers read ahead: measured on a 10M-row CSV, ~400 MB of buffers.)"""
+    try:
+        if src.format == "parquet":
+            f = pq.ParquetFile(src.path)
+            n = 1
+            for batch in f.iter_batches(batch_size=rows):
+                df = pl.from_arrow(batch)
+                yield df.with_row_index(ROW, offset=n)  # type: ignore[union-attr]
+                n += batch.num_rows
+            return
+        yield from _text_chunks(src, [c for c in types if c != ROW], types, cfg, rows)
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as e:
+        raise _polars_error(src.path, e) from None
+
+
+def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
+                 cfg: LogsConfig, rows: int) -> Iterator[pl.DataFrame]:
+    opener = gzip.open if src.path.name.endswith(".gz") else open
+    quoted = src.format == "csv"
+    n = 1
+    with opener(src.path, "rb") as fh:  # type: ignore[operator]
+        if src.format != "jsonl" and not cfg.columns:
+            fh.readline()  # the header: `names` already holds it
+        block = 1 << 16  # bytes; fitted to `rows` lines after the first block
+        while True:
+            data = fh.read(block)
+            if not data:
+                return
+            data += fh.readline()
+            while quoted and data.count(b'"') % 2:  # inside a quoted field: read on
+                more = fh.readline()
+                if not more:
+                    break
+                data += more
+            if src.format == "jsonl":
+                df = pl.read_ndjson(io.BytesIO(data), schema={c: types[c] for c in names})
+            else:
+                df = pl.read_csv(io.BytesIO(data), has_header=False, new_columns=names,
+                                 separator="\t" if src.format == "tsv" else ",",
+                                 infer_schema=False, quote_char='"' if quoted else None,
+                                 encoding="utf8-lossy")
+            if df.height:
+                block = max(1 << 12, len(data) * rows // df.height)
+            df = df.with_row_index(ROW, offset=n)
+            n += df.height
+            for start in range(0, df.height, rows):  # the first block may hold more
+                yield df.slice(start, rows)
+
+
+# -- checks: (value, bad, message) per column ----------------------------------------------
+
+
+@dataclass
+class Check:
+    """A parsed column: its value, where it is bad, and what is wrong there."""
+
+    column: str  # the source column named in an error
+    value: pl.Expr
+    bad: pl.Expr | None  # True where the row's value is bad
+    why: str  # the message, with {value} for the raw value
+    shown: str = ""  # the column whose value the message shows ("": `column`)
+
+
+def _wrong_type(col: str, dtype: pl.DataType, role: str, want: str,
+                value: pl.DataType) -> Check:
+    """A column whose type its role cannot take: bad at its first value."""
+    return Check(col, pl.lit(None, value), pl.col(col).is_not_null(),
+                 f"a {role} column must hold {want}, this one holds {dtype}: {{value}}")
+
+
+def _is_int(dt: pl.DataType) -> bool:
+    return dt.is_integer()
+
+
+def id_text(src: Source, col: str, dtype: pl.DataType, role: str,
+            required: bool) -> Check:
+    """An id column as text (the vocabulary's key); negative ids are bad."""
+    c = pl.col(col)
+    if dtype == pl.String:
+        neg = c.str.starts_with("-") & c.str.to_integer(strict=False).is_not_null()
+        value = c
+    elif _is_int(dtype):
+        neg = c < 0 if dtype.is_signed_integer() else pl.lit(False)
+        value = c.cast(pl.String)
+    else:
+        return _wrong_type(col, dtype, role, "ids (text or integers)", pl.String)
+    bad = neg.fill_null(False)
+    why = "negative id {value}"
+    if required:
+        bad = bad | c.is_null()
+        why = "negative or missing id: {value}"
+    return Check(col, value, bad, why)
+
+
+def id_list(src: Source, col: str, dtype: pl.DataType, sep: str, role: str) -> Check:
+    """A list column of ids, or a delimited string of them, as a list of text (null: [])."""
+    c = pl.col(col)
+    if dtype == pl.String:
+        items = c.str.split(sep).list.eval(pl.element().filter(pl.element() != ""))
+    elif isinstance(dtype, pl.List) and (dtype.inner == pl.String or _is_int(dtype.inner)):
+        items = c.list.eval(pl.element().cast(pl.String))
+    else:
+        return _wrong_type(col, dtype, role, f"lists of ids (or ids joined by {sep!r})",
+                           pl.List(pl.String))
+    items = items.fill_null(pl.lit([], dtype=pl.List(pl.String)))
+    neg = items.list.eval((pl.element().str.starts_with("-")
+                           & pl.element().str.to_integer(strict=False).is_not_null())
+                          ).list.any()
+    return Check(col, items, neg.fill_null(False), "negative id in {value}")
+
+
+_COUNT = " (a count of clicks? --label-count reads a count > 0 as 1)"
+_LABEL_TEXT = {**{k: 1 for k in ("1", "1.0", "true", "True", "TRUE")},
+               **{k: 0 for k in ("0", "0.0", "false", "False", "FALSE")}}
+
+
+def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check, str]:
+    """The label as 0/1 int8, and how it was mapped: binary | bool | count."""
+    c = pl.col(col)
+    if dtype == pl.Boolean:
+        return Check(col, c.cast(pl.Int8), c.is_null(), "missing label"), "bool"
+    if dtype.is_numeric():
+        x = c.cast(pl.Float64)
+        if count:
+            bad = (x < 0) | (x != x.floor()) | ~x.is_finite()
+            return Check(col, (x > 0).cast(pl.Int8), bad.fill_null(True),
+                         "a count label must be an integer >= 0, got {value}"), "count"
+        return Check(col, x.cast(pl.Int8, strict=False), ~x.is_in([0.0, 1.0]).fill_null(False)
+                     | x.is_null(), "label must be 0 or 1, got {value}" + _COUNT), "binary"
+    if dtype != pl.String:
+        return _wrong_type(col, dtype, "label", "0/1, booleans or counts", pl.Int8), \
+            "binary"
+    # one hash lookup per row (a chain of comparisons on the text costs 10x more)
+    t = c.replace_strict(_LABEL_TEXT, default=None, return_dtype=pl.Int8)
+    if count:
+        n = c.str.strip_chars().str.to_integer(strict=False)
+        v = pl.coalesce((n > 0).cast(pl.Int8), t)
+        return Check(col, v, v.is_null() | (n < 0).fill_null(False),
+                     "a count label must be an integer >= 0 (or true/false), got {value}"), \
+            "count"
+    return Check(col, t, t.is_null(), "label must be 0 or 1 (or true/false), got {value}"
+                 + _COUNT), "binary"
+
+
+def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check:
+    """The time as int64 microseconds since the epoch, UTC."""
+    c = pl.col(col)
+    if isinstance(dtype, pl.Datetime):
+        t = c.dt.convert_time_zone("UTC") if dtype.time_zone else c
+        return Check(col, t.dt.epoch("us"), c.is_null(), "missing time")
+    if dtype == pl.Date:
+        return Check(col, c.cast(pl.Datetime("us")).dt.epoch("us"), c.is_null(),
+                     "missing time")
+    if dtype.is_numeric():
+        if cfg.time_unit == "iso" or cfg.time_format:
+            return _wrong_type(col, dtype, "time", "text (the time is read with "
+                               "--time-unit iso or --time-format)", pl.Int64)
+        x = c.cast(pl.Float64) * _UNIT_US[cfg.time_unit]
+        return Check(col, x.round().cast(pl.Int64, strict=False),
+                     (~x.is_finite()).fill_null(True), "time does not parse: {value}")
+    if dtype != pl.String:
+        return _wrong_type(col, dtype, "time", "numbers, text or timestamps", pl.Int64)
+    if cfg.time_format:
+        parsed = c.str.strptime(pl.Datetime("us", "UTC"), cfg.time_format, strict=False)
+    elif cfg.time_unit == "iso":
+        norm = c.str.strip_chars().str.replace(r"[Zz]$", "+00:00").str.replace(
+            "T", " ", literal=True)
+        parsed = pl.coalesce([norm.str.strptime(pl.Datetime("us", "UTC"), f, strict=False)
+                              for f in _ISO])
+    else:
+        x = c.str.strip_chars().cast(pl.Float64, strict=False) * _UNIT_US[cfg.time_unit]
+        return Check(col, x.round().cast(pl.Int64, strict=False),
+                     (~x.is_finite()).fill_null(True), "time does not parse: {value}")
+    return Check(col, parsed.dt.epoch("us"), parsed.is_null(), "time does not parse: {value}")
+
+
+def dense(src: Source, col: str, dtype: pl.DataType) -> Check:
+    """A dense value as float64 (null: missing); text that is not a number, and values that
+    are not finite, are bad."""
+    c = pl.col(col)
+    if dtype.is_numeric():
+        x = c.cast(pl.Float64)
+        return Check(col, x, (~x.is_finite()).fill_null(False),
+                     "dense value is not finite: {value}")
+    if dtype != pl.String:
+        return _wrong_type(col, dtype, "dense", "numbers", pl.Float64)
+    x = c.str.strip_chars().cast(pl.Float64, strict=False)
+    bad = (c.is_not_null() & x.is_null()) | ~x.is_finite().fill_null(True)
+    return Check(col, x, bad, "dense value is not a finite number: {value}")
+
+
+def hashed(text: pl.Expr) -> pl.Expr:
+    """The 64-bit hash of an id's text; null stays null."""
+    return pl.when(text.is_not_null()).then(text.hash(SEED))
+
+
+def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
+    """Raise the RowError of the first bad row (the earliest check at that row)."""
+    flags = [c for c in checks if c.bad is not None]
+    if not flags:
+        return
+    bad = df.select([c.bad.alias(f"_b{i}")  # type: ignore[union-attr]
+                     for i, c in enumerate(flags)])
+    rows = df[ROW].to_numpy()
+    best: tuple[int, int] | None = None
+    for i in range(len(flags)):
+        b = bad[f"_b{i}"].to_numpy()
+        if b.any():
+            at = int(np.argmax(b))
+            if best is None or rows[at] < rows[best[1]]:
+                best = (i, at)
+    if best is None:
+        return
+    i, at = best
+    raw: Any = df[flags[i].shown or flags[i].column][at]
+    if isinstance(raw, pl.Series):
+        raw = raw.to_list()
+    shown = repr(raw) if raw is not None else "missing"
+    if isinstance(raw, str) and len(raw) > 40:
+        shown = repr(raw[:40] + "...")
+    raise RowError(src.path, int(rows[at]), flags[i].column, flags[i].why.format(value=shown))
+
+
+# -- one chunk -> the typed frame ---------------------------------------------------------
+
+US_PER_DAY = 86_400_000_000
+DAY = "_day"
+BUCKET = "_bucket"
+
+
+def item_name(cfg: LogsConfig) -> str:
+    """The item feature's name: the item column, or with explode `item` unless named."""
+    return cfg.item or ("item" if cfg.explode else "")
+
+
+def history_name(cfg: LogsConfig) -> str:
+    """The history feature's name: the history column, `history` for auto, "" for none."""
+    if cfg.history == "none":
+        return ""
+    return "history" if cfg.history == "auto" else cfg.history
+
+
+def bucket_of(key: pl.Expr, buckets: int) -> pl.Expr:
+    """The bucket of a hashed key (a user's, for her sessions and clicks alike)."""
+    return (key % buckets).cast(pl.Int32)
+
+
+@dataclass
+class Parsed:
+    """A typed chunk and, per vocabulary, its distinct values: (hash, text, first day)."""
+
+    frame: pl.DataFrame
+    values: dict[str, pl.DataFrame]
+    label_kind: str  # binary | bool | count
+
+
+class Parser:
+    """The checks and parses of one file's columns (built once per file, from its types)."""
+
+    def __init__(self, src: Source, types: dict[str, pl.DataType], cfg: LogsConfig,
+                 buckets: int) -> None:
+        self.src, self.cfg, self.buckets = src, cfg, buckets
+        need = [c for _, c in cfg.roles()]
+        self.columns = [ROW, *dict.fromkeys(need)]
+        self.checks: list[Check] = []  # row-level checks, in the order errors are reported
+        self.out: dict[str, pl.Expr] = {}  # typed column -> its expression
+        self.vocab_of: dict[str, str] = {}  # typed column -> the vocabulary it feeds
+        self.label_kind = "binary"
+        if cfg.label:
+            chk, self.label_kind = label(src, cfg.label, types[cfg.label], cfg.label_count)
+            self._add(LABEL, chk)
+        if cfg.time:
+            self._add(TIME, time_us(src, cfg.time, types[cfg.time], cfg))
+        if cfg.user:
+            self._add(USER, id_text(src, cfg.user, types[cfg.user], "user", True), cfg.user)
+        if cfg.item and not cfg.explode:
+            self._add(ITEM, id_text(src, cfg.item, types[cfg.item], "item", True), cfg.item)
+        if cfg.session:
+            self._add(SESSION, id_text(src, cfg.session, types[cfg.session], "session", True),
+                      None)
+        for col in [*cfg.categorical, *cfg.item_attributes, *([cfg.vertical] if cfg.vertical
+                                                               else [])]:
+            self._add(f"c:{col}", id_text(src, col, types[col], "categorical", False), col)
+        hist = cfg.history if cfg.history not in ("auto", "none") else ""
+        for col in [*cfg.sequence, *([hist] if hist else [])]:
+            vocab = item_name(cfg) if col == hist and item_name(cfg) else col
+            self._add(f"q:{col}", id_list(src, col, types[col], cfg.item_sep, "sequence"),
+                      vocab)
+        for col in cfg.dense:
+            self._add(f"d:{col}", dense(src, col, types[col]))
+        self.explode: Check | None = None
+        if cfg.explode:
+            self.explode = id_list(src, cfg.explode, types[cfg.explode], cfg.item_sep,
+                                   "explode")
+            self.explode.bad = None  # the entries are checked once split
+
+    def _add(self, name: str, chk: Check, vocab: str | None = None) -> None:
+        self.checks.append(chk)
+        self.out[name] = chk.value
+        if vocab is not None:
+            self.vocab_of[name] = vocab
+
+    def parse(self, chunk: pl.DataFrame) -> Parsed:
+        df = chunk.select(self.columns)
+        if self.explode is not None:
+            first_bad(self.src, df, self.checks)
+            df = self._exploded(df)
+        flags = [c.bad.alias(f"_bad{i}") for i, c in enumerate(self.checks)
+                 if self.explode is None and c.bad is not None]
+        texts = {name: expr for name, expr in self.out.items() if name in self.vocab_of}
+        frame = df.lazy().select(  # one query: a column's parse is shared by check and value
+            pl.lit(self.src.index, pl.Int32).alias(FILE), ROW,
+            (pl.col(POS) if POS in df.columns else pl.lit(0, pl.Int32)).alias(POS),
+            *[(hashed(e) if not name.startswith("q:") else
+               e.list.eval(pl.element().hash(SEED))).alias(name) if name in texts else
+              e.alias(name) for name, e in self.out.items()],
+            *([LABEL, hashed(pl.col("_etext")).alias(ITEM)] if self.explode is not None
+              else []),
+            *flags,
+        ).collect()
+        if flags:
+            if frame.select(pl.any_horizontal(pl.col(r"^_bad\d+$")).any()).item():
+                first_bad(self.src, df, self.checks)
+            frame = frame.drop(pl.col(r"^_bad\d+$"))
+        frame = frame.with_columns(self._day(frame).alias(DAY))
+        frame = frame.with_columns(self._bucket().alias(BUCKET))
+        values = self._values(df, frame)
+        return Parsed(frame, values, self.label_kind)
+
+    def _exploded(self, df: pl.DataFrame) -> pl.DataFrame:
+        """One row per shown item: `_etext` (the item), `_label`, `_pos` (its place)."""
+        assert self.explode is not None
+        cfg, col = self.cfg, self.cfg.explode
+        entries = df.select(self.explode.value.alias("_e"))["_e"]
+        lens = entries.list.len().to_numpy()
+        df = df.with_columns(entries.alias("_e")).filter(pl.Series(lens > 0))
+        lens = lens[lens > 0]
+        out = df.explode("_e")
+        starts = np.repeat(np.cumsum(lens) - lens, lens)
+        pos = (np.arange(out.height, dtype=np.int64) - starts).astype(np.int32)
+        sep = "".join("\\" + ch if not ch.isalnum() else ch for ch in cfg.label_sep)
+        parts = pl.col("_e").str.extract_groups(f"^(.*){sep}(.*)$")
+        out = out.with_columns(pl.Series(POS, pos), parts.struct.field("1").alias("_etext"),
+                               parts.struct.field("2").alias("_elabel"))
+        lab, self.label_kind = label(self.src, "_elabel", pl.String(), cfg.label_count)
+        item = id_text(self.src, "_etext", pl.String(), "item", True)
+        checks = [Check(col, pl.col("_e"), pl.col("_etext").is_null(),
+                        f"expected ITEM{cfg.label_sep}LABEL entries, got {{value}}", "_e"),
+                  Check(col, pl.col("_e"), item.bad, "negative id in {value}", "_e"),
+                  Check(col, pl.col("_e"), lab.bad, "label must be 0 or 1 in {value}"
+                        if not cfg.label_count else "a count label must be >= 0 in {value}",
+                        "_e")]
+        first_bad(self.src, out, checks)
+        return out.with_columns(lab.value.alias(LABEL)).drop("_elabel")
+
+    def _day(self, frame: pl.DataFrame) -> pl.Expr:
+        mode = self.cfg.days if self.cfg.days != "auto" else ("time" if self.cfg.time
+                                                              else "one")
+        if mode == "time":
+            start = self.cfg.day_start * 3_600_000_000
+            return ((pl.col(TIME) - start) // US_PER_DAY).cast(pl.Int32)
+        return pl.lit(self.src.index if mode == "file" else 0, pl.Int32)
+
+    def _bucket(self) -> pl.Expr:
+        """Which share of the day a row's session is written with: by user (a user's
+        sessions and clicks all in one), else by session, else by row."""
+        if self.buckets == 1:
+            return pl.lit(0, pl.Int32)
+        key = (pl.col(USER) if self.cfg.user else pl.col(SESSION) if self.cfg.session
+               else pl.col(ROW).cast(pl.UInt64).hash(SEED))
+        return bucket_of(key, self.buckets)
+
+    def _values(self, df: pl.DataFrame, frame: pl.DataFrame) -> dict[str, pl.DataFrame]:
+        """Per vocabulary: its distinct values in this chunk, (h, s, day) with the first day."""
+        parts: dict[str, list[pl.DataFrame]] = {}
+        day = frame[DAY]
+        for name, vocab in self.vocab_of.items():  # `df` and `frame` agree row for row
+            text = df.select(self.out[name].alias("s"))["s"]
+            h = frame[name]
+            piece = pl.DataFrame({"h": h, "s": text, "day": day})
+            if name.startswith("q:"):
+                piece = piece.explode(["h", "s"])
+            parts.setdefault(vocab, []).append(piece.drop_nulls("h"))
+        if self.explode is not None and item_name(self.cfg):
+            parts.setdefault(item_name(self.cfg), []).append(
+                pl.DataFrame({"h": frame[ITEM], "s": df["_etext"], "day": day}))
+        return {v: pl.concat(ps).group_by("h").agg(pl.col("s").first(), pl.col("day").min())
+                for v, ps in parts.items()}

@@ -1,0 +1,198 @@
+"""What an ingested log holds: page views exploded with positions, dense ids from
+vocabularies, label mappings said, dense columns scaled, the schema's roles; the same rows
+whatever the chunk and cell sizes; a continued ingest keeps every id.
+
+Planted bugs that turn these red (each tried): positions from the input row instead of the
+page view, vocabulary ids in value order only (not first day first), a continued ingest
+re-numbering its vocabulary, the heavy-tail rule inverted, a count label mapped without
+being asked, the spill's cells read for the wrong day.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from lrm.data.logs.read import RowError
+from lrm.data.schema import day_files, read_schema
+from tests.data._logs import MIN, T0, clicks_log, frame, run, write
+
+GAP = dict(label="clicked", user="user", item="item", time="ts", session_gap="30m")
+
+
+def test_page_views_explode_into_impressions_with_positions_and_labels(tmp_path):
+    log = frame([{"pv": "p1", "user": "U1", "t": "11/9/2019 10:00:00 AM",
+                  "shown": "N3-0 N1-1 N2-0", "hist": "N9 N8"},
+                 {"pv": "p2", "user": "U2", "t": "11/10/2019 9:00:00 PM",
+                  "shown": "N1-0 N-4-1", "hist": ""}])
+    m, rows = run([write(log, tmp_path / "b.tsv")], tmp_path / "out", explode="shown",
+                  item="news", user="user", session="pv", time="t",
+                  time_format="%m/%d/%Y %I:%M:%S %p", history="hist")
+    assert m["rows"] == 5 and m["input_rows"] == 2 and m["sessions"] == 2 and m["days"] == 2
+    schema, _ = read_schema(tmp_path / "out")
+    assert schema.item_key == "news" and schema.user_seq == ("hist",)
+    news = {v: i for i, v in enumerate(["N1", "N2", "N3", "N8", "N9", "N-4"])}  # day 0, then 1
+    assert rows["news"].to_list() == [news[x] for x in ("N3", "N1", "N2", "N1", "N-4")]
+    assert rows["label"].to_list() == [0, 1, 0, 0, 1]
+    assert rows["position"].to_list() == [0, 1, 2, 0, 1]
+    assert rows["hist"].to_list()[:3] == [[news["N8"], news["N9"]]] * 3
+    assert rows["hist"].to_list()[3:] == [[], []]
+
+
+def test_an_entry_without_its_label_names_the_page_view_row(tmp_path):
+    log = frame([{"user": "U1", "shown": "N1-0 N2-1"}, {"user": "U2", "shown": "N1-0 N2"}])
+    with pytest.raises(RowError) as e:
+        run([write(log, tmp_path / "b.csv")], tmp_path / "out", explode="shown", user="user")
+    assert (e.value.line, e.value.field) == (2, "shown") and "'N2'" in str(e.value)
+
+
+def test_ids_are_dense_and_fixed_on_their_first_day(tmp_path):
+    log = frame([{"user": "z", "ts": T0 + 86_400, "item": "a", "clicked": 0},  # day 1
+                 {"user": "y", "ts": T0, "item": "b", "clicked": 0},  # day 0
+                 {"user": "x", "ts": T0 + 86_400, "item": "c", "clicked": 1}])
+    m, rows = run([write(log, tmp_path / "l.csv")], tmp_path / "out", **GAP)
+    assert m["vocab"] == {"item": 3, "user": 3}
+    # day 0's values first, then day 1's in value order: users y=0, x=1, z=2; b=0, a=1, c=2
+    by_user = {r["user"]: r["item"] for r in rows.iter_rows(named=True)}
+    assert by_user == {0: 0, 1: 2, 2: 1}
+    schema, _ = read_schema(tmp_path / "out")
+    assert schema.vocab == {"user": 3, "item": 3, "history": 3}  # the history: item ids
+
+
+def test_a_continued_ingest_keeps_every_id_and_matches_one_ingest_of_all_days(tmp_path):
+    log = clicks_log()
+    day0 = log.filter(pl.col("ts") < T0 + 86_400)
+    day1 = log.filter(pl.col("ts") >= T0 + 86_400).with_columns(
+        pl.lit("f").alias("item")).vstack(frame([{"user": "u3", "ts": T0 + 86_400 + 9,
+                                                  "item": "a", "clicked": 1, "cat": "x"}]))
+    both = day0.vstack(day1)
+    _, ref = run([write(both, tmp_path / "all.parquet")], tmp_path / "all", history="auto",
+                 **GAP)
+    run([write(day0, tmp_path / "d0.parquet")], tmp_path / "d0", history="auto", **GAP)
+    m, cont = run([write(day1, tmp_path / "d1.parquet")], tmp_path / "d1", history="auto",
+                  prior=tmp_path / "d0", **GAP)
+    assert m["vocab"] == {"item": 5, "user": 3}  # a-d, then f (u3: new; a: known)
+    keep = ["user", "item", "label", "position", "history"]  # histories reach back to day 0
+    assert cont.select(keep).equals(ref.filter(pl.col("day") == 1).select(keep))
+    state = json.loads((tmp_path / "d1" / "_ingest" / "state.json").read_text())
+    assert state["vocab"]["item"]["size"] == 5
+    with pytest.raises(Exception, match="differs"):
+        run([tmp_path / "d1.parquet"], tmp_path / "d2", history="none", prior=tmp_path / "d0",
+            **GAP)
+
+
+@pytest.mark.parametrize("kind", ["bool", "count"])
+def test_a_boolean_or_a_count_label_maps_to_one_and_says_so(tmp_path, kind, caplog):
+    values = [True, False, True] if kind == "bool" else [3, 0, 1]
+    log = frame([{"user": "u", "ts": T0 + i, "item": "a", "clicked": v}
+                 for i, v in enumerate(values)])
+    f = write(log, tmp_path / "l.parquet")
+    if kind == "count":
+        with pytest.raises(RowError, match="0 or 1, got 3 .*--label-count"):
+            run([f], tmp_path / "o0", **GAP)
+    with caplog.at_level("INFO", logger="lrm"):
+        m, rows = run([f], tmp_path / "out", label_count=kind == "count", **GAP)
+    assert rows["label"].to_list() == [1, 0, 1] and m["label_mapping"] == kind
+    assert f"read as {kind}" in caplog.text
+
+
+def test_dense_columns_are_log_scaled_where_heavy_tailed_and_standardized(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 4000
+    log = frame([{"user": f"u{i % 50}", "ts": T0 + i, "item": f"i{i % 30}", "clicked": i % 2,
+                  "dwell": float(v), "score": float(s)}
+                 for i, (v, s) in enumerate(zip(rng.pareto(1.5, n) * 10,
+                                                rng.normal(5, 2, n), strict=True))])
+    m, rows = run([write(log, tmp_path / "l.parquet")], tmp_path / "out", dense=["dwell",
+                                                                                 "score"], **GAP)
+    how = m["dense_scaling"]
+    assert how["dwell"]["transform"] == "log1p" and how["score"]["transform"] == "none"
+    for c in ("dwell", "score"):
+        assert abs(rows[c].mean()) < 1e-3 and abs(rows[c].std() - 1) < 1e-2
+    expect = (np.log1p(log["dwell"].to_numpy()) - how["dwell"]["mean"]) / how["dwell"]["std"]
+    np.testing.assert_allclose(np.sort(rows["dwell"].to_numpy()), np.sort(expect), rtol=1e-5)
+    f = day_files(tmp_path / "out")[0][0]
+    meta = pq.read_schema(f).field("dwell").metadata
+    assert json.loads(meta[b"lrm.scaling"])["transform"] == "log1p"  # said in the schema
+
+
+def test_roles_land_in_the_schema_and_item_attributes_are_stored_once_after_dedup(tmp_path):
+    from lrm.config import DedupConfig
+    from lrm.data import dedup
+    from lrm.data.items import TABLE_KEY
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for s in range(2000):
+        surface = ["home", "search"][s % 2]
+        for j in range(5):
+            item = int(rng.integers(0, 300))
+            rows.append({"user": f"u{s % 60}", "ts": T0 + s * 40 + j, "item": f"i{item}",
+                         "clicked": int(rng.random() < 0.2), "brand": f"b{item * 7919 % 1009}",
+                         "surface": surface, "slot": f"s{j}", "seen": "x y z"})
+    m, out = run([write(frame(rows), tmp_path / "l.parquet")], tmp_path / "raw",
+                 item_attributes=["brand"], vertical="surface", categorical=["slot"],
+                 sequence=["seen"], history="none", **GAP)
+    schema, _ = read_schema(tmp_path / "raw")
+    assert schema.user_sparse == ("user", "surface") and schema.vertical == "surface"
+    assert schema.item_sparse == ("item", "brand", "slot") and schema.user_seq == ("seen",)
+    assert out.group_by("session_id").agg(pl.col("surface").n_unique())["surface"].max() == 1
+    d = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+    assert d["item_columns"] == ["brand"]  # once per item in the file; slot is not the item's
+    assert TABLE_KEY in pq.ParquetFile(day_files(tmp_path / "sessions")[0][0]).metadata.metadata
+
+
+def test_the_same_rows_whatever_the_chunk_and_cell_sizes(tmp_path):
+    rng = np.random.default_rng(2)
+    n = 3000
+    log = frame([{"user": f"u{int(u)}", "ts": int(T0 + t), "item": f"i{int(i)}",
+                  "clicked": int(c)} for u, t, i, c in zip(
+        rng.integers(0, 80, n), rng.integers(0, 3 * 86_400, n), rng.integers(0, 200, n),
+        rng.random(n) < 0.1, strict=True)])
+    f = write(log, tmp_path / "l.csv")
+    m1, one = run([f], tmp_path / "one", history="auto", **GAP)
+    m2, many = run([f], tmp_path / "many", history="auto", chunk_rows=97, **GAP)
+    assert m1["buckets"] == 1 and m2["buckets"] > 20
+    key = ["day", "user", "item", "label", "position", "history"]
+
+    def canon(df: pl.DataFrame) -> pl.DataFrame:
+        return df.with_columns(pl.col("history").cast(pl.List(pl.String)).list.join(",")
+                               ).select(key).sort(key)
+    assert canon(one).equals(canon(many))
+    assert m1["sessions"] == m2["sessions"] and m1["history_mean"] == m2["history_mean"] > 0
+    # and every session id is unique in the dataset, every session within one day
+    assert many.group_by("session_id").agg(pl.col("day").n_unique())["day"].max() == 1
+
+
+def test_criteo_is_one_mapping_of_the_same_machinery(tmp_path):
+    """Criteo TSV through `ingest logs` (headerless columns, label, dense I*, categorical C*,
+    a day per file): the same rows, labels and days as `ingest criteo`, each hash a dense id
+    one-to-one. Planted bug that turns it red (tried): a column of ids with missing values
+    read through numpy as floats (its 64-bit hashes rounded: a crash before it was found)."""
+    from lrm.config import IngestConfig
+    from lrm.data import criteo
+    from lrm.data.schema import CRITEO_CAT, CRITEO_INT
+    from tests.data.test_criteo import random_lines
+
+    files = []
+    for k in range(2):
+        files.append(tmp_path / f"day{k}.tsv")
+        files[-1].write_text("\n".join(random_lines(300, seed=k)) + "\n")
+    criteo.ingest(files, tmp_path / "criteo", IngestConfig(days="file"))
+    ref = pl.concat([pl.read_parquet(f) for fs in day_files(tmp_path / "criteo").values()
+                     for f in fs])
+    m, rows = run(files, tmp_path / "logs", columns=["label", *CRITEO_INT, *CRITEO_CAT],
+                  label="label", dense=list(CRITEO_INT), categorical=list(CRITEO_CAT),
+                  days="file")
+    assert m["rows"] == 600 and m["days"] == 2 and m["sessions"] == 600
+    assert rows["label"].to_list() == ref["label"].to_list()
+    assert rows["day"].to_list() == ref["day"].to_list()
+    for c in CRITEO_CAT:  # hash <-> id, one to one; missing stays missing
+        pairs = pl.DataFrame({"h": ref[c], "i": rows[c]}).unique()
+        assert pairs["h"].n_unique() == pairs["i"].n_unique() == pairs.height
+        assert (ref[c].is_null() == rows[c].is_null()).all()
+    assert m["dense_scaling"]["I2"]["transform"] in ("log1p", "signed_log1p", "none")

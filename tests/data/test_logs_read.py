@@ -1,0 +1,155 @@
+"""Bad input logs: each bad value is one DataError naming the file, the row and the column,
+raised before anything is written; and each format reads the same.
+
+Planted bugs that turn these red (each tried): the negative-id check dropped (text and
+integers), the finite check of dense values dropped, the label check accepting 2, the
+missing-column check dropped, a time that does not parse read as null.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from lrm.data.logs.read import RowError
+from lrm.errors import DataError
+from tests.data._logs import T0, frame, run, write
+
+BASE = dict(label="clicked", user="user", item="item", time="ts", dense=["price"],
+            categorical=["cat"], session_gap="30m")
+
+
+def _log(n: int = 6, **bad: object) -> list[dict]:
+    rows = [{"user": f"u{i % 2}", "ts": T0 + 60 * i, "item": f"i{i}", "clicked": i % 2,
+             "price": float(i), "cat": "c"} for i in range(n)]
+    rows[3] = {**rows[3], **bad}  # the 4th data row
+    return rows
+
+
+CASES = {  # case -> (the bad row's values, the column named, words of the message)
+    "label_2": ({"clicked": 2}, "clicked", "0 or 1"),
+    "label_text": ({"clicked": "yes"}, "clicked", "0 or 1"),
+    "negative_id_text": ({"item": "-5"}, "item", "negative"),
+    "time_text": ({"ts": "yesterday"}, "ts", "does not parse"),
+    "dense_text": ({"price": "cheap"}, "price", "not a finite number"),
+    "dense_inf": ({"price": "inf"}, "price", "not a finite"),
+    "dense_nan": ({"price": "NaN"}, "price", "not a finite"),
+    "missing_user": ({"user": None}, "user", "missing"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("suffix", [".csv", ".tsv.gz"])
+def test_a_bad_text_value_names_file_row_and_column(tmp_path, case, suffix):
+    values, column, words = CASES[case]
+    rows = [{k: (None if v is None else str(v)) for k, v in r.items()} for r in _log(**values)]
+    f = write(frame(rows), tmp_path / f"log{suffix}")
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert (e.value.file, e.value.line, e.value.field) == (f, 4, column), str(e.value)
+    assert words in str(e.value) and str(e.value).startswith(f"{f}, row 4, column {column}: ")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+TYPED = {  # typed files: the wrong type, negative integers, non-finite floats
+    "negative_id_int": (pl.Series("user", [1, 2, 3, -7, 5, 6]), "user", "negative"),
+    "label_int_2": (pl.Series("clicked", [0, 1, 0, 2, 1, 0]), "clicked", "0 or 1"),
+    "dense_inf": (pl.Series("price", [0.0, 1.0, 2.0, float("inf"), 4.0, 5.0]), "price",
+                  "not finite"),
+    "dense_nan": (pl.Series("price", [0.0, 1.0, 2.0, float("nan"), 4.0, 5.0]), "price",
+                  "not finite"),
+}
+
+
+@pytest.mark.parametrize("case,suffix", [(c, ".parquet") for c in sorted(TYPED)] + [
+    (c, ".jsonl") for c in sorted(TYPED) if not c.startswith("dense")])  # JSON: no NaN, inf
+def test_a_bad_typed_value_names_file_row_and_column(tmp_path, case, suffix):
+    series, column, words = TYPED[case]
+    f = write(frame(_log()).with_columns(series), tmp_path / f"log{suffix}")
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert (e.value.line, e.value.field) == (4, column) and words in str(e.value), str(e.value)
+
+
+def test_a_column_of_the_wrong_type_and_a_missing_column(tmp_path):
+    df = frame(_log()).with_columns(pl.col("user").str.len_bytes().cast(pl.Float64))
+    f = write(df, tmp_path / "float_user.parquet")
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "o1", **BASE)
+    assert (e.value.line, e.value.field) == (1, "user"), str(e.value)  # its first value
+    assert "ids (text or integers)" in str(e.value) and "Float64: 2.0" in str(e.value)
+    f = write(frame(_log()).drop("price"), tmp_path / "no_price.csv")
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "o2", **BASE)
+    assert e.value.field == "price" and "column missing" in str(e.value)
+    assert "user, ts, item, clicked, cat" in str(e.value)  # what the file has
+
+
+@pytest.mark.parametrize("unit", ["iso", "format"])
+def test_a_text_time_that_does_not_parse(tmp_path, unit):
+    times = ["2019-11-09T10:00:00Z", "2019-11-09 10:01:00", "2019-11-09T10:02:00+01:00",
+             "Nov 9", "2019-11-09", "2019-11-09T10:05"]
+    if unit == "format":
+        times = ["11/9/2019 10:00:00 AM", "11/9/2019 10:01:00 AM", "11/9/2019 1:02:00 PM",
+                 "2019-11-09 10:03:00", "11/9/2019 10:04:00 AM", "11/9/2019 10:05:00 AM"]
+    mapping = {**BASE, **({"time_unit": "iso"} if unit == "iso" else
+                          {"time_format": "%m/%d/%Y %I:%M:%S %p"})}
+    df = frame(_log()).with_columns(pl.Series("ts", times))
+    with pytest.raises(RowError) as e:
+        run([write(df, tmp_path / "log.csv")], tmp_path / "o1", **mapping)
+    assert (e.value.line, e.value.field) == (4, "ts") and "does not parse" in str(e.value)
+    good = df.with_columns(pl.Series("ts", times[:3] + times[4:5] * 3))
+    _, rows = run([write(good, tmp_path / "ok.csv")], tmp_path / "o2", **mapping)
+    assert len(rows) == 6
+
+
+def test_every_file_is_checked_before_any_is_read(tmp_path, monkeypatch):
+    from lrm.data.logs import read
+
+    good = write(frame(_log()), tmp_path / "a.csv")
+    bad = write(frame(_log()).drop("cat"), tmp_path / "b.csv")
+    chunks = []
+    monkeypatch.setattr(read, "chunks", lambda *a, **k: chunks.append(a) or iter(()))
+    with pytest.raises(DataError) as e:
+        run([good, bad], tmp_path / "out", **BASE)
+    assert e.value.file == bad and e.value.field == "cat" and chunks == []
+
+
+def test_every_format_reads_the_same_rows(tmp_path):
+    df = frame(_log(12))
+    ref = None
+    for suffix in (".parquet", ".csv", ".tsv", ".jsonl", ".csv.gz", ".jsonl.gz"):
+        m, rows = run([write(df, tmp_path / f"log{suffix}")], tmp_path / f"out{suffix}",
+                      **BASE)
+        ref = ref if ref is not None else rows
+        assert rows.equals(ref), suffix
+        assert m["rows"] == 12 and m["vocab"]["item"] == 12
+
+
+def test_a_headerless_tsv_takes_its_column_names_from_the_mapping(tmp_path):
+    df = frame(_log())
+    f = tmp_path / "log.tsv"
+    f.write_text(df.write_csv(separator="\t", include_header=False))
+    _, rows = run([f], tmp_path / "out", columns=df.columns, **BASE)
+    _, ref = run([write(df, tmp_path / "ref.tsv")], tmp_path / "ref", **BASE)
+    assert rows.equals(ref)
+
+
+def test_chunks_are_bounded_and_a_quoted_newline_never_splits_a_row(tmp_path):
+    """Planted bugs that turn this red (each tried): a block cut inside a quoted field;
+    the first block not cut to the chunk's rows."""
+    from lrm.config import LogsConfig
+    from lrm.data.logs import read
+
+    rows = _log(4000)  # ~240 kB: blocks of 64 kB, then of ~3 rows
+    for r in rows:  # quoted fields across line breaks: block ends fall inside some
+        r["cat"] = f'two\nlines, "{r["item"]}"'
+    f = write(frame(rows), tmp_path / "log.csv")
+    cfg = LogsConfig(**BASE)
+    src = read.sources([f], "auto")[0]
+    types = read.check_columns(src, read.scan(src, cfg), cfg)
+    got = list(read.chunks(src, types, cfg, 3))
+    assert max(c.height for c in got) <= 3 and sum(c.height for c in got) == 4000
+    whole = pl.concat(got)
+    assert whole["_row"].to_list() == list(range(1, 4001))
+    assert whole["cat"].to_list() == [r["cat"] for r in rows]

@@ -1,0 +1,141 @@
+"""Stage `ingest logs` through its front doors (`lrm ingest logs`, `python -m stages.ingest
+logs`): flags, a mapping file under them, params; bad input exits 2 with one line naming
+the file, row and column and leaves --out exactly as it was; the real MIND sample.
+
+Planted bugs that turn these red (each tried): the mapping file laid over the flags instead
+of under them; a bad value's error raised after the day was written (out changed).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from lrm.data.schema import day_files, read_schema
+from stages import ingest
+from tests.data._logs import T0, frame, write
+
+MIND_MAP = {"format": "tsv", "columns": ["impression_id", "user", "time", "history",
+                                         "impressions"],
+            "user": "user", "time": "time", "time_format": "%m/%d/%Y %I:%M:%S %p",
+            "explode": "impressions", "item": "news", "session": "impression_id",
+            "history": "history"}
+
+
+def _log(tmp: Path, bad: dict | None = None) -> Path:
+    rows = [{"uid": f"u{i % 3}", "when": T0 + 600 * i, "ad": f"a{i % 4}", "click": i % 2,
+             "bid": str(0.5 * i)} for i in range(8)]
+    if bad:
+        rows[5] = {**rows[5], **bad}
+    return write(frame(rows), tmp / "log.csv")
+
+
+FLAGS = ["--label", "click", "--user", "uid", "--item", "ad", "--time", "when",
+         "--session-gap", "30m", "--dense", "bid"]
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    r = CliRunner().invoke(ingest.app(), ["logs", *args])
+    return r.exit_code, r.stdout, r.stderr
+
+
+def _snapshot(out: Path) -> dict[str, bytes] | None:
+    if not out.exists():
+        return None
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file()}
+
+
+def test_flags_ingest_a_log_and_write_the_metrics(tmp_path):
+    f = _log(tmp_path)
+    rc, _, err = _run(str(f), "--out", str(tmp_path / "out"), "--metrics",
+                      str(tmp_path / "m.json"), *FLAGS)
+    assert rc == 0, err
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert (m["rows"], m["days"], m["files"]) == (8, 1, 1)
+    assert m["sessions"] == 8  # a user's impressions are 30 minutes apart: one each
+    schema, layout = read_schema(tmp_path / "out")
+    assert layout == "impressions" and schema.user_key == "uid" and schema.dense == ("bid",)
+
+
+def test_a_mapping_file_lies_under_the_flags(tmp_path):
+    f = _log(tmp_path)
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text(yaml.safe_dump({"label": "click", "user": "uid", "item": "ad",
+                                       "time": "when", "session_gap": "30m",
+                                       "categorical": ["bid"]}))
+    rc, _, err = _run(str(f), "--out", str(tmp_path / "a"), "--metrics",
+                      str(tmp_path / "a.json"), "--map", str(mapping))
+    assert rc == 0, err
+    assert json.loads((tmp_path / "a.json").read_text())["sessions"] == 8
+    rc, _, err = _run(str(f), "--out", str(tmp_path / "b"), "--metrics",
+                      str(tmp_path / "b.json"), "--map", str(mapping), "--session-gap", "1h")
+    assert rc == 0, err
+    assert json.loads((tmp_path / "b.json").read_text())["sessions"] == 3  # the flag's gap
+    assert read_schema(tmp_path / "b")[0].item_sparse == ("ad", "bid")  # the file's roles
+    mapping.write_text(yaml.safe_dump({"label": "click", "bogus": 1}))
+    rc, _, err = _run(str(f), "--out", str(tmp_path / "c"), "--map", str(mapping))
+    assert rc == 2 and "unknown mapping keys ['bogus']" in err
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("existed", [False, True])
+@pytest.mark.parametrize("bad,column,words", [
+    ({"click": "2"}, "click", "0 or 1"), ({"ad": "-3"}, "ad", "negative"),
+    ({"when": "noon"}, "when", "does not parse"), ({"bid": "inf"}, "bid", "finite")])
+def test_bad_input_exits_2_naming_file_row_and_column_and_leaves_out(tmp_path, existed, bad,
+                                                                     column, words):
+    out = tmp_path / "out"
+    if existed:  # an earlier good ingest's output: only the input can be at fault
+        assert _run(str(_log(tmp_path)), "--out", str(out), "--metrics",
+                    str(tmp_path / "m0.json"), *FLAGS)[0] == 0
+    before = _snapshot(out)
+    f = _log(tmp_path, bad)
+    rc, _, err = _run(str(f), "--out", str(out), "--metrics", str(tmp_path / "m.json"),
+                      *FLAGS)
+    assert rc == 2, err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith(f"error: {f}, row 6, column {column}: ") and words in line, err
+    assert _snapshot(out) == before and not (tmp_path / "m.json").exists()
+    assert [p.name for p in tmp_path.iterdir() if "spill" in p.name or ".tmp-" in p.name
+            ] == []  # no temporary folder left
+
+
+def test_python_m_and_params(tmp_path):
+    f = _log(tmp_path)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"ingest": {"logs": {
+        "files": [str(tmp_path / "*.csv")], "label": "click", "user": "uid", "item": "ad",
+        "time": "when", "session_gap": "30m"}}}))
+    r = subprocess.run([sys.executable, "-m", "stages.ingest", "logs", "--out", "raw",
+                        "--params", str(params), "--metrics", "m.json"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(Path(ingest.__file__).parents[1]),
+                            "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "m.json").read_text())["files"] == 1
+    assert f.exists() and len(day_files(tmp_path / "raw")) == 1
+
+
+def test_the_mind_sample(tmp_path, mind_dir):
+    mapping = tmp_path / "mind.yaml"
+    mapping.write_text(yaml.safe_dump(MIND_MAP))
+    rc, _, err = _run(str(mind_dir / "behaviors.tsv"), "--out", str(tmp_path / "raw"),
+                      "--metrics", str(tmp_path / "m.json"), "--map", str(mapping))
+    assert rc == 0, err
+    m = json.loads((tmp_path / "m.json").read_text())
+    # SOURCE.md: 5,000 page views, 189,359 shown items, 7,542 clicks, six days
+    assert (m["input_rows"], m["rows"], m["sessions"], m["days"]) == (5000, 189_359, 5000, 6)
+    assert m["ctr"] == pytest.approx(7542 / 189_359)
+    sessions_a_day = [pl.read_parquet(fs).select(pl.col("session_id").n_unique()).item()
+                      for fs in day_files(tmp_path / "raw").values()]
+    assert sessions_a_day == [439, 490, 1109, 1020, 974, 968]
+    assert m["vocab"]["user"] == 4637
