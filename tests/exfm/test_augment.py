@@ -80,11 +80,12 @@ def test_output_is_row_aligned_and_holds_the_teachers_prediction(datasets, teach
 
 def test_second_run_skips_days_done_by_the_same_teacher(datasets, teacher, tmp_path):  # noqa: F811
     src, dst = datasets["sessions"], tmp_path / "aug"
-    first = augment_dataset(teacher, src, dst, days=[2], registry="lrm-teacher/1")
+    first = augment_dataset(teacher, src, dst, days=[2], registry=lambda h: "lrm-teacher/1")
     stamp = {f: f.stat().st_mtime_ns for f in (dst / "day=2").iterdir()}
     again = augment_dataset(teacher, src, dst, days=[2])
     assert again["written"] == [] and again["skipped"] == [2] and again["rows"] == 0
-    assert again["teacher_version"]["hash"] == first["teacher_version"]["hash"]
+    assert again["teacher_version"]["2"]["hash"] == first["teacher_version"]["2"]["hash"]
+    assert first["teacher_version"]["2"]["registry"] == "lrm-teacher/1"
     assert {f: f.stat().st_mtime_ns for f in (dst / "day=2").iterdir()} == stamp
     assert again["teacher"]["2"] == first["teacher"]["2"]  # from the manifest
     # a new day is written, the old one still skipped

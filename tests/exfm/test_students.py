@@ -1,80 +1,116 @@
-"""Streaming students: which days, one model carried from day to day, the report."""
+"""The vertical models: one per vertical and size, the labels-only days before the FM serves
+shared by every variant, the serving pick by measurement, the report per vertical."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from lrm.config import DistillConfig, ModelConfig, StudentModelConfig, TrainConfig
+from lrm.config import DistillConfig, GenerateConfig, VerticalConfig
+from lrm.data import synthetic
 from lrm.errors import ConfigError
 from lrm.exfm import students as S
-from lrm.exfm.augment import TEACHER_COLUMN
-from lrm.train import build_job
+
+THREE = synthetic.schema(GenerateConfig())  # feed, search, video
+ONE = synthetic.schema(GenerateConfig(verticals=[VerticalConfig(name="all")]))
 
 
-def test_student_days(datasets):  # noqa: F811
-    data = datasets["sessions"]
-    assert S.student_days(data, 1) == [1]  # day 2 is the last: only evaluated on
-    assert S.student_days(data, 0, [0, 1]) == [0, 1]
-    with pytest.raises(ConfigError, match="no day to train on"):
-        S.student_days(data, 2)
-    with pytest.raises(ConfigError, match=r"need days \[3\]"):
-        S.student_days(data, 1, [2])
-    with pytest.raises(ConfigError, match="before T"):
-        S.student_days(data, 1, [0])
+def test_a_vertical_model_per_vertical_and_size():
+    vms = S.vertical_models(THREE, ["small", "tiny"])
+    assert [(v.name, v.vertical, v.size) for v in vms] == [
+        ("feed-small", 0, "small"), ("feed-tiny", 0, "tiny"), ("search-small", 1, "small"),
+        ("search-tiny", 1, "tiny"), ("video-small", 2, "small"), ("video-tiny", 2, "tiny")]
+    assert vms[2].verticals == [1]
+    # one surface (or no vertical column): a VM per size reading every row
+    for schema in (ONE, dataclasses.replace(THREE, vertical=None)):
+        (vm,) = S.vertical_models(schema, ["small"])
+        assert (vm.name, vm.vertical, vm.verticals) == ("small", None, [])
 
 
-def test_stream_student_carries_one_model_through_the_days(monkeypatch, tmp_path):
+def test_the_variants_go_on_from_the_labels_only_model_of_the_day_before_the_fm(
+        monkeypatch, tmp_path):
+    """Days before the FM serves: one labels-only chain on the sessions; from then on each
+    variant its own chain on the augmented data, seeded with that labels-only model."""
     calls = []
 
-    def fake_train_day(job, chain, day, *, owner, log_fn=None):
-        calls.append((job.split.days, job.split.eval_day, chain, day, job.teacher_column,
-                      job.model.student))
-        ev = {"ne": 0.9 - 0.01 * day, "auc": 0.7, "calibration": 1.0, "rows": 10}
-        return SimpleNamespace(steps=5, eval=ev)
+    def fake_train_day(job, chain, day, *, owner, log_fn=None, seed=None):
+        calls.append((Path(job.data).name, chain.name, day, job.split.eval_day,
+                      job.split.verticals, seed, job.distill.distill))
+        return SimpleNamespace(steps=3, eval={"ne": 0.9 - 0.01 * day, "auc": 0.7,
+                                              "calibration": 1.0, "rows": 10})
 
     monkeypatch.setattr(S, "train_day", fake_train_day)
-    model = ModelConfig(student=StudentModelConfig())
-    job = build_job("student", train=TrainConfig(), model=model, data=tmp_path,
-                    out=tmp_path / "m", distill=DistillConfig())
-    chain = tmp_path / "chain"
-    rows = S.stream_student(job, [3, 4, 5], chain, owner="student")
-    assert [c[:5] for c in calls] == [([3], 4, chain, 3, TEACHER_COLUMN),
-                                      ([4], 5, chain, 4, TEACHER_COLUMN),
-                                      ([5], 6, chain, 5, TEACHER_COLUMN)]
-    assert all(c[5].aux_head and c[5].adapter for c in calls)
-    assert [(r["train_day"], r["day"]) for r in rows] == [(3, 4), (4, 5), (5, 6)]
-    calls.clear()
-    labels = build_job("student", train=TrainConfig(), model=model, data=tmp_path,
-                       distill=DistillConfig(distill=False))
-    S.stream_student(labels, [3], chain, owner="student")
-    assert calls[0][4] is None and not calls[0][5].aux_head and not calls[0][5].adapter
+    monkeypatch.setattr(S, "model_of", lambda chain, day: chain / f"model-{day}")
+
+    def job_for(vm, variant, data):
+        return SimpleNamespace(data=data, distill=variant,
+                               but=lambda split: SimpleNamespace(data=data, distill=variant,
+                                                                 split=split))
+
+    vm = S.VerticalModel("search-small", 1, "small")
+    variants = {"labels_only": DistillConfig(distill=False), "aux_head": DistillConfig()}
+    out = S.train_vm(vm, variants, job_for, sessions=tmp_path / "sessions",
+                     augmented=tmp_path / "augmented", days=[0, 1, 2, 3], first_served=2,
+                     chains=tmp_path / "chains", owner="student")
+    seed = tmp_path / "chains" / S.PREFIX / "model-1"
+    assert calls == [
+        ("sessions", S.PREFIX, 0, 1, [1], None, False),
+        ("sessions", S.PREFIX, 1, 2, [1], None, False),
+        ("augmented", "labels_only", 2, 3, [1], seed, False),
+        ("augmented", "labels_only", 3, 4, [1], seed, False),
+        ("augmented", "aux_head", 2, 3, [1], seed, True),
+        ("augmented", "aux_head", 3, 4, [1], seed, True)]
+    assert [r["day"] for r in out["aux_head"]] == [1, 2, 3, 4]  # the shared days in each
+    assert out["aux_head"][:2] == out["labels_only"][:2]
+
+
+def test_the_served_variant_is_the_best_on_validation_never_worse_than_labels_only():
+    assert S.pick({"labels_only": 0.95, "aux_head": 0.94, "aux_adapter": 0.945}) == "aux_head"
+    assert S.pick({"labels_only": 0.94, "aux_head": 0.95}) == "labels_only"
+    assert S.pick({"labels_only": 0.94, "aux_head": 0.94}) == "labels_only"  # a tie: labels
+    with pytest.raises(ConfigError, match="labels_only"):
+        S.pick({"aux_head": 0.9})
 
 
 def _rows(ne_by_day):
-    return [{"train_day": d - 1, "day": d, "ne": ne, "auc": 0.7, "calibration": 1.0}
-            for d, ne in ne_by_day.items()]
+    return [{"train_day": d - 1, "day": d, "ne": ne, "auc": 0.7, "calibration": 1.0,
+             "rows": 10} for d, ne in ne_by_day.items()]
 
 
-def test_report_table_per_day_and_gain():
-    results = {"s": {"aux_adapter": _rows({4: 0.95, 5: 0.93}),  # given out of order
-                     "labels_only": _rows({4: 0.96, 5: 0.94})}}
-    teacher = {4: {"ne": 0.92, "auc": 0.72}, 5: {"ne": 0.935, "auc": 0.71}}
-    rep = S.report(results, teacher, teacher_days=3)
-    assert rep["eval_day"] == 5
-    assert [r["model"] for r in rep["table"]] == [
-        "teacher (stale: trained to day 3)", "student s, labels only",
-        "student s, auxiliary head + adapter"]
-    assert [r["ne"] for r in rep["table"]] == [0.935, 0.94, 0.93]
-    assert rep["per_day"] == [{"day": 4, "teacher": 0.92, "s/labels_only": 0.96,
-                               "s/aux_adapter": 0.95},
-                              {"day": 5, "teacher": 0.935, "s/labels_only": 0.94,
-                               "s/aux_adapter": 0.93}]
-    assert rep["gain_vs_labels_only"]["s"]["aux_adapter"] == pytest.approx(0.94 / 0.93)
+def test_the_report_per_vertical_picks_on_the_validation_day_and_scores_the_last():
+    vms = S.vertical_models(THREE, ["small"])[:2]  # feed, search
+    results = {  # the served variant is chosen on day 4, the table is day 5
+        "feed-small": {"labels_only": _rows({4: 0.96, 5: 0.94}),
+                       "aux_head": _rows({4: 0.95, 5: 0.945})},
+        "search-small": {"labels_only": _rows({4: 0.90, 5: 0.89}),
+                         "aux_head": _rows({4: 0.91, 5: 0.85})}}
+    by_vertical = {"feed": {"ne": 0.93, "auc": 0.75}, "search": {"ne": 0.88, "auc": 0.8}}
+    teacher = {d: {"ne": 0.9, "auc": 0.7, "teacher": "v3", "by_vertical": by_vertical}
+               for d in (4, 5)}
+    rep = S.report(results, vms, THREE, teacher, validation_day=4, serving="auto")
+    assert rep["eval_day"] == 5 and rep["validation_day"] == 4
+    feed, search = rep["verticals"]["feed"], rep["verticals"]["search"]
+    assert feed["teacher"]["ne"] == 0.93 and search["teacher"]["ne"] == 0.88
+    # feed: aux_head led on day 4 (and serves, though day 5 reverses); search: labels only
+    assert feed["students"]["small"]["serving"] == "aux_head"
+    assert search["students"]["small"]["serving"] == "labels_only"
+    assert feed["students"]["small"]["gain_vs_labels_only"]["aux_head"] == pytest.approx(
+        0.94 / 0.945)
+    assert feed["students"]["small"]["teacher_gain"] == pytest.approx(0.94 / 0.93)
+    assert rep["serving"] == {"feed-small": "aux_head", "search-small": "labels_only"}
+    assert [(r["vertical"], r["model"]) for r in rep["table"]] == [
+        ("feed", "foundation model (teacher)"), ("feed", "small, labels only"),
+        ("feed", "small, auxiliary head (served)"),
+        ("search", "foundation model (teacher)"), ("search", "small, labels only (served)"),
+        ("search", "small, auxiliary head")]
+    fixed = S.report(results, vms, THREE, teacher, validation_day=4, serving="aux_head")
+    assert set(fixed["serving"].values()) == {"aux_head"}
     md = S.markdown(rep["table"])
-    assert md.splitlines()[0] == "| model | NE | AUC |" and "| 0.9300 |" in md
+    assert md.splitlines()[0] == "| vertical | model | NE | AUC |" and "| 0.8500 |" in md
 
 
 def test_mean_spread():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 
 import pytest
@@ -18,7 +19,7 @@ STR_VALUES = {"device": "cpu", "seq_pooling": "sum", "adapter_context": "dense+f
               "recipe": "rowwise", "backend": "scaled_mm", "quantize": "int8",
               "days": "one", "compute_device": "cuda", "planner": "greedy",
               "format": "csv", "time_unit": "ms", "history_order": "newest_first",
-              "session_gap": "30m", "evaluate.days": "1..2"}
+              "session_gap": "30m", "evaluate.days": "1..2", "norm": "layer"}
 MAPPING_VALUES = {"students.models": "{x: {embedding_dim: 4}}",
                   "students.variants": "{v: {distill: false}}",
                   "model.tables.shared": "{user_history: ad_id}"}
@@ -40,6 +41,8 @@ def _sample(key: str, tp: object, default: object) -> tuple[str | None, list[str
         return STR_VALUES.get(key, STR_VALUES.get(name, "x")), []
     if origin is list:
         inner = typing.get_args(tp)[0]
+        if dataclasses.is_dataclass(inner):  # a list of mappings, in YAML (the verticals)
+            return "[{name: a}]", []
         return ("a.tsv,b.tsv" if inner is str else "1,2"), []
     if origin is dict:
         return MAPPING_VALUES[key], []
