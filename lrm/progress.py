@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -55,13 +56,27 @@ class _ContextFilter(logging.Filter):
         return True
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler on sys.stderr as it is at each line, not as it was when set up (a process
+    that swaps it, such as a CLI runner calling commands one after another, would otherwise
+    leave lrm writing to a closed stream: logging's own last-resort handler does the same)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def setup_logging(level: int = logging.INFO) -> None:
     """lrm's own lines at `level` on stderr, each with its context; every other logger
     (torchrec, fbgemm's "Successfully loaded" lines, ...) only from WARNING."""
     lrm_log = logging.getLogger("lrm")
     lrm_log.setLevel(level)
     if not any(getattr(h, "_lrm", False) for h in lrm_log.handlers):
-        h = logging.StreamHandler(sys.stderr)
+        h = _Stderr()
         h._lrm = True  # type: ignore[attr-defined]
         h.addFilter(_ContextFilter())
         h.setFormatter(logging.Formatter(
