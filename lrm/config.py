@@ -120,7 +120,10 @@ class GenerateConfig:
     ads: int = 10_000  # ad id space; up to 1e8
     advertisers: int = 1_000
     categories: int = 50
-    days: int = 6  # ExFM: the teacher on days [0, 3), the students stream over 3-4
+    # ExFM: the FM's first version on days [0, 3) logs day 4 on (a lag of 2); the vertical
+    # models' variants train on days 4 and 5: day 5 scores them to pick the served one, day 6
+    # is the held-out table's
+    days: int = 7
     sessions_per_day: int = 20_000
     mean_session_length: float = 8.0  # impressions per session (>= 1)
     max_history: int = 100  # longest user history sequence
