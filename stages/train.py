@@ -31,14 +31,15 @@ from lrm.config import (
     TableConfig,
     TeacherModelConfig,
     TrainConfig,
+    with_overrides,
 )
 from stagekit import Arg, Stage, main
 
 NAME = "train"
 
 
-def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: CheckpointConfig,
-        loader: LoaderConfig, tables: TableConfig,
+def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig,
+        checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
         model: StudentModelConfig | TeacherModelConfig, data: Path = Path("data/sessions"),
         plan: Path | None = None, out: Path | None = None, checkpoints: Path | None = None,
         resume: bool = False, eval_data: Path | None = None,
@@ -48,6 +49,8 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
     from lrm.train import build_job
     from lrm.train import train as train_model
 
+    if kind == "teacher":  # the teacher's own keys (teacher.train), as the FM trains with
+        train = with_overrides(train, teacher_train)
     job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
                     data=data, split=split, loader=loader, checkpoint=checkpoint,
                     checkpoints=checkpoints, start="resume" if resume else "fresh",
@@ -65,7 +68,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig, checkpoint: Checkp
 
 STAGE = Stage(
     name=NAME, run=run, short=("train", "split"), label=("kind",),
-    reads={"train": "train", "split": "split", "checkpoint": "checkpoint", "loader": "loader",
+    reads={"train": "train", "teacher_train": "teacher.train", "split": "split", "checkpoint": "checkpoint", "loader": "loader",
            "tables": "model.tables", "model": "model.{kind}"},
     args={
         "kind": Arg("--model", "which model to train", choices=MODEL_KINDS),

@@ -71,7 +71,7 @@ def test_a_folder_that_is_no_model_is_exit_2(datasets, tmp_path):  # noqa: F811
 def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkeypatch):
     import lrm.train
     from lrm.config import (CheckpointConfig, LoaderConfig, SplitConfig, StudentModelConfig,
-                            TableConfig, TrainConfig)
+                            TableConfig, TeacherStageConfig, TrainConfig)
     from lrm.fp8.dispatch import FORMAT
     from stages import train as train_stage
 
@@ -92,6 +92,7 @@ def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkey
     for fp8, has in (("", False), (str(report), True)):
         with pytest.raises(Stop):
             train_stage.run(kind="student", train=TrainConfig(fp8=fp8), split=SplitConfig(),
+                            teacher_train=TeacherStageConfig().train,
                             checkpoint=CheckpointConfig(), loader=LoaderConfig(),
                             tables=TableConfig(), model=StudentModelConfig(),
                             data=tmp_path, out=None)

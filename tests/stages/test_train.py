@@ -158,3 +158,32 @@ def test_eval_data_holds_out_another_dataset(datasets, tmp_path):  # noqa: F811
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["train_days"] == [0, 1] and m["eval_day"] == 2, m
     assert m["eval"]["rows"] == BatchLoader(test, 1024, days=[2]).num_rows()  # every one
+
+
+@pytest.mark.parametrize("kind", ["teacher", "student"])
+def test_the_teacher_trains_with_its_own_keys_and_the_student_with_train(kind, monkeypatch,
+                                                                         tmp_path):
+    """`lrm train --model teacher` trains as the FM does (teacher.train over train: Wukong's
+    learning rate); the student takes `train` as it is."""
+    import lrm.train
+    from lrm.config import ParamsConfig
+    from stages import train as train_stage
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def fake_build_job(kind, *, train, **kw):
+        seen["train"] = train
+        raise Stop
+
+    monkeypatch.setattr(lrm.train, "build_job", fake_build_job)
+    p = ParamsConfig()
+    with pytest.raises(Stop):
+        train_stage.run(kind=kind, train=p.train, teacher_train=p.teacher.train,
+                        split=p.split, checkpoint=p.checkpoint, loader=p.loader,
+                        tables=p.model.tables, model=getattr(p.model, kind), data=tmp_path)
+    want = p.teacher.train if kind == "teacher" else p.train
+    assert (seen["train"].lr, seen["train"].batch_size) == (want.lr, want.batch_size)
+    assert seen["train"].seed == p.train.seed  # every other key from train
