@@ -24,7 +24,6 @@ from flows.dag import STAGES
 from lrm.config import ParamsConfig
 from lrm.errors import LrmError
 from stagekit import load_params
-from stagekit.cli import app as stage_app
 from stagekit.cli import command, fail, setup_logging
 from stages import ingest
 

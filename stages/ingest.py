@@ -31,7 +31,7 @@ from lrm import io
 from lrm.config import IngestConfig, LogsConfig
 from lrm.data.logs import LOG_SUFFIXES
 from lrm.errors import ConfigError, LrmError
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Stage
 from stagekit.cli import command, config_options, fail
 from stagekit.params import read_params_file
 

@@ -7,9 +7,14 @@
                    group); lrm's writer settings
     synthetic.py   the synthetic world: session-level ads logs with a hidden click model,
                    days of drift, arrivals, churn
+    values.py      the values a column may hold (labels 0/1, ids in range, finite dense),
+                   checked by every reader as it reads
     criteo.py      Criteo TSV -> the impressions layout
-    dedup.py       RecD: impressions -> sessions (user-side features once per session),
-                   day by day
+    logs/          any click log (Parquet, CSV/TSV, JSON lines) -> the impressions layout,
+                   through a column mapping: sessions, days and histories from the data
+    sessions.py    the sessions layout table by table: user-side features once per
+                   session, histories shared over a user's sessions, and back
+    dedup.py       RecD dedup of a dataset: impressions -> sessions, day by day
     histories.py   a user's sliding history stored once per run of her sessions
     items.py       an item's attributes stored once per item in a sessions file
     collisions.py  how many ids share a hashed embedding row, per day

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lrm import progress
-from lrm.config import DistillConfig, SplitConfig, StudentModelConfig, default_variants
+from lrm.config import DistillConfig, SplitConfig, default_variants
 from lrm.data.schema import FeatureSchema
 from lrm.errors import ConfigError
 from lrm.exfm.augment import read_manifest

@@ -59,7 +59,7 @@ from lrm.train.evaluate import predict, score
 from lrm.train.export import ModelCard, load_weights, read_card, save_model
 from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
-from lrm.train.job import TrainJob, bce_loss
+from lrm.train.job import TrainJob
 from lrm.train.meter import Meter
 from lrm.train.precision import autocast
 from lrm.train.state import TrainState, seed_step
