@@ -57,7 +57,7 @@ def stage(name: str, size: int, root: Path) -> dict[str, Any]:
     from lrm.config import DedupConfig, LoaderConfig, ModelConfig, TrainConfig
     from lrm.data import dedup, synthetic
     from lrm.dist import quiet_libraries
-    from lrm.train import train
+    from lrm.train import TrainJob, train
     from lrm.train.evaluate import evaluate
 
     quiet_libraries()
@@ -67,9 +67,9 @@ def stage(name: str, size: int, root: Path) -> dict[str, Any]:
     elif name == "dedup":
         rows = dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())["rows"]
     elif name == "train":
-        r = train("student", TrainConfig(val_fraction=0.0), ModelConfig(), root / "sessions",
-                  loader_cfg=LoaderConfig(), out=root / "model",
-                  eval_from=root.parent / "held_out")
+        r = train(TrainJob(kind="student", train=TrainConfig(val_fraction=0.0),
+                           model=ModelConfig(), data=root / "sessions", loader=LoaderConfig(),
+                           out=root / "model", eval_data=root.parent / "held_out"))
         rows = r.samples
     elif name == "evaluate":
         rows = evaluate(root / "model", root / "sessions", day=0)["rows"]

@@ -158,7 +158,7 @@ def run(quick: bool, plot: Path) -> list[dict[str, Any]]:
     from lrm.dist import quiet_libraries
     from lrm.models import build_model, num_parameters
     from lrm.models.flops import flops_per_example
-    from lrm.train import train
+    from lrm.train import TrainJob, train
 
     quiet_libraries()
     pc = _params(quick)
@@ -183,9 +183,10 @@ def run(quick: bool, plot: Path) -> list[dict[str, Any]]:
         baseline = None
         for flops, days, name, model_cfg, dense in sorted(runs, key=lambda r: (r[0] * r[1], r[1])):
             t0 = time.perf_counter()
-            result = train("teacher", cfg, model_cfg, root / "sessions",
-                           split=SplitConfig(days=list(range(last - days, last)), eval_day=last),
-                           loader_cfg=pc.loader)
+            result = train(TrainJob(
+                kind="teacher", train=cfg, model=model_cfg, data=root / "sessions",
+                split=SplitConfig(days=list(range(last - days, last)), eval_day=last),
+                loader=pc.loader))
             p = {"shape": name, "days": days, "ne": float(result.eval["ne"]),
                  "compute": flops * result.samples, "flops_per_example": flops,
                  "samples": result.samples, "dense_params": dense,

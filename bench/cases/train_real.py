@@ -42,7 +42,7 @@ import yaml
 from bench.cases.train_vs_torchrec import DIM, torchrec_batch, torchrec_dlrm
 from bench.common import emit
 from lrm.config import DedupConfig, IngestConfig, LogsConfig, ModelConfig, TableConfig, \
-    TrainConfig
+    TeacherStageConfig, TrainConfig, with_overrides
 from lrm.data import criteo, dedup
 from lrm.data.loader import BatchLoader
 from lrm.data.logs import ingest as logs
@@ -50,7 +50,7 @@ from lrm.data.schema import day_files, read_schema
 from lrm.dist import process_group, quiet_libraries
 from lrm.models import embedding_tables, hash_sizes
 from lrm import metrics
-from lrm.train import load_model, train
+from lrm.train import TrainJob, load_model, train
 from lrm.train.evaluate import predict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +97,10 @@ LOGS = {"criteo_sample": _criteo, "mind_sample": _mind}
 
 def _lrm(kind: str, data: Path, seed: int, out: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, labels) of the held-out (last) day from lrm's `kind` with the defaults."""
-    train(kind, TrainConfig(seed=seed, device="cpu"), ModelConfig(), data, out=out)
+    cfg = TrainConfig(seed=seed, device="cpu")
+    if kind == "teacher":  # as `lrm train --model teacher` trains it (teacher.train)
+        cfg = with_overrides(cfg, TeacherStageConfig().train)
+    train(TrainJob(kind=kind, train=cfg, model=ModelConfig(), data=data, out=out))
     model, card = load_model(out)
     days = list(day_files(data))
     loader = BatchLoader(data, 8192, days=[days[-1]], hash_sizes=card.hash_sizes)
