@@ -13,11 +13,15 @@ import subprocess
 import sys
 
 import mlflow
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from lrm.config import DedupConfig, GenerateConfig, VerticalConfig
 from lrm.data import dedup, synthetic
+from lrm.exfm.augment import TEACHER_COLUMN
 from lrm.train.export import model_hash
 from tests.conftest import REPO
 
@@ -149,6 +153,26 @@ def test_teacher_augment_student_register_chain(world, tmp_path):
         assert first["verticals"] == [0 if vm == "north-a" else 1]
     full = json.loads((tmp_path / "models/students/north-a/aux_adapter/model.json").read_text())
     assert full["model"]["student"]["aux_head"] and full["model"]["student"]["adapter"]
+
+    # run again on other data (a day's teacher logits changed): the days start over, no day
+    # resumes the checkpoints of the run before (it would refuse: the data changed)
+    part = next((tmp_path / "data/augmented/day=2").glob("*.parquet"))
+    t = pq.read_table(part)
+    i = t.schema.get_field_index(TEACHER_COLUMN)
+    col = t.column(i).combine_chunks()
+    half = pa.ListArray.from_arrays(col.offsets, pc.multiply(col.flatten(), pa.scalar(
+                                    0.5, col.type.value_type)),
+                                    type=col.type)
+    kv = {k: v for k, v in pq.ParquetFile(part).metadata.metadata.items()
+          if k != b"ARROW:schema"}  # lrm's own (the item table) kept
+    with pq.ParquetWriter(part, t.schema) as w:
+        w.add_key_value_metadata(kv)
+        w.write_table(t.set_column(i, t.schema.field(i), half))
+    _ok(_stage(tmp_path, "student", "--data", "data/augmented", "--sessions", str(world)))
+    info = json.loads((chains / "north-a" / "aux_head" / "day=2" / "model" /
+                       "model.json").read_text())["info"]
+    assert info["start"] == "warm"  # from the labels-only model, not "resume"
+    serving = json.loads((tmp_path / "models/students/serving.json").read_text())  # anew
 
     _ok(_stage(tmp_path, "register"))
     done = json.loads((tmp_path / "metrics/register.json").read_text())["students"]
