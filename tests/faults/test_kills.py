@@ -57,7 +57,7 @@ def test_sigkill_anywhere_loses_at_most_the_checkpoint_in_flight(datasets, tmp_p
     cfg, kills, seed = RUNS[run]
     ck, progress = tmp_path / "ck", tmp_path / "progress"
     spec = {"data": str(datasets["sessions"]), "train": cfg, "tmp": str(tmp_path),
-            "fsync_s": 0.02, "progress": str(progress), "checkpoints": str(ck),
+            "fsync_s": 0.1, "progress": str(progress), "checkpoints": str(ck),
             "out": str(tmp_path / "model"),
             "checkpoint": {"every": EVERY, "deltas": 3, "keep": 2}}
 

@@ -292,6 +292,10 @@ def test_a_scheduled_run_completes_a_day_and_ctrl_c_stands_the_deployment_down(t
                     if r["state_type"] in WAITING]
 
         assert not left(), left()  # the run due next included: it cannot turn Late
+        # the server's status first (its foreman, on a loaded machine, may be late), then
+        # the page that reads it
+        _wait("the deployment Not Ready", lambda: _get(
+            f"{api}/deployments/{dep['id']}")["status"] == "NOT_READY", 180)
         with browser(binary, tmp_path) as b:
             page = b.open(f"{ui}/deployments/deployment/{dep['id']}", "Not Ready",
                           timeout=90)
