@@ -4,7 +4,8 @@
 
 `metrics/summary.json` holds NE and AUC per model: the evaluated models (the baselines) and,
 per vertical on the last ExFM day, the foundation model (`exfm_VERTICAL_teacher`) and each
-student size in the variant it serves (`exfm_VERTICAL_SIZE`). It is the file `dvc metrics
+student size in the variant it serves (`exfm_VERTICAL_SIZE`; one vertical: `exfm_teacher`,
+`exfm_SIZE`). It is the file `dvc metrics
 show` lists, one short row (`dvc metrics show --md` for a table); the same numbers head the
 pipeline's MLflow parent run. `metrics/summary.md` is the full table (every student variant,
 the days scored), which `make run` prints at the end; the stages' own metrics files keep
@@ -22,7 +23,9 @@ from lrm.errors import DataError
 from stagekit import Arg, Stage, main
 
 NAME = "summary"
-EXFM = "exfm_"  # an ExFM model's headline name: exfm_VERTICAL_teacher, exfm_VERTICAL_SIZE
+# an ExFM model's headline name: exfm_VERTICAL_teacher, exfm_VERTICAL_SIZE (with one
+# vertical: exfm_teacher, exfm_SIZE)
+EXFM = "exfm_"
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -51,12 +54,14 @@ def models(evaluation: dict[str, Any], exfm: dict[str, Any]
     evaluated = {"model": evaluation} if single else \
         {k: m for k, m in evaluation.items() if isinstance(m, dict)}
     out = [(f"day {m.get('day', '')}", name, name, _pick(m)) for name, m in evaluated.items()]
-    for vertical, v in exfm.get("verticals", {}).items():
+    verticals = exfm.get("verticals", {})
+    for vertical, v in verticals.items():
         day = f"ExFM, day {exfm.get('eval_day', '')}, {vertical}"
-        out.append((day, "teacher", f"{EXFM}{vertical}_teacher", _pick(v.get("teacher", {}))))
+        pre = EXFM + (f"{vertical}_" if len(verticals) > 1 else "")  # one: no vertical's name
+        out.append((day, "teacher", f"{pre}teacher", _pick(v.get("teacher", {}))))
         for size, s in v.get("students", {}).items():
             out += [(day, f"{size}/{name}" + (" (serving)" if name == s["serving"] else ""),
-                     f"{EXFM}{vertical}_{size}" if name == s["serving"] else None, _pick(m))
+                     f"{pre}{size}" if name == s["serving"] else None, _pick(m))
                     for name, m in s["variants"].items()]
     return out
 

@@ -101,10 +101,10 @@ def test_dvc_repro_on_a_fresh_clone_then_up_to_date(repro):
     summary = json.loads((repo / "metrics/summary.json").read_text())
     v = exfm["verticals"]["all"]
     served = v["students"]["small"]["serving"]  # each size's variant, chosen by measurement
-    assert set(summary) == {"student", "teacher", "exfm_all_teacher", "exfm_all_small"}
+    assert set(summary) == {"student", "teacher", "exfm_teacher", "exfm_small"}
     assert summary["student"] == {"ne": round(ev["student"]["ne"], 4),
                                   "auc": round(ev["student"]["auc"], 4)}
-    assert summary["exfm_all_small"]["ne"] == round(
+    assert summary["exfm_small"]["ne"] == round(
         v["students"]["small"]["variants"][served]["ne"], 4)
 
     # plots read offline: PNGs with content, one point per logged step / per day
@@ -120,7 +120,7 @@ def test_dvc_repro_on_a_fresh_clone_then_up_to_date(repro):
     assert list(files) == ["metrics/summary.json"], files
     table = subprocess.run([sys.executable, "-m", "dvc", "metrics", "show"], cwd=repo,
                            env=env, capture_output=True, text=True, timeout=120).stdout
-    assert "exfm_all_small.ne" in table and max(map(len, table.splitlines())) <= 160, table
+    assert "exfm_small.ne" in table and max(map(len, table.splitlines())) <= 160, table
 
     _one_parent_run_per_repro(repro["tmp"], ev, summary)
 
@@ -157,7 +157,7 @@ def _one_parent_run_per_repro(tmp: Path, ev: dict, summary: dict) -> None:
     for kind in ("student", "teacher"):  # the evaluate stage's headline
         assert parent.data.metrics[f"{kind}.ne"] == pytest.approx(ev[kind]["ne"])
         assert parent.data.metrics[f"{kind}.auc"] == pytest.approx(ev[kind]["auc"])
-    for model in ("exfm_all_teacher", "exfm_all_small"):  # the summary stage's
+    for model in ("exfm_teacher", "exfm_small"):  # the summary stage's
         assert parent.data.metrics[f"{model}.ne"] == summary[model]["ne"]
     stages = mlflow.search_runs(search_all_experiments=True, output_format="list",
                                 filter_string="tags.`mlflow.parentRunId` = "
