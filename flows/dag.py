@@ -122,6 +122,22 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
 
 # -- real logs: the user's Criteo TSV files in data/criteo/tsv/ ---------------------------
 
+def _baselines(log: str) -> tuple[Node, ...]:
+    """A real log's baselines: the student and the teacher on every day of
+    data/LOG/sessions but the last, then both scored on the last."""
+    def p(kind: str, what: str) -> str:
+        return f"{what}/{log}/{kind}"
+
+    return (*(Node(f"train_{kind}", STAGES["train"], {
+        "kind": kind, "data": f"data/{log}/sessions", "out": p(kind, "models"),
+        "checkpoints": p(kind, "checkpoints"), "metrics": f"metrics/{log}/train_{kind}.json",
+        "plot": f"plots/{log}/train_{kind}.csv"},
+        desc=f"Baseline {kind}: every day but the last, scored on the last.")
+        for kind in ("student", "teacher")),
+        Node("evaluate", STAGES["evaluate"], {
+            "models": [f"{kind}={p(kind, 'models')}" for kind in ("student", "teacher")],
+            "data": f"data/{log}/sessions", "out": f"metrics/{log}/eval.json"}))
+
 CRITEO = Pipeline("lrm-criteo", dvc_file=Path("pipelines/criteo/dvc.yaml"),
                   params=("params.yaml", "pipelines/criteo/params.yaml"), header=(
     "Real logs: Criteo TSV files (label, I1..I13, C1..C26) put in data/criteo/tsv/ (one day\n"
@@ -131,19 +147,10 @@ CRITEO = Pipeline("lrm-criteo", dvc_file=Path("pipelines/criteo/dvc.yaml"),
                                       "metrics": "metrics/criteo/ingest.json"}),
     Node("dedup", STAGES["dedup"], {"src": "data/criteo/raw", "out": "data/criteo/sessions",
                                     "metrics": "metrics/criteo/dedup.json"}),
-    *(Node(f"train_{kind}", STAGES["train"], {
-        "kind": kind, "data": "data/criteo/sessions", "out": f"models/criteo/{kind}",
-        "checkpoints": f"checkpoints/criteo/{kind}",
-        "metrics": f"metrics/criteo/train_{kind}.json", "plot": f"plots/criteo/train_{kind}.csv"})
-      for kind in ("student", "teacher")),
-    Node("evaluate", STAGES["evaluate"], {
-        "models": ["student=models/criteo/student", "teacher=models/criteo/teacher"],
-        "data": "data/criteo/sessions", "out": "metrics/criteo/eval.json"}),
+    *_baselines("criteo"),
 ))
 
 # -- real logs: any click log in data/logs/in/, through the mapping in its params ----------
-
-STUDENTS = ("small", "tiny")  # students.models' names (the serving models evaluated)
 
 LOGS = Pipeline("lrm-logs", dvc_file=Path("pipelines/logs/dvc.yaml"), plots=False,
                 params=("params.yaml", "pipelines/logs/params.yaml"), header=(
@@ -157,15 +164,7 @@ LOGS = Pipeline("lrm-logs", dvc_file=Path("pipelines/logs/dvc.yaml"), plots=Fals
                                            "metrics": "metrics/logs/ingest.json"}),
     Node("dedup", STAGES["dedup"], {"src": "data/logs/raw", "out": "data/logs/sessions",
                                     "metrics": "metrics/logs/dedup.json"}),
-    *(Node(f"train_{kind}", STAGES["train"], {
-        "kind": kind, "data": "data/logs/sessions", "out": f"models/logs/{kind}",
-        "checkpoints": f"checkpoints/logs/{kind}",
-        "metrics": f"metrics/logs/train_{kind}.json", "plot": f"plots/logs/train_{kind}.csv"},
-        desc=f"Baseline {kind}: every day but the last, scored on the last.")
-      for kind in ("student", "teacher")),
-    Node("evaluate", STAGES["evaluate"], {
-        "models": ["student=models/logs/student", "teacher=models/logs/teacher"],
-        "data": "data/logs/sessions", "out": "metrics/logs/eval.json"}),
+    *_baselines("logs"),
     Node("exfm_teacher", STAGES["teacher"], {
         "data": "data/logs/sessions", "out": "models/logs/fm",
         "checkpoints": "checkpoints/logs/fm", "metrics": "metrics/logs/teacher.json",

@@ -52,8 +52,6 @@ log = logging.getLogger("lrm")
 # identity keys a chain does not depend on: rows are stored in global row space and the
 # data position counts steps, so a chain written by N processes restores under M
 RESHARDABLE = frozenset({"world_size"})
-# what must match when a run resumes a model onto new data (the streaming flow's next day)
-MODEL_IDENTITY = frozenset({"kind", "model", "tables", "table_rows"})
 
 
 class Stateful(Protocol):
@@ -137,22 +135,20 @@ class CheckpointManager:
         self._seq, self._nonce = 1, ""
 
     # -- start ------------------------------------------------------------------------
-    def start(self, parts: Mapping[str, Stateful], resume: bool, *, new_data: bool = False,
+    def start(self, parts: Mapping[str, Stateful], resume: bool, *,
               prepare: Callable[[], Any] | None = None, force: bool = False) -> int | None:
         """Fresh run: clear the folder (refused while it holds a verified checkpoint of
         another owner, unless `force`). Resume: load the newest restorable checkpoint into
         `parts` and return its step (None when there is none).
 
-        new_data: resume only the model and the optimizers, checking only the model's
-        identity (the streaming flow: the next day's data, its own step count).
         prepare: called just before a restore, only when there is one (e.g. torchrec's
         `init_state`, a dummy step that creates AdamW's lazy state to load into: run
         without a checkpoint to overwrite it, it would change the run).
         """
-        names = set(parts) - ({"train", "data"} if new_data else set())
+        names = set(parts)
         bad: dict[str, str] = {}  # checkpoints that verified but could not be restored
         while True:
-            decision = self._choose(resume, new_data, force, bad) if self.env.is_main else None
+            decision = self._choose(resume, force, bad) if self.env.is_main else None
             decision = self.env.broadcast(decision)  # type: ignore[assignment]
             assert isinstance(decision, dict)
             self._seq, self._nonce = decision["seq"], decision["nonce"]
@@ -185,8 +181,7 @@ class CheckpointManager:
         sizes = [float(e.manifest["estimated_bytes"]) for e in lineage]  # type: ignore[index]
         self._head = _Head(head.name, str(head.chain), len(lineage) - 1, sizes[0],
                            sum(sizes[1:]))
-        # a new-data run counts its own steps: none of them is saved yet
-        self.saved_at, self.last = (-1 if new_data else head.step), head.path
+        self.saved_at, self.last = head.step, head.path
         log.info("resumed from %s (step %d: a baseline and %d deltas, %d rows) in %.2f s",
                  head.path, head.step, len(lineage) - 1, n, time.perf_counter() - t0)
         return head.step
@@ -219,7 +214,7 @@ class CheckpointManager:
             log.info("starting afresh in %s: removed %d checkpoint(s) of an earlier run: %s",
                      self.root, len(gone), ", ".join(p.name for p in gone))
 
-    def _choose(self, resume: bool, new_data: bool, force: bool,
+    def _choose(self, resume: bool, force: bool,
                 bad: Mapping[str, str]) -> dict[str, Any]:
         """Rank 0: the checkpoint to resume (verified, none of `bad`) or why none; the next
         seq. A fresh start clears the folder first, unless it refuses (`_foreign`)."""
@@ -247,8 +242,7 @@ class CheckpointManager:
             log.warning("passing over %d checkpoint(s) that do not verify (%s); restoring %s",
                         len(skipped), "; ".join(skipped), lineage[-1].path)
         then = lineage[-1].manifest.get("identity") or {}  # type: ignore[union-attr]
-        keys = MODEL_IDENTITY if new_data else set(then) | set(self.identity)
-        keys = set(keys) - RESHARDABLE
+        keys = (set(then) | set(self.identity)) - RESHARDABLE
         diff = _differences({k: v for k, v in then.items() if k in keys},
                             {k: v for k, v in self.identity.items() if k in keys})
         if diff:

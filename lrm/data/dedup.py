@@ -10,7 +10,7 @@ import contextlib
 import json
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -177,8 +177,8 @@ def _whole_sessions(chunks: Iterator[Located]) -> Iterator[Located]:
 
 
 @dataclass
-class _Totals:
-    """What dedup wrote, summed over days (the stage's metrics)."""
+class DedupCounts:
+    """What dedup wrote: a day's (`dedup_day`), or summed over days (the stage's metrics)."""
 
     rows: int = 0
     sessions: int = 0
@@ -190,17 +190,11 @@ class _Totals:
     days: int = 0
     item_columns: set[str] = field(default_factory=set)
 
-    def add(self, counts: dict[str, Any]) -> None:
-        """A day's counts (`dedup_day`'s)."""
-        self.rows += counts["rows"]
-        self.sessions += counts["sessions"]
-        self.bytes_in += counts["bytes_in"]
-        self.bytes_out += counts["bytes_out"]
-        self.parts += counts["parts"]
-        self.hist_values += counts["history_values"]
-        self.hist_stored += counts["history_stored"]
-        self.item_columns |= set(counts["item_columns"])
-        self.days += 1
+    def add(self, other: DedupCounts) -> None:
+        """Another day's counts (`dedup_day`'s) into these."""
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            setattr(self, f.name, mine | theirs if f.name == "item_columns" else mine + theirs)
 
     def metrics(self, schema: FeatureSchema) -> dict[str, Any]:
         return {
@@ -222,10 +216,9 @@ class _Totals:
 
 
 def dedup_day(src: Path, folder: Path, cfg: DedupConfig, day: int, *,
-              chunk_rows: int = READ_CHUNK_ROWS, rep: Reporter | None = None) -> dict[str, Any]:
+              chunk_rows: int = READ_CHUNK_ROWS, rep: Reporter | None = None) -> DedupCounts:
     """Dedup day `day` of `src` into `folder/part-NNNNN.parquet` (sessions layout; a unit of
-    lrm.fanout: days are independent); its counts (rows, sessions, bytes, parts, histories,
-    item columns)."""
+    lrm.fanout: days are independent); what it wrote."""
     schema, files = check_source(src)
     paths = files[day]
     writer = _PartWriter(folder, day, cfg.rows_per_file, schema, item_table=cfg.item_table)
@@ -241,14 +234,15 @@ def dedup_day(src: Path, folder: Path, cfg: DedupConfig, day: int, *,
         if rep is not None:
             rep.update(table.num_rows)
     writer.close()
-    return {"rows": rows, "sessions": sessions,
-            "bytes_in": sum(p.stat().st_size for p in paths), "bytes_out": writer.bytes_out,
-            "parts": writer.parts, "history_values": writer.history_values,
-            "history_stored": writer.history_stored, "item_columns": sorted(writer.item_columns)}
+    return DedupCounts(rows=rows, sessions=sessions,
+                       bytes_in=sum(p.stat().st_size for p in paths), bytes_out=writer.bytes_out,
+                       parts=writer.parts, hist_values=writer.history_values,
+                       hist_stored=writer.history_stored, days=1,
+                       item_columns=set(writer.item_columns))
 
 
 def _dedup_days(src: Path, folders: dict[int, Path], cfg: DedupConfig, chunk_rows: int,
-                rep: Reporter) -> _Totals:
+                rep: Reporter) -> DedupCounts:
     """Every day of `folders` (day -> the folder it is written to), each a unit of
     lrm.fanout (a task of its own in the Prefect flows), summed."""
     days = list(folders)
@@ -256,14 +250,14 @@ def _dedup_days(src: Path, folders: dict[int, Path], cfg: DedupConfig, chunk_row
         "dedup day", partial(_dedup_unit, src=src, folders=folders, cfg=cfg,
                              chunk_rows=chunk_rows, rep=rep if fanout.in_process() else None),
         days, [str(d) for d in days])
-    totals = _Totals()
+    totals = DedupCounts()
     for counts in per_day:
         totals.add(counts)
     return totals
 
 
 def _dedup_unit(day: int, *, src: Path, folders: dict[int, Path], cfg: DedupConfig,
-                chunk_rows: int, rep: Reporter | None) -> dict[str, Any]:
+                chunk_rows: int, rep: Reporter | None) -> DedupCounts:
     return dedup_day(src, folders[day], cfg, day, chunk_rows=chunk_rows, rep=rep)
 
 

@@ -139,32 +139,6 @@ def test_chain_restores_into_another_sharding(env, tmp_path):
         assert torch.equal(torch.cat([s.states[f"{t}.momentum1"] for s in shards]), m)
 
 
-def test_new_data_resumes_model_and_optimizers_only(env, tmp_path):
-    """The streaming flow's next day: other data, same model. The model and optimizer
-    state come back, the step count and data position start afresh, only the model's
-    identity must match; the newest checkpoint says which run (day) wrote it."""
-    from lrm.errors import ConfigError
-
-    day1 = {"kind": "toy", "model": {"dim": 8}, "data": "day=1"}
-    saved, _ = _run(env, tmp_path, 6, every=3)  # identity ID: no "data" key
-    _, parts = build(env)
-    cfg = CheckpointConfig(every=3, delta_budget=100.0)
-    with CheckpointManager(tmp_path, env, cfg, day1) as ck:
-        assert ck.start(parts, True, new_data=True) == 6
-        assert parts["train"].step == 0  # this day counts its own steps
-        got = tables_and_state(parts, env)
-        assert all(torch.equal(got[k], v) for k, v in saved.items())
-        train_steps(parts, range(6, 9), ck)  # steps 1..3 of the day: a save at 3
-        ck.finish(parts["train"].step, parts)
-    newest = CheckpointManager.latest(tmp_path)
-    assert newest is not None and newest.manifest["identity"]["data"] == "day=1"
-    assert newest.step == 3 and newest.kind == "delta" and newest.parent == "000002-step-6"
-    other = {**day1, "model": {"dim": 16}}
-    with CheckpointManager(tmp_path, env, CheckpointConfig(), other) as ck, \
-            pytest.raises(ConfigError, match="model"):
-        ck.start(build(env)[1], True, new_data=True)
-
-
 def test_a_fresh_start_refuses_another_runs_checkpoints_and_names_what_it_removes(
         env, tmp_path, caplog):
     """Without resume, the folder's checkpoints go only when they are this run's (its
