@@ -72,6 +72,8 @@ def test_the_served_variant_is_the_best_on_validation_never_worse_than_labels_on
     assert S.pick({"labels_only": 0.95, "aux_head": 0.94, "aux_adapter": 0.945}) == "aux_head"
     assert S.pick({"labels_only": 0.94, "aux_head": 0.95}) == "labels_only"
     assert S.pick({"labels_only": 0.94, "aux_head": 0.94}) == "labels_only"  # a tie: labels
+    # a variant whose validation NE is not a number (a day without clicks) never serves
+    assert S.pick({"aux_head": math.nan, "labels_only": 0.95}) == "labels_only"
     with pytest.raises(ConfigError, match="labels_only"):
         S.pick({"aux_head": 0.9})
 
