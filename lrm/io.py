@@ -515,6 +515,21 @@ def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> list[Path]:
     return created
 
 
+def start_over(path: Path, stage: str) -> None:
+    """Make `path` a folder `stage` keeps (claim_dir) with nothing of an earlier run in it:
+    removed first when it is the stage's, else each folder in it that is the stage's (one
+    lrm made without a marker of its own holds them). Nothing lrm did not write goes: a
+    folder holding anyone else's is refused by claim_dir."""
+    path = Path(path)
+    if owned_by_lrm(path) == stage:
+        shutil.rmtree(path)
+    elif path.is_dir() and not path.is_symlink():
+        for p in path.iterdir():
+            if p.is_dir() and owned_by_lrm(p) == stage:
+                shutil.rmtree(p)
+    claim_dir(path, stage)
+
+
 def release_claim(created: Sequence[Path]) -> None:
     """Undo a `claim_dir` that created these folders (its return), when nothing but its
     marker is in the first and nothing else in the rest: a run that failed before writing

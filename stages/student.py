@@ -103,7 +103,7 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
         for vm in vms:
             chains = checkpoints / vm.name
-            _start_over(chains)
+            io.start_over(chains, NAME)  # another run's days: this run starts over
             results[vm.name] = S.train_vm(
                 vm, cfg.variants, job_for, sessions=sessions, augmented=data, days=days,
                 first_served=served[0], chains=chains, owner=NAME, log_fn=log_fn)
@@ -126,18 +126,6 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
         tracking.log_metrics({f"ne_per_day/{k}": v for k, v in point.items() if k != "day"},
                              step=point["day"])
     return rep
-
-
-def _start_over(chains: Path) -> None:
-    """A VM's chains of another run (other data, other settings): this run starts over.
-    Only the stage's own folders go (the VM's folder, or each chain it holds)."""
-    if io.owned_by_lrm(chains) == NAME:
-        shutil.rmtree(chains)
-    elif chains.is_dir():
-        for p in chains.iterdir():
-            if p.is_dir() and io.owned_by_lrm(p) == NAME:
-                shutil.rmtree(p)
-    io.claim_dir(chains, NAME)
 
 
 def _last_model(chains: Path, variant: str, days: list[int], first_served: int) -> Path:

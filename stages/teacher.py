@@ -55,8 +55,6 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         ) -> dict[str, Any]:
     """Train the foundation model (Wukong on every vertical), version after version, and
     register each as lrm-teacher."""
-    import shutil
-
     from lrm import io
     from lrm.data.schema import day_files
     from lrm.exfm import fm
@@ -75,8 +73,7 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
         return _one_version(cfg, job, data, days, eval_day, out, checkpoints, margin,
                             tracking_cfg, log_fn, defer)
     sched = schedule(list(day_files(data)), exfm)
-    if io.owned_by_lrm(checkpoints) == NAME:  # another run's versions: this run starts over
-        shutil.rmtree(checkpoints)
+    io.start_over(checkpoints, NAME)  # another run's versions: this run starts over
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
         results = fm.train_versions(job, sched, tmp, checkpoints, owner=NAME, log_fn=log_fn)
     m = {"kind": "teacher", **fm.summary(sched, results)}

@@ -480,3 +480,27 @@ def test_unreadable_folder_is_not_taken_for_empty(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "scandir", denied)
     with pytest.raises(OutputError, match="cannot tell what it holds"):
         io.check_replaceable(out, "generate")
+
+
+def test_start_over_removes_the_stages_own_work_and_nothing_else(tmp_path):
+    """A folder of the stage's: emptied and kept the stage's. A folder without a marker
+    (lrm made it to hold chains): the stage's chains go, a stranger's file stays and the
+    claim is refused."""
+    own = tmp_path / "own"
+    io.claim_dir(own / "chain", "student")
+    (own / "chain" / "day=0").mkdir()
+    io.start_over(own, "student")  # `own` itself unmarked: its chain goes, then it is claimed
+    assert not (own / "chain").exists() and io.owned_by_lrm(own) == "student"
+    io.claim_dir(own / "chain", "student")
+    io.start_over(own, "student")  # marked now: removed whole and claimed again
+    assert io.owned_by_lrm(own) == "student" and not (own / "chain").exists()
+    mixed = tmp_path / "mixed"
+    io.claim_dir(mixed / "chain", "student")
+    (mixed / "notes.txt").write_text("mine")
+    with pytest.raises(OutputError):
+        io.start_over(mixed, "student")
+    assert (mixed / "notes.txt").read_text() == "mine" and not (mixed / "chain").exists()
+    io.claim_dir(tmp_path / "theirs" / "chain", "teacher")  # another stage's chain stays
+    with pytest.raises(OutputError):
+        io.start_over(tmp_path / "theirs", "student")
+    assert (tmp_path / "theirs" / "chain").is_dir()

@@ -255,7 +255,8 @@ def augment_dataset(teachers: Path | Mapping[int, Path], src: Path, dst: Path,
     rows/s, and the per-day manifests' teacher NE/AUC (over the day and per vertical).
     """
     src, dst = Path(src), Path(dst)
-    available = day_files(src)
+    source = Dataset.open(src)
+    available = source.files
     if isinstance(teachers, Mapping):
         days = sorted(teachers) if days is None else sorted(set(days))
         unknown = [d for d in days if d not in teachers]
@@ -279,7 +280,7 @@ def augment_dataset(teachers: Path | Mapping[int, Path], src: Path, dst: Path,
     todo = [d for d in days
             if force or not is_current(dst / f"day={d}", versions[by_day[d]], prints[d])]
     skipped = [d for d in days if d not in todo]
-    Dataset.open(src).check_foreign(todo)  # a bad value is an error before a day is written
+    source.check_foreign(todo)  # a bad value is an error before a day is written
     for d in skipped:
         log.info("augment: day %d already augmented by teacher %s: skipped", d,
                  versions[by_day[d]].label)
