@@ -36,7 +36,7 @@ from typing import Any
 
 from lrm.config import RegistryConfig, TrackingConfig
 from lrm.errors import ConfigError, DataError
-from lrm.tracking import tracking_uri
+from lrm.tracking import connect
 
 CHAMPION, CHALLENGER = "champion", "challenger"
 HASH_TAG = "lrm.content_hash"
@@ -53,10 +53,7 @@ SCORES = ("ne", "auc", "calibration", "rows")
 
 def client(cfg: TrackingConfig | None = None) -> Any:
     """An MlflowClient on the tracking store (MLFLOW_TRACKING_URI wins over params)."""
-    import mlflow
-
-    mlflow.set_tracking_uri(tracking_uri(cfg))
-    return mlflow.MlflowClient()
+    return connect(cfg)
 
 
 def student_model(name: str, cfg: RegistryConfig) -> str:
@@ -364,5 +361,5 @@ def load(name: str, alias: str = CHAMPION, cfg: TrackingConfig | None = None) ->
     """The pyfunc of `models:/NAME@ALIAS` (predict(DataFrame of impressions) -> probability)."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri(cfg))
+    connect(cfg)
     return mlflow.pyfunc.load_model(f"models:/{name}@{alias}")

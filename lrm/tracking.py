@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from lrm.config import TrackingConfig
+from lrm.errors import ConfigError
 
 # The experiment's kind: training runs, not GenAI traces (MLflow's own tag; its assistant
 # reads it). MLflow 3.17's UI opens on whichever of "GenAI" and "Model training" its switch
@@ -45,6 +46,24 @@ PID_TAG, HOST_TAG = "lrm.pid", "lrm.host"  # the process a run belongs to (close
 def tracking_uri(cfg: TrackingConfig | None = None) -> str:
     """MLFLOW_TRACKING_URI wins over params.yaml, which wins over the local SQLite store."""
     return os.environ.get("MLFLOW_TRACKING_URI") or (cfg or TrackingConfig()).uri
+
+
+def connect(cfg: TrackingConfig | None = None) -> Any:
+    """An MlflowClient on the tracking store, mlflow pointed at it. A store MLflow refuses
+    (an unknown scheme, the file store MLflow 3 no longer opens) is a ConfigError naming
+    the URI and where it came from, not MLflow's traceback."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    uri = tracking_uri(cfg)
+    mlflow.set_tracking_uri(uri)
+    try:
+        return mlflow.MlflowClient()
+    except MlflowException as e:
+        first = str(e.message).strip().split(". ")[0]
+        raise ConfigError(f"tracking store {uri!r} (params tracking.uri; MLFLOW_TRACKING_URI "
+                          f"wins over it): {first}. Use e.g. sqlite:///mlflow.db or an "
+                          f"http:// server") from None
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -102,9 +121,8 @@ def _mlflow(cfg: TrackingConfig | None) -> Any:
 
     for noisy in ("mlflow", "alembic"):  # per-run INFO chatter: keep warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    uri = tracking_uri(cfg)
-    mlflow.set_tracking_uri(uri)
-    _use_experiment(_experiment(cfg), uri)
+    connect(cfg)
+    _use_experiment(_experiment(cfg), tracking_uri(cfg))
     return mlflow
 
 
@@ -142,12 +160,11 @@ def close_dead_runs(cfg: TrackingConfig | None = None) -> list[str]:
     import mlflow
 
     cfg = cfg or TrackingConfig()
-    mlflow.set_tracking_uri(tracking_uri(cfg))
+    client = connect(cfg)
     exp = mlflow.get_experiment_by_name(os.environ.get("MLFLOW_EXPERIMENT_NAME")
                                         or cfg.experiment)
     if exp is None:
         return []
-    client = mlflow.MlflowClient()
     closed = []
     for r in client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'",
                                 max_results=1000):

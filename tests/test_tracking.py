@@ -66,3 +66,26 @@ def test_runs_left_running_by_a_dead_process_are_closed_as_killed(tmp_path, monk
     assert tracking.close_dead_runs() == [runs["killed"]]
     status = {n: client.get_run(i).info.status for n, i in runs.items()}
     assert status == {"killed": "KILLED", "alive": "RUNNING", "elsewhere": "RUNNING"}
+
+
+@pytest.mark.parametrize("uri", ["file:///{tmp}/mlruns", "bogus://{tmp}"])
+def test_a_store_mlflow_refuses_is_one_line_and_exit_2(uri, tmp_path, monkeypatch):
+    """MLflow 3 no longer opens a ./mlruns file store; an unknown scheme has no store. The
+    user sees the URI, where it came from and what works, not MLflow's traceback."""
+    import subprocess
+    import sys
+
+    from lrm.errors import ConfigError
+
+    uri = uri.format(tmp=tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(ConfigError, match="tracking.uri"), tracking.run("probe"):
+        pass
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "params.yaml").write_text(f"tracking:\n  uri: {uri}\n")
+    lrm = Path(sys.executable).parent / "lrm"
+    done = subprocess.run([str(lrm), "models", "list"], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert uri in done.stderr and "tracking.uri" in done.stderr and "Traceback" not in \
+        done.stderr, done.stderr[-2000:]
