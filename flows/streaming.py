@@ -42,7 +42,7 @@ from lrm.exfm.students import vertical_models
 from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
 from lrm.streaming.layout import STAGE, StreamPaths
-from stagekit import PARAMS, Stage, execute, load_params
+from stagekit import OFF, PARAMS, Stage, execute, load_params
 from stages import augment, dedup, register
 from stages import student as student_stage
 from stages import teacher as teacher_stage
@@ -110,7 +110,7 @@ def teacher(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
         "data": paths.sessions, "days": window, "eval_day": day, "carry": True,
         "defer": True, "checkpoints": paths.teacher_chain(), "out": paths.teacher_model(day),
         "plan": cfg.streaming.plan or None,
-        "metrics": paths.reports / f"teacher_day={day}.json", "plot": None}, cfg, day)
+        "metrics": paths.reports / f"teacher_day={day}.json", "plot": OFF}, cfg, day)
     decision = m["registry"]
     models.record_teacher(paths, day, window, decision["version"])
     return {"due": True, "window": window, "train": m["train"], "decision": decision,
@@ -159,8 +159,8 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> dict[
         "checkpoints": paths.student_chains(), "day": day, "name": name,
         "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
         "plan": cfg.streaming.plan or None,
-        "metrics": paths.reports / f"student_{name}_day={day}.json", "table": None,
-        "plot": None}, cfg, day)["students"][name]
+        "metrics": paths.reports / f"student_{name}_day={day}.json", "table": OFF,
+        "plot": OFF}, cfg, day)["students"][name]
     r = _stage(register.STAGE, {
         "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
         "evaluated_on": plan.label, "defer": True,

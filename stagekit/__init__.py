@@ -13,8 +13,8 @@ nothing of stagekit.
 """
 
 from stagekit.cli import main
-from stagekit.declare import Arg, Stage, split_named
+from stagekit.declare import OFF, Arg, Stage, split_named
 from stagekit.params import PARAMS, load_params
 from stagekit.runner import execute
 
-__all__ = ["PARAMS", "Arg", "Stage", "execute", "load_params", "main", "split_named"]
+__all__ = ["OFF", "PARAMS", "Arg", "Stage", "execute", "load_params", "main", "split_named"]

@@ -38,6 +38,18 @@ def split_named(value: str | Path) -> tuple[str | None, Path]:
     return (key, Path(path)) if sep and key else (None, Path(value))
 
 
+class _Off:
+    """The type of OFF."""
+
+    def __repr__(self) -> str:
+        return "OFF"
+
+
+# An optional output a caller does not want written (a stream day's ExFM table and plots):
+# None means "not given" (the CLI's unset options), which gets the stage's default path.
+OFF: Any = _Off()
+
+
 @dataclass(frozen=True)
 class Arg:
     """A `run` argument that is not a params value: a path DVC tracks, or a switch.
@@ -102,6 +114,7 @@ class Stage:
             raise ConfigError(f"{self.name}: unknown arguments {unknown}; "
                               f"known: {sorted(self.args)}")
         out = {**self.signature_defaults(), **{k: v for k, v in args.items() if v is not None}}
+        out = {k: None if v is OFF else v for k, v in out.items()}
         for k, fmt in self.derived.items():
             if out.get(k) is None:
                 try:

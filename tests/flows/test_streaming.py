@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from flows.streaming import main as streaming_main
 from flows.streaming import streaming
-from lrm import registry
+from lrm import lock, registry
 from lrm.config import GenerateConfig, from_dict
 from lrm.data import synthetic
 from lrm.train import days as chains
@@ -121,9 +121,18 @@ def world(harness, tmp_path_factory):
             _scrambled(Path(model_dir), Path(model_dir), seed=7)
         return real(model_dir, name, **kw)
 
+    locked: list[Path] = []
+    exclusive_all = lock.exclusive_all
+
+    def recording(paths, **kw):  # every output a stage of the stream locks
+        paths = list(paths)
+        locked.extend(Path(p).resolve() for p in paths)
+        return exclusive_all(paths, **kw)
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
         mp.chdir(root)
+        mp.setattr(lock, "exclusive_all", recording)
         with pytest.MonkeyPatch.context() as planted:
             planted.setattr(registry, "challenge", plant)
             state = streaming(days=3, params=[str(params)], return_state=True)
@@ -133,6 +142,7 @@ def world(harness, tmp_path_factory):
         again = streaming(day=PLANTED_DAY, params=[str(params)], return_state=True)
         assert again.is_completed(), again.message
         yield {"root": root, "params": params, "records": records, "before": before,
+               "locked": locked,
                "again": again.result(), "after": _snapshot(root / "stream")}
 
 
@@ -160,6 +170,11 @@ def test_three_days_each_processed_once(world):
     assert recs[2]["augmented_by"] == f"{TEACHER} v{champion}"
     # the day was its own newest: every model scored on the held-out last slice of it
     assert all(not r["next_day"] and "last 20% of sessions" in r["evaluated_on"] for r in recs)
+    # a day writes in the stream's folder only: it locks no ExFM table or plot where the
+    # flow runs (a killed day left those locks, and two streams from one folder would wait)
+    stream = (world["root"] / "stream").resolve()
+    assert world["locked"] and all(stream in p.parents for p in world["locked"]), \
+        sorted(set(map(str, world["locked"])))
 
 
 def test_students_start_each_day_from_the_day_before(world):

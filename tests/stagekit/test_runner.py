@@ -41,3 +41,26 @@ def test_the_runner_writes_the_metrics_the_run_returns(tmp_path):
                 ParamsConfig())
     assert m == {"n": 1} and (tmp_path / "m" / "toy.json").read_text().strip().startswith("{")
     assert dataclasses.is_dataclass(ParamsConfig())
+
+
+def test_an_optional_output_given_as_off_is_not_written_and_none_gets_its_default(
+        tmp_path, monkeypatch):
+    """A flow turns a stage's table off with OFF; None is an option the CLI left unset,
+    which takes the stage's default path (a stream day must not write ./metrics/...)."""
+    from stagekit import OFF
+
+    def run(*, src: Path, table: Path | None = Path("metrics/table.md")) -> dict:
+        if table is not None:
+            table.parent.mkdir(parents=True, exist_ok=True)
+            table.write_text("| t |")
+        return {"n": 1}
+
+    stage = Stage(name="tabled", run=run, reads={},
+                  args={"src": Arg("--in", "in", "in"),
+                        "table": Arg("--table", "t", "out", file=True, cache=False)})
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    execute(stage, {"src": tmp_path / "src", "table": OFF}, ParamsConfig())
+    assert not (tmp_path / "metrics").exists()
+    execute(stage, {"src": tmp_path / "src", "table": None}, ParamsConfig())
+    assert (tmp_path / "metrics" / "table.md").read_text() == "| t |"
