@@ -12,9 +12,14 @@ process must have died by the signal (not ended by itself), and `check(i)` asser
 must hold. The caller then runs the work to its end and compares it with a run never
 killed.
 
-A stream day is killed the same way: its `start` runs one day of the streaming flow (the
-lead's tests/faults target: `writes_in` the stream's folder, `check` that no champion moved
-and no MLflow run is left RUNNING before the day's record is written).
+A stream day is killed the same way (test_stream_kills.py): its `start` runs the stream's
+next day, `writes_in` the day's student models folder (made once the teacher is judged),
+`check` that no champion moved and the day's record is not written; the run that completes
+the day closes the killed runs' MLflow runs as KILLED and moves the champions.
+
+The targets start from one forkserver (`forkserver()`), which imports every target's
+module once: a test session has a single forkserver, and the first test to start it sets
+what it preloads.
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+# the kill targets' modules: training (torch, lrm) and the stream day (Prefect, MLflow too)
+PRELOAD = ["tests.faults._killable", "tests.faults._stream_day"]
+
+
+def forkserver() -> mp.context.ForkServerContext:
+    """The forkserver context every kill target starts from, preloading all of them (set
+    only by whichever test starts it first; a module it lacks is imported by each child)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def _new_entry(folder: Path, seen: set[str], timeout: float) -> bool:

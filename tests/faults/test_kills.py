@@ -12,13 +12,12 @@ forkserver imports torch once; a kill/restart cycle costs about a second.
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 
 import pytest
 import torch
 
 from lrm.checkpoint import Store
-from tests.faults.kills import kill_loop
+from tests.faults.kills import forkserver, kill_loop
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +49,7 @@ def test_sigkill_anywhere_loses_at_most_the_checkpoint_in_flight(datasets, tmp_p
     # neither it nor a child forked from it initializes CUDA (a forked child cannot,
     # once its parent has: seen on an H100 machine)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tests.faults._killable"])
+    ctx = forkserver()
     from tests.faults import _killable
 
     cfg, kills, seed = RUNS[run]
