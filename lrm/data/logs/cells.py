@@ -8,7 +8,9 @@ into cells by a hash of the user), so everything here is local to it:
   neither, each page view (``explode``) or each impression is its own session. A session
   never straddles a day: the day is cut first.
 * **order**: sessions by user, then start time; a session's impressions by time, then
-  their place in the input (a page view keeps its display order).
+  their place in the input (a page view keeps its display order). A cell may hold several
+  buckets (cells are packed to about a chunk's rows): each comes whole, in bucket order, as
+  if it were a cell of its own.
 * **positions**: an impression's place in its session (0, 1, ...).
 * **session ids**: ``day << 40 | n``, n counting the day's sessions: unique in the dataset.
 * **session-level features** (the user, the vertical, sequences, a history column): the
@@ -31,7 +33,8 @@ import pyarrow as pa
 
 from lrm.config import LogsConfig, duration_seconds
 from lrm.data.logs import dense as dense_mod
-from lrm.data.logs.read import FILE, ITEM, LABEL, POS, ROW, SESSION, TIME, USER
+from lrm.data.logs import order as order_mod
+from lrm.data.logs.read import BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, SESSION, TIME, USER
 from lrm.data.logs.vocab import Lookup
 from lrm.data.schema import DAY as DAY_COL
 from lrm.data.schema import LABEL as LABEL_COL
@@ -73,12 +76,14 @@ def _run_starts(*keys: np.ndarray) -> np.ndarray:
 
 def sessions(cell: pl.DataFrame, cfg: LogsConfig) -> pl.DataFrame:
     """The cell sorted into sessions (see the module doc), with `KEY`: the session's number
-    in the cell (0, 1, ...; its rows contiguous)."""
+    in the cell (0, 1, ...; its rows contiguous); without the rows' place in the input
+    and their day (a cell's day is one)."""
     has_time, has_user = TIME in cell.columns, USER in cell.columns
     tie = [FILE, ROW, POS]
+    rest = [*tie, *([DAY] if DAY in cell.columns else [])]  # not needed once sorted
     mode = session_mode(cfg)
-    if mode == "gap":
-        df = cell.sort([USER, TIME, *tie])
+    if mode == "gap":  # (a user's rows are all in her bucket)
+        df = cell.drop(rest)[order_mod.arg_sort(cell, [BUCKET, USER, TIME], tie)]
         t = df[TIME].to_numpy()
         gap = np.diff(t) >= duration_seconds(cfg.session_gap) * 1_000_000
         new = np.r_[True, gap | (df[USER].to_numpy()[1:] != df[USER].to_numpy()[:-1])]
@@ -86,17 +91,39 @@ def sessions(cell: pl.DataFrame, cfg: LogsConfig) -> pl.DataFrame:
     raw = pl.col(SESSION) if mode == "column" else (
         pl.col(FILE).cast(pl.UInt64) * (1 << 40) + pl.col(ROW).cast(pl.UInt64))
     df = cell.with_columns(raw.alias(KEY))
-    order = ([USER] if has_user else [])
+    keys = [BUCKET, *([USER] if has_user else [])]
     if has_time:
         group = [USER, KEY] if has_user else [KEY]
         df = df.with_columns(pl.col(TIME).min().over(group).alias("_start"))
-        order += ["_start"]
-    df = df.sort([*order, KEY, *([TIME] if has_time else []), *tie])
-    keys = [df[KEY].to_numpy()] + ([df[USER].to_numpy()] if has_user else [])
-    starts = _run_starts(*keys)
+        keys += ["_start"]
+    df = df.drop(rest)[order_mod.arg_sort(df, [*keys, KEY, *([TIME] if has_time else [])],
+                                          tie)]
+    starts = _run_starts(df[KEY].to_numpy(), df[BUCKET].to_numpy(),
+                         *([df[USER].to_numpy()] if has_user else []))
     sid = np.zeros(df.height, np.int64)
     sid[starts[1:]] = 1
     return df.with_columns(pl.Series(KEY, np.cumsum(sid)))
+
+
+def _before(cu: np.ndarray, ct: np.ndarray, su: np.ndarray, st: np.ndarray) -> np.ndarray:
+    """For each (user, time) of `su`, `st`: how many of the clicks (`cu`, `ct`: sorted by
+    user, then time) come before it, by user, then time (a binary search over both at once:
+    each packed into one integer of the same order)."""
+    users = cu[_run_starts(cu)]  # the clicks' users, sorted
+    cu_code = np.searchsorted(users, cu).astype(np.uint64)
+    su_code = np.searchsorted(users, su).astype(np.uint64)  # (a user without clicks: the
+    lo = min(int(ct.min()), int(st.min()))  # next one's code, and no click of hers found)
+    span = max(int(ct.max()), int(st.max())) - lo
+    if len(users).bit_length() + span.bit_length() <= 64:
+        ct_code, st_code = (ct - lo).astype(np.uint64), (st - lo).astype(np.uint64)
+        bits = span.bit_length()
+    else:  # times too far apart to pack as they are: their ranks
+        times = np.unique(np.r_[ct, st])
+        ct_code = np.searchsorted(times, ct).astype(np.uint64)
+        st_code = np.searchsorted(times, st).astype(np.uint64)
+        bits = len(times).bit_length()
+    shift = np.uint64(bits)
+    return np.searchsorted((cu_code << shift) | ct_code, (su_code << shift) | st_code)
 
 
 def histories(first_rows: pl.DataFrame, clicks: pl.DataFrame, k: int
@@ -105,19 +132,18 @@ def histories(first_rows: pl.DataFrame, clicks: pl.DataFrame, k: int
     the session's start, most recent first, at most `k`; `first_rows` holds each session's
     `USER` and `_start`, in session order."""
     n = first_rows.height
-    if clicks.height == 0 or k == 0:
+    if n:  # a click at or after the last start is in no history (nor are its user's first)
+        clicks = clicks.filter(pl.col(TIME) < first_rows["_start"].max())
+    if clicks.height == 0 or k == 0 or n == 0:
         return np.zeros(n + 1, np.int64), np.zeros(0, np.uint64)
-    c = clicks.sort([USER, TIME, FILE, ROW, POS]).with_row_index("_idx")
-    users = c[USER].to_numpy()
-    starts = _run_starts(users)
-    first = np.repeat(starts, np.diff(np.r_[starts, len(users)]))
-    by_time = c.select(USER, TIME, "_idx").sort([TIME, "_idx"])
-    s = first_rows.select(USER, pl.col("_start").alias(TIME),
-                          pl.int_range(pl.len(), dtype=pl.Int64).alias("_s")).sort(TIME)
-    last = s.join_asof(by_time, on=TIME, by=USER, strategy="backward",
-                       allow_exact_matches=False, check_sortedness=False).sort("_s")["_idx"]
-    hi = last.fill_null(-1).to_numpy().astype(np.int64)
+    c = clicks.sort([USER, TIME, FILE, ROW, POS])
+    cu, ct = c[USER].to_numpy(), c[TIME].to_numpy()
+    su, st = first_rows[USER].to_numpy(), first_rows["_start"].to_numpy()
+    hi = _before(cu, ct, su, st) - 1  # the user's last click before the start, if hers
     has = hi >= 0
+    has[has] = cu[hi[has]] == su[has]
+    starts = _run_starts(cu)
+    first = np.repeat(starts, np.diff(np.r_[starts, len(cu)]))  # each click's user's first
     lo = np.where(has, np.maximum(first[hi.clip(0)], hi - k + 1), 0)
     lens = np.where(has, hi - lo + 1, 0)
     offsets = np.r_[0, np.cumsum(lens)]
@@ -162,8 +188,9 @@ def _lists(series: pl.Series, lookup: Lookup, newest_first: bool, k: int
 
 
 def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
-          first_session: int) -> tuple[pa.Table, dict[str, int]]:
-    """The cell's impressions table (`plan.schema`, impressions layout) and its counts."""
+          first_session: int) -> tuple[pa.Table, list[int], dict[str, int]]:
+    """The cell's impressions table (`plan.schema`, impressions layout), its rows per bucket
+    (the buckets in order, each a slice of the table) and its counts."""
     cfg, schema = plan.cfg, plan.schema
     df = sessions(cell, cfg)
     key = df[KEY].to_numpy()
@@ -201,14 +228,21 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
         else:
             session_level = feat in schema.user_sparse
             src = first[col] if session_level else df[col]
-            h = src.fill_null(0).to_numpy()  # (with nulls, to_numpy would give floats)
-            valid = ~src.is_null().to_numpy()
-            ids = np.zeros(len(h), np.int64)
-            ids[valid] = lookup(h[valid])
-            cols[feat] = _arrow(ids[session_of_row], valid[session_of_row]) \
-                if session_level else _arrow(ids, valid)
-    for name in schema.dense:
-        cols[name] = df.select(dense_mod.scaled(pl.col(f"d:{name}"), plan.dense[name]))[
-            f"d:{name}"].to_arrow()
+            if src.null_count():
+                h = src.fill_null(0).to_numpy()  # (with nulls, to_numpy would give floats)
+                valid = ~src.is_null().to_numpy()
+                ids = np.zeros(len(h), np.int64)
+                ids[valid] = lookup(h[valid])
+            else:  # (no masks to apply: the common case)
+                ids, valid = lookup(src.to_numpy()), None
+            if session_level:
+                ids = ids[session_of_row]
+                valid = valid[session_of_row] if valid is not None else None
+            cols[feat] = _arrow(ids, valid)
+    scaled = df.select(dense_mod.scaled(pl.col(f"d:{n}"), plan.dense[n]).alias(n)
+                       for n in schema.dense)
+    cols.update({n: scaled[n].to_arrow() for n in schema.dense})
     target = schema.arrow("impressions")
-    return pa.table([cols[f.name] for f in target], schema=target), stats
+    b = df[BUCKET].to_numpy()
+    per_bucket = np.diff(np.r_[_run_starts(b), len(b)]).tolist()
+    return pa.table([cols[f.name] for f in target], schema=target), per_bucket, stats

@@ -13,27 +13,33 @@ here, tasks of a Prefect flow's task runner there):
 3. **write** each day (a unit per day): its cells one by one into sessions, positions and
    histories (lrm.data.logs.cells), as ``OUT/day=D/part-NNNNN.parquet``.
 
-Memory holds a chunk (`chunk_rows`) while reading and a cell (a bucket of a day, sized from
-the estimated rows to about a chunk) while writing, plus the vocabularies; never a file or a
-day. Every check happens in step 1, before anything is written into `out` (which callers wrap
-in `lrm.io.atomic_dir`, so a failure leaves nothing behind).
+Memory holds a chunk (`chunk_rows`) while reading and a cell (user buckets of a day, packed
+to about a chunk's rows) while writing, plus the vocabularies; never a file or a day. Each
+step overlaps its input and output with its work: the next chunk is read while one is
+parsed (lrm.data.logs.ahead), a cell is written while the next is built (`_Parts`), so
+memory holds two of them at most. Every check happens in step 1, before anything is
+written into `out` (which callers wrap in `lrm.io.atomic_dir`, so a failure leaves nothing
+behind).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import gzip
+import itertools
 import json
 import logging
 import math
 import shutil
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lrm import fanout, io
@@ -146,9 +152,9 @@ def _head_bytes(path: Path, n: int = 1 << 20) -> tuple[bytes, float]:
 
 def estimate_rows(src: read.Source, lf: pl.LazyFrame, cfg: LogsConfig) -> int:
     """About how many impressions the file holds (for the cell size only)."""
-    head = lf.head(2_000).collect()
     per_row = 1.0
-    if cfg.explode and head.height:
+    head = lf.head(2_000).collect() if cfg.explode else None  # (reading it costs)
+    if head is not None and head.height:
         p = read.id_list(src, cfg.explode, head.schema[cfg.explode], cfg.item_sep, "explode")
         per_row = max(1.0, float(head.select(p.value.list.len().mean()).item() or 1.0))
     if src.format == "parquet":
@@ -188,7 +194,11 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
     values: dict[str, vocab.Values] = {}
     auto = cfg.history == "auto"
     for k, chunk in enumerate(read.chunks(src, types, cfg, chunk_rows)):
-        p = parser.parse(chunk)
+        try:
+            p = parser.parse(chunk)
+        except read.TextNeeded:  # its error as the text shows it
+            chunk = _text_chunk(src, types, cfg, chunk_rows, k)
+            p = parser.parse(chunk)
         out.rows += chunk.height
         out.impressions += p.frame.height
         out.clicks += int(p.frame[read.LABEL].sum())
@@ -204,6 +214,17 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
                                            clicks=auto))
     out.values = {n: v.flush() for n, v in values.items()}
     return out
+
+
+def _text_chunk(src: read.Source, types: dict[str, pl.DataType], cfg: LogsConfig,
+                chunk_rows: int, k: int) -> pl.DataFrame:
+    """Chunk `k` of the file again, every column as text (the same rows: chunks are cut
+    alike)."""
+    again = read.chunks(src, types, cfg, chunk_rows, typed=False)
+    try:
+        return next(itertools.islice(again, k, None))
+    finally:
+        again.close()  # type: ignore[attr-defined]
 
 
 # -- step 2: plan --------------------------------------------------------------------------
@@ -337,7 +358,75 @@ class DayUnit:
 
     day: int  # absolute (the spill's)
     out_day: int
-    buckets: int
+    cell_rows: int  # its buckets are packed into cells of at most this many rows (but one)
+
+
+def pack(rows: dict[int, int], limit: int) -> list[list[int]]:
+    """Consecutive buckets (those with rows, in order) in groups of at most `limit` rows (a
+    larger bucket alone): fewer, larger cells, each still about a chunk."""
+    groups: list[list[int]] = []
+    held = 0
+    for b in sorted(rows):
+        if not groups or held + rows[b] > limit:
+            groups.append([])
+            held = 0
+        groups[-1].append(b)
+        held += rows[b]
+    return groups
+
+
+class _Parts:
+    """A day's part files, written by one background thread in the order given (pyarrow
+    writes without the GIL: the next cell is built meanwhile); at most one write waits."""
+
+    def __init__(self, out: Path, day: int, target: Any) -> None:
+        self.out, self.day, self.target = out, day, target
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="lrm-ingest-write")
+        self.pending: Future[None] | None = None
+        self.writer: pq.ParquetWriter | None = None
+        self.path: Path | None = None
+        self.parts = self.bytes = 0
+        self.in_part = 0
+
+    def add(self, table: pa.Table) -> None:
+        """Write `table` (a bucket's rows: a part holds whole buckets)."""
+        path = None
+        if self.parts == 0 or self.in_part >= PART_ROWS:
+            path = part_path(self.out, self.day, self.parts)
+            self.parts += 1
+            self.in_part = 0
+        self.in_part += table.num_rows
+        self._wait()
+        self.pending = self.pool.submit(self._write, table, path)
+
+    def _write(self, table: pa.Table, path: Path | None) -> None:
+        if path is not None:
+            self._close()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.writer = pq.ParquetWriter(path, self.target, compression="zstd")
+            self.path = path
+        assert self.writer is not None
+        self.writer.write_table(table.cast(self.target))
+
+    def _close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+            self.bytes += self.path.stat().st_size  # type: ignore[union-attr]
+
+    def _wait(self) -> None:
+        if self.pending is not None:
+            f, self.pending = self.pending, None
+            f.result()  # its error, here
+
+    def close(self) -> None:
+        """Wait for the writes and close the last part (also after an error: no file is
+        left open)."""
+        try:
+            self._wait()
+        finally:
+            self.pool.shutdown(wait=True)
+            self._close()
 
 
 def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path
@@ -345,37 +434,27 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path
     """Step 3 for one day (a unit of `fanout`): its cells, one after the other, into
     ``out/day=D/part-NNNNN.parquet``; returns the day's counts."""
     spilled = [s for r in reads for s in r.spilled]
-    target = _field_metadata(p.schema, p)
-    totals = {"rows": 0, "sessions": 0, "clicks": 0, "history_values": 0, "parts": 0,
-              "bytes": 0}
-    writer: pq.ParquetWriter | None = None
-    in_part = 0
-    path = None
+    totals = {"rows": 0, "sessions": 0, "clicks": 0, "history_values": 0}
+    rows = spill.cell_rows(spilled, unit.day)
+    groups = pack(rows, unit.cell_rows)
+    parts = _Parts(out, unit.out_day, _field_metadata(p.schema, p))
     try:
-        for b in range(unit.buckets):
-            cell = spill.read_cell(spilled, unit.day, b)
-            if cell is None:
-                continue
-            clicks = spill.read_clicks(spilled, b) if p.cfg.history == "auto" else None
-            table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
-            if writer is None or in_part >= PART_ROWS:
-                if writer is not None:
-                    writer.close()
-                    totals["bytes"] += path.stat().st_size  # type: ignore[union-attr]
-                path = part_path(out, unit.out_day, totals["parts"])
-                path.parent.mkdir(parents=True, exist_ok=True)
-                writer = pq.ParquetWriter(path, target, compression="zstd")
-                totals["parts"] += 1
-                in_part = 0
-            writer.write_table(table.cast(target))
-            in_part += table.num_rows
+        for group in groups:
+            cell = spill.read_cell(spilled, unit.day, group)
+            assert cell is not None
+            clicks = spill.read_clicks(spilled, group) if p.cfg.history == "auto" else None
+            table, per_bucket, st = cells.build(cell, clicks, p, unit.out_day,
+                                                totals["sessions"])
+            del cell, clicks
+            at = 0
+            for n in per_bucket:  # a row group per bucket, as when a cell was one bucket
+                parts.add(table.slice(at, n))
+                at += n
             for k, v in st.items():
                 totals[k] += v
     finally:
-        if writer is not None:
-            writer.close()
-            totals["bytes"] += path.stat().st_size  # type: ignore[union-attr]
-    return totals
+        parts.close()
+    return {**totals, "parts": parts.parts, "bytes": parts.bytes}
 
 
 # -- the whole ingest ----------------------------------------------------------------------
@@ -412,7 +491,7 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
             state = dataclasses.replace(state, clicks=recent_clicks(reads, p, max_history))
         state.save(Path(out) / STATE)
         abs_days = sorted(set().union(*(r.days for r in reads)))
-        units = [DayUnit(d, d - state.first_day, buckets) for d in abs_days]
+        units = [DayUnit(d, d - state.first_day, chunk_rows) for d in abs_days]
         if any(u.out_day < 0 for u in units):
             raise DataError(srcs[0].path, None, cfg.time, "rows before the dataset's first "
                                                           "day (a continued ingest)")

@@ -28,7 +28,7 @@ from __future__ import annotations
 import gzip
 import io
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from lrm.config import LogsConfig
 from lrm.data.logs import FORMAT_OF
+from lrm.data.logs.ahead import ahead
 from lrm.errors import DataError
 
 SEED = 0x1A2B  # the hash seed (any fixed value: the hashes never leave one run)
@@ -139,29 +140,54 @@ def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, p
     return schema
 
 
-def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: int
-           ) -> Iterator[pl.DataFrame]:
+def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: int, *,
+           typed: bool = True) -> Iterator[pl.DataFrame]:
     """The file's rows, about `rows` at a time, with `_row`, streamed: memory holds a chunk,
     not the file. Text files are read in blocks of whole lines (a CSV block never ends
     inside a quoted field), each parsed on its own with the file's column names (JSON
     lines: its column types); Parquet a row group at a time. (polars' and pyarrow's own
-    streaming readers read ahead: measured on a 10M-row CSV, ~400 MB of buffers.)"""
+    streaming readers read ahead: measured on a 10M-row CSV, ~400 MB of buffers.) The next
+    chunk is read while the caller works on this one (lrm.data.logs.ahead: one ahead).
+
+    typed: a CSV/TSV block's numeric columns (`numeric_columns`) come as float64 where the
+    CSV reader parses every value of the block as a number: the values parsing their text
+    gives, for less work (a block where one is not a number, or a CSV block with a quote,
+    whose quoted empty value is text and not a missing number, is read as text). Chunks
+    are cut at the same rows either way: `Parser` reads a bad chunk again as text
+    (`TextNeeded`) so that its error shows the value as written."""
     try:
         if src.format == "parquet":
-            f = pq.ParquetFile(src.path)
-            n = 1
-            for batch in f.iter_batches(batch_size=rows):
-                df = pl.from_arrow(batch)
-                yield df.with_row_index(ROW, offset=n)  # type: ignore[union-attr]
-                n += batch.num_rows
+            yield from ahead(_parquet_chunks(src, rows))
             return
-        yield from _text_chunks(src, [c for c in types if c != ROW], types, cfg, rows)
+        numbers = numeric_columns(src, types, cfg) if typed else []
+        yield from ahead(_text_chunks(src, [c for c in types if c != ROW], types, cfg, rows,
+                                      numbers))
     except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as e:
         raise _polars_error(src.path, e) from None
 
 
+def _parquet_chunks(src: Source, rows: int) -> Iterator[pl.DataFrame]:
+    f = pq.ParquetFile(src.path)
+    n = 1
+    for batch in f.iter_batches(batch_size=rows):
+        df = pl.from_arrow(batch)
+        yield df.with_row_index(ROW, offset=n)  # type: ignore[union-attr]
+        n += batch.num_rows
+
+
+def numeric_columns(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig
+                    ) -> list[str]:
+    """The text columns of a CSV/TSV file that a chunk may carry as float64: the time when
+    it is a number of units, and the dense columns."""
+    if src.format not in ("csv", "tsv"):
+        return []
+    time = [cfg.time] if cfg.time and cfg.time_unit != "iso" and not cfg.time_format else []
+    return [c for c in dict.fromkeys([*time, *cfg.dense]) if types.get(c) == pl.String]
+
+
 def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
-                 cfg: LogsConfig, rows: int) -> Iterator[pl.DataFrame]:
+                 cfg: LogsConfig, rows: int, numbers: Sequence[str] = ()
+                 ) -> Iterator[pl.DataFrame]:
     opener = gzip.open if src.path.name.endswith(".gz") else open
     quoted = src.format == "csv"
     n = 1
@@ -174,7 +200,8 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
             if not data:
                 return
             data += fh.readline()
-            while quoted and data.count(b'"') % 2:  # inside a quoted field: read on
+            quotes = quoted and b'"' in data
+            while quotes and data.count(b'"') % 2:  # inside a quoted field: read on
                 more = fh.readline()
                 if not more:
                     break
@@ -182,16 +209,35 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
             if src.format == "jsonl":
                 df = pl.read_ndjson(io.BytesIO(data), schema={c: types[c] for c in names})
             else:
-                df = pl.read_csv(io.BytesIO(data), has_header=False, new_columns=names,
-                                 separator="\t" if src.format == "tsv" else ",",
-                                 infer_schema=False, quote_char='"' if quoted else None,
-                                 encoding="utf8-lossy")
+                sep = "\t" if src.format == "tsv" else ","
+                df = None
+                if numbers and not quotes:
+                    try:
+                        df = _read_text(data, names, sep, quoted, numbers)
+                    except pl.exceptions.ComputeError:
+                        pass  # a value that is not a number: read as text, checked there
+                if df is None:
+                    df = _read_text(data, names, sep, quoted)
             if df.height:
                 block = max(1 << 12, len(data) * rows // df.height)
             df = df.with_row_index(ROW, offset=n)
             n += df.height
             for start in range(0, df.height, rows):  # the first block may hold more
                 yield df.slice(start, rows)
+
+
+def _read_text(data: bytes, names: list[str], sep: str, quoted: bool,
+               numbers: Sequence[str] = ()) -> pl.DataFrame:
+    """A block of CSV/TSV lines, every column as text but `numbers` (float64); bytes that
+    are not UTF-8 replaced (checking for them costs a sixth of the parse: only a block that
+    fails reads again)."""
+    opts: dict[str, Any] = dict(has_header=False, new_columns=names, separator=sep,
+                                infer_schema=False, quote_char='"' if quoted else None,
+                                schema_overrides={c: pl.Float64 for c in numbers} or None)
+    try:
+        return pl.read_csv(data, encoding="utf8", **opts)
+    except pl.exceptions.ComputeError:
+        return pl.read_csv(data, encoding="utf8-lossy", **opts)
 
 
 # -- checks: (value, bad, message) per column ----------------------------------------------
@@ -206,6 +252,31 @@ class Check:
     bad: pl.Expr | None  # True where the row's value is bad
     why: str  # the message, with {value} for the raw value
     shown: str = ""  # the column whose value the message shows ("": `column`)
+    # columns `value` and `bad` both read, computed first (a parse shared, never run twice)
+    pre: dict[str, pl.Expr] = field(default_factory=dict)
+
+
+def _text_float(s: pl.Series) -> pl.Series:
+    """Text as float64 (surrounding blanks ignored; null where it is not a number). polars'
+    cast takes no blanks and stripping every value costs 4x the cast: only a chunk that has
+    values the plain cast misses is stripped (where it succeeds the two agree)."""
+    x = s.cast(pl.Float64, strict=False)
+    if x.null_count() > s.null_count():
+        x = s.str.strip_chars().cast(pl.Float64, strict=False)
+    return x
+
+
+def text_float(col: str) -> pl.Expr:
+    return pl.col(col).map_batches(_text_float, return_dtype=pl.Float64)
+
+
+def _negative_text(s: pl.Series) -> pl.Series:
+    """Where the text is a negative integer (null: unknown). Parsing every id costs more
+    than the rest of its checks: only a chunk with a leading minus parses them."""
+    minus = s.str.starts_with("-")
+    if not minus.any():
+        return minus
+    return minus & s.str.to_integer(strict=False).is_not_null()
 
 
 def _wrong_type(col: str, dtype: pl.DataType, role: str, want: str,
@@ -224,7 +295,7 @@ def id_text(src: Source, col: str, dtype: pl.DataType, role: str,
     """An id column as text (the vocabulary's key); negative ids are bad."""
     c = pl.col(col)
     if dtype == pl.String:
-        neg = c.str.starts_with("-") & c.str.to_integer(strict=False).is_not_null()
+        neg = c.map_batches(_negative_text, return_dtype=pl.Boolean)
         value = c
     elif _is_int(dtype):
         neg = c < 0 if dtype.is_signed_integer() else pl.lit(False)
@@ -261,6 +332,14 @@ _LABEL_TEXT = {**{k: 1 for k in ("1", "1.0", "true", "True", "TRUE")},
                **{k: 0 for k in ("0", "0.0", "false", "False", "FALSE")}}
 
 
+def _label_text(s: pl.Series) -> pl.Series:
+    """A text label as 0/1 int8 (null where it is none of `_LABEL_TEXT`)."""
+    one = s == "1"
+    if (one | (s == "0")).all():  # nulls too: they stay null
+        return one.cast(pl.Int8)
+    return s.replace_strict(_LABEL_TEXT, default=None, return_dtype=pl.Int8)
+
+
 def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check, str]:
     """The label as 0/1 int8, and how it was mapped: binary | bool | count."""
     c = pl.col(col)
@@ -277,8 +356,9 @@ def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check
     if dtype != pl.String:
         return _wrong_type(col, dtype, "label", "0/1, booleans or counts", pl.Int8), \
             "binary"
-    # one hash lookup per row (a chain of comparisons on the text costs 10x more)
-    t = c.replace_strict(_LABEL_TEXT, default=None, return_dtype=pl.Int8)
+    # one hash lookup per row (a chain of comparisons on the text costs 10x more); a chunk
+    # of 0s and 1s only needs one comparison
+    t = c.map_batches(_label_text, return_dtype=pl.Int8)
     if count:
         n = c.str.strip_chars().str.to_integer(strict=False)
         v = pl.coalesce((n > 0).cast(pl.Int8), t)
@@ -315,9 +395,11 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
         parsed = pl.coalesce([norm.str.strptime(pl.Datetime("us", "UTC"), f, strict=False)
                               for f in _ISO])
     else:
-        x = c.str.strip_chars().cast(pl.Float64, strict=False) * _UNIT_US[cfg.time_unit]
+        name = f"_x:{col}"
+        x = pl.col(name)
         return Check(col, x.round().cast(pl.Int64, strict=False),
-                     (~x.is_finite()).fill_null(True), "time does not parse: {value}")
+                     (~x.is_finite()).fill_null(True), "time does not parse: {value}",
+                     pre={name: text_float(col) * _UNIT_US[cfg.time_unit]})
     return Check(col, parsed.dt.epoch("us"), parsed.is_null(), "time does not parse: {value}")
 
 
@@ -331,9 +413,11 @@ def dense(src: Source, col: str, dtype: pl.DataType) -> Check:
                      "dense value is not finite: {value}")
     if dtype != pl.String:
         return _wrong_type(col, dtype, "dense", "numbers", pl.Float64)
-    x = c.str.strip_chars().cast(pl.Float64, strict=False)
+    name = f"_x:{col}"
+    x = pl.col(name)
     bad = (c.is_not_null() & x.is_null()) | ~x.is_finite().fill_null(True)
-    return Check(col, x, bad, "dense value is not a finite number: {value}")
+    return Check(col, x, bad, "dense value is not a finite number: {value}",
+                 pre={name: text_float(col)})
 
 
 def hashed(text: pl.Expr) -> pl.Expr:
@@ -346,6 +430,9 @@ def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
     flags = [c for c in checks if c.bad is not None]
     if not flags:
         return
+    pre = {k: e for c in flags for k, e in c.pre.items() if k not in df.columns}
+    if pre:
+        df = df.with_columns(**pre)
     bad = df.select([c.bad.alias(f"_b{i}")  # type: ignore[union-attr]
                      for i, c in enumerate(flags)])
     rows = df[ROW].to_numpy()
@@ -373,6 +460,7 @@ def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
 US_PER_DAY = 86_400_000_000
 DAY = "_day"
 BUCKET = "_bucket"
+TEXT = "s:"  # + a typed column: its values' text, in the parse only (for the vocabularies)
 
 
 def item_name(cfg: LogsConfig) -> str:
@@ -401,12 +489,19 @@ class Parsed:
     label_kind: str  # binary | bool | count
 
 
+class TextNeeded(Exception):
+    """A chunk read with numbers (`chunks`, typed) has a bad row: read it again as text,
+    whose checks show the value as it is written."""
+
+
 class Parser:
     """The checks and parses of one file's columns (built once per file, from its types)."""
 
     def __init__(self, src: Source, types: dict[str, pl.DataType], cfg: LogsConfig,
                  buckets: int) -> None:
         self.src, self.cfg, self.buckets = src, cfg, buckets
+        self.types = types
+        self.typed: dict[tuple[Any, ...], Parser] = {}  # of chunks read with numbers
         need = [c for _, c in cfg.roles()]
         self.columns = [ROW, *dict.fromkeys(need)]
         self.checks: list[Check] = []  # row-level checks, in the order errors are reported
@@ -448,6 +543,20 @@ class Parser:
             self.vocab_of[name] = vocab
 
     def parse(self, chunk: pl.DataFrame) -> Parsed:
+        """The typed frame of a chunk; a RowError for its first bad row (TextNeeded for a
+        chunk read with numbers)."""
+        if all(chunk.schema.get(c) == self.types.get(c) for c in self.columns[1:]):
+            return self._parse(chunk)
+        key = tuple(chunk.schema.get(c) for c in self.columns)
+        if key not in self.typed:
+            self.typed[key] = Parser(self.src, {**self.types, **chunk.schema}, self.cfg,
+                                     self.buckets)
+        try:
+            return self.typed[key]._parse(chunk)
+        except RowError:
+            raise TextNeeded from None
+
+    def _parse(self, chunk: pl.DataFrame) -> Parsed:
         df = chunk.select(self.columns)
         if self.explode is not None:
             first_bad(self.src, df, self.checks)
@@ -455,7 +564,10 @@ class Parser:
         flags = [c.bad.alias(f"_bad{i}") for i, c in enumerate(self.checks)
                  if self.explode is None and c.bad is not None]
         texts = {name: expr for name, expr in self.out.items() if name in self.vocab_of}
-        frame = df.lazy().select(  # one query: a column's parse is shared by check and value
+        if self.explode is not None and item_name(self.cfg):
+            texts[ITEM] = pl.col("_etext")
+        pre = {k: e for c in self.checks for k, e in c.pre.items()}
+        frame = (df.lazy().with_columns(**pre).select(  # one query: each parse runs once
             pl.lit(self.src.index, pl.Int32).alias(FILE), ROW,
             (pl.col(POS) if POS in df.columns else pl.lit(0, pl.Int32)).alias(POS),
             *[(hashed(e) if not name.startswith("q:") else
@@ -463,16 +575,16 @@ class Parser:
               e.alias(name) for name, e in self.out.items()],
             *([LABEL, hashed(pl.col("_etext")).alias(ITEM)] if self.explode is not None
               else []),
+            *[e.alias(TEXT + name) for name, e in texts.items()],  # for the vocabularies
             *flags,
-        ).collect()
+        ).with_columns(self._day().alias(DAY)).with_columns(self._bucket().alias(BUCKET))
+            .collect())
         if flags:
             if frame.select(pl.any_horizontal(pl.col(r"^_bad\d+$")).any()).item():
                 first_bad(self.src, df, self.checks)
             frame = frame.drop(pl.col(r"^_bad\d+$"))
-        frame = frame.with_columns(self._day(frame).alias(DAY))
-        frame = frame.with_columns(self._bucket().alias(BUCKET))
-        values = self._values(df, frame)
-        return Parsed(frame, values, self.label_kind)
+        values = self._values(frame, texts)
+        return Parsed(frame.drop([TEXT + n for n in texts]), values, self.label_kind)
 
     def _exploded(self, df: pl.DataFrame) -> pl.DataFrame:
         """One row per shown item: `_etext` (the item), `_label`, `_pos` (its place)."""
@@ -500,7 +612,7 @@ class Parser:
         first_bad(self.src, out, checks)
         return out.with_columns(lab.value.alias(LABEL)).drop("_elabel")
 
-    def _day(self, frame: pl.DataFrame) -> pl.Expr:
+    def _day(self) -> pl.Expr:
         mode = self.cfg.days if self.cfg.days != "auto" else ("time" if self.cfg.time
                                                               else "one")
         if mode == "time":
@@ -513,23 +625,23 @@ class Parser:
         sessions and clicks all in one), else by session, else by row."""
         if self.buckets == 1:
             return pl.lit(0, pl.Int32)
-        key = (pl.col(USER) if self.cfg.user else pl.col(SESSION) if self.cfg.session
-               else pl.col(ROW).cast(pl.UInt64).hash(SEED))
+        key = (pl.col(USER) if self.cfg.user else pl.col(SESSION).hash(SEED)  # (text)
+               if self.cfg.session else pl.col(ROW).cast(pl.UInt64).hash(SEED))
         return bucket_of(key, self.buckets)
 
-    def _values(self, df: pl.DataFrame, frame: pl.DataFrame) -> dict[str, pl.DataFrame]:
-        """Per vocabulary: its distinct values in this chunk, (h, s, day) with the first day."""
-        parts: dict[str, list[pl.DataFrame]] = {}
-        day = frame[DAY]
-        for name, vocab in self.vocab_of.items():  # `df` and `frame` agree row for row
-            text = df.select(self.out[name].alias("s"))["s"]
-            h = frame[name]
-            piece = pl.DataFrame({"h": h, "s": text, "day": day})
+    def _values(self, frame: pl.DataFrame, texts: dict[str, pl.Expr]
+                ) -> dict[str, pl.DataFrame]:
+        """Per vocabulary: its distinct values in this chunk, (h, s, day) with the first day
+        (one query per vocabulary, run together)."""
+        vocab_of = {**self.vocab_of, **({ITEM: item_name(self.cfg)} if ITEM in texts and
+                                        ITEM not in self.vocab_of else {})}
+        parts: dict[str, list[pl.LazyFrame]] = {}
+        for name in texts:
+            piece = frame.lazy().select(pl.col(name).alias("h"), pl.col(TEXT + name).alias("s"),
+                                        pl.col(DAY).alias("day"))
             if name.startswith("q:"):
                 piece = piece.explode(["h", "s"])
-            parts.setdefault(vocab, []).append(piece.drop_nulls("h"))
-        if self.explode is not None and item_name(self.cfg):
-            parts.setdefault(item_name(self.cfg), []).append(
-                pl.DataFrame({"h": frame[ITEM], "s": df["_etext"], "day": day}))
-        return {v: pl.concat(ps).group_by("h").agg(pl.col("s").first(), pl.col("day").min())
-                for v, ps in parts.items()}
+            parts.setdefault(vocab_of[name], []).append(piece.drop_nulls("h"))
+        queries = [pl.concat(ps).group_by("h").agg(pl.col("s").first(), pl.col("day").min())
+                   for ps in parts.values()]
+        return dict(zip(parts, pl.collect_all(queries), strict=True))

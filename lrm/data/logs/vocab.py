@@ -29,6 +29,8 @@ import polars as pl
 from lrm import io
 from lrm.data.logs.read import SEED
 
+SMALL = 256  # a vocabulary (or a lookup) this small: a binary search per value is as fast
+
 
 def _merge(frames: Iterable[pl.DataFrame]) -> pl.DataFrame:
     """(h, s, day) frames -> distinct h, its text and its first day."""
@@ -87,6 +89,15 @@ class Lookup:
         """ids of hashes `h` (every one must be in the vocabulary)."""
         if self.size == 0:
             return np.zeros(len(h), np.int64)
+        if self.size <= SMALL or len(h) <= SMALL:
+            return self._search(h)
+        # a binary search per value misses the cache on a large vocabulary: search each
+        # distinct value once, then map the values to their ids by a hash lookup
+        s = pl.Series(h)
+        u = s.unique()
+        return s.replace_strict(u, pl.Series(self._search(u.to_numpy()))).to_numpy()
+
+    def _search(self, h: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.hashes, h).clip(0, self.size - 1)
         if not np.array_equal(self.hashes[at], h):
             raise KeyError("a value is missing from its vocabulary")

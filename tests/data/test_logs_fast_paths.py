@@ -1,0 +1,119 @@
+"""The faster ways `ingest logs` takes give exactly what the plain ones give: cells packed
+from several user buckets write the files one bucket each would; numbers the CSV reader
+parses give the rows their text gives (and a quoted empty value stays text, an error);
+the one-key sort is polars' sort; the chunk read ahead comes in order, its error in its
+place; sessions by a session column without a user spread over buckets (this crashed).
+
+Planted bugs that turn these red (each tried): the bucket left out of the gap sessions'
+sort (cells.sessions); numbers read as float32 (read._read_text); a CSV block with quotes
+read with numbers (read._text_chunks); the
+one-key sort without its tie-order check (order.arg_sort); an error of the maker dropped
+(ahead); the session text bucketed unhashed (read.Parser._bucket, as before).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import numpy as np
+import polars as pl
+import pytest
+
+from lrm.data.logs import ahead, ingest, order, read
+from lrm.data.logs.read import RowError
+from tests.data._logs import T0, frame, run, write
+
+GAP = dict(label="clicked", user="user", item="item", time="ts", session_gap="30m")
+
+
+def _log(n: int = 2000, seed: int = 3) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    return frame([{"user": f"u{int(u)}", "ts": int(T0 + t), "item": f"i{int(i)}",
+                   "clicked": int(c), "sess": f"s{int(u)}-{int(t) // 7200}",
+                   "price": round(float(p), 2)} for u, t, i, c, p in zip(
+        rng.integers(0, 60, n), rng.integers(0, 2 * 86_400, n), rng.integers(0, 90, n),
+        rng.random(n) < 0.2, rng.gamma(2.0, 3.0, n), strict=True)])
+
+
+def _files(out) -> dict[str, str]:
+    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(out.glob("day=*/*.parquet"))}
+
+
+MODES = {"gap": dict(**GAP, history="auto"),
+         "column": dict(label="clicked", user="user", item="item", time="ts", session="sess"),
+         "page": dict(label="clicked", user="user", item="item", time="ts", history="none")}
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_packed_cells_write_the_files_one_bucket_per_cell_writes(tmp_path, monkeypatch, mode):
+    f = write(_log(), tmp_path / "l.csv")
+    m1, packed = run([f], tmp_path / "packed", chunk_rows=150, dense=["price"], **MODES[mode])
+    monkeypatch.setattr(ingest, "pack", lambda rows, limit: [[b] for b in sorted(rows)])
+    m2, alone = run([f], tmp_path / "alone", chunk_rows=150, dense=["price"], **MODES[mode])
+    assert m1["buckets"] > 5 and m1 == m2 and packed.equals(alone)
+    assert _files(tmp_path / "packed") == _files(tmp_path / "alone")  # row groups too
+
+
+def test_numbers_the_csv_reader_parses_give_the_rows_their_text_gives(tmp_path, monkeypatch):
+    f = write(_log(), tmp_path / "l.csv")
+    m1, typed = run([f], tmp_path / "typed", chunk_rows=300, dense=["price"], **GAP)
+    monkeypatch.setattr(read, "numeric_columns", lambda *a: [])
+    m2, text = run([f], tmp_path / "text", chunk_rows=300, dense=["price"], **GAP)
+    assert m1 == m2 and typed.equals(text)
+    assert _files(tmp_path / "typed") == _files(tmp_path / "text")
+
+
+def test_a_quoted_empty_dense_value_is_text_and_bad_not_missing(tmp_path):
+    lines = ["user,ts,item,clicked,price"] + [f"u{i},{T0 + i},i{i},0,{i}.5" for i in range(5)]
+    lines[3] = f'u2,{T0 + 2},i2,0,""'  # the 3rd data row: an empty text, not a number
+    f = tmp_path / "l.csv"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", dense=["price"], **GAP)
+    assert (e.value.line, e.value.field) == (3, "price") and "''" in str(e.value)
+
+
+def test_the_one_key_sort_is_polars_sort():
+    rng = np.random.default_rng(1)
+    tie = ["f", "r", "p"]
+    for trial in range(200):
+        n = int(rng.integers(0, 300))
+        df = pl.DataFrame({
+            "b": rng.integers(0, 3, n).astype(np.int32),
+            "u": rng.choice(np.array([0, 5, 2**63 - 1, 2**63, 2**64 - 1], dtype=np.uint64), n),
+            "t": rng.integers(-5, 5, n) * int(rng.choice([1, 10**6, 2**45])),
+            "s": rng.choice(["", "a", "ab", "b", "Z", "é"], n),
+            "v": np.uint64(2**64 - 1) - rng.integers(0, 9, n).astype(np.uint64),
+            "f": rng.integers(0, 2, n).astype(np.int32),
+            "r": rng.permutation(n).astype(np.uint32), "p": np.zeros(n, np.int32)})
+        keys = [["b", "u", "t"], ["u"], ["s", "t"], ["t", "s", "u", "b"], ["v", "t"]][trial % 5]
+        for d in (df, df.sort(tie), df.sort([keys[0], *tie])):  # in tie order, or not
+            assert d[order.arg_sort(d, keys, tie)].equals(d.sort([*keys, *tie])), keys
+
+
+def test_the_item_made_ahead_comes_in_order_and_its_error_in_its_place():
+    def items():
+        yield from range(5)
+        raise ValueError("the sixth")
+
+    got = []
+    with pytest.raises(ValueError, match="the sixth"):
+        for x in ahead.ahead(items()):
+            got.append(x)
+    assert got == [0, 1, 2, 3, 4]
+    it = ahead.ahead(iter(range(10**6)))
+    assert next(it) == 0
+    it.close()  # the maker stops: no thread left behind
+    assert not [t for t in threading.enumerate() if t.name == "lrm-read-ahead"]
+
+
+def test_sessions_by_a_column_without_a_user_over_several_buckets(tmp_path):
+    f = write(_log(600), tmp_path / "l.csv")
+    mapping = dict(label="clicked", item="item", time="ts", session="sess")
+    m1, one = run([f], tmp_path / "one", **mapping)
+    m2, many = run([f], tmp_path / "many", chunk_rows=50, **mapping)
+    assert m1["buckets"] == 1 and m2["buckets"] > 5 and m1["sessions"] == m2["sessions"]
+    key = ["day", "item", "label", "position"]
+    assert one.select(key).sort(key).equals(many.select(key).sort(key))
