@@ -39,10 +39,14 @@ def split_named(value: str | Path) -> tuple[str | None, Path]:
 
 
 class _Off:
-    """The type of OFF."""
+    """The type of OFF: one instance, which copies and pickles as itself (`lrm serve` runs a
+    flow from a cloudpickled copy of its functions, globals included)."""
 
     def __repr__(self) -> str:
         return "OFF"
+
+    def __reduce__(self) -> str:
+        return "OFF"  # pickled by reference: stagekit.declare.OFF
 
 
 # An optional output a caller does not want written (a stream day's ExFM table and plots):

@@ -64,3 +64,20 @@ def test_an_optional_output_given_as_off_is_not_written_and_none_gets_its_defaul
     assert not (tmp_path / "metrics").exists()
     execute(stage, {"src": tmp_path / "src", "table": None}, ParamsConfig())
     assert (tmp_path / "metrics" / "table.md").read_text() == "| t |"
+
+
+def test_off_stays_off_through_a_pickled_flow():
+    """`lrm serve` runs the stream's flow from a cloudpickled copy of its functions, whose
+    globals (OFF among them) travel by value unless they pickle by reference."""
+    import copy
+    import pickle
+
+    import cloudpickle
+
+    from stagekit import OFF
+
+    def flow_task() -> object:
+        return OFF
+
+    assert cloudpickle.loads(cloudpickle.dumps(flow_task))() is OFF
+    assert pickle.loads(pickle.dumps(OFF)) is OFF and copy.deepcopy(OFF) is OFF
