@@ -23,8 +23,9 @@ and the points with the fitted curve drawn to --plot (PNG).
 
 Shapes grow width (FM and top MLPs), depth (layers), embeddings per layer and embedding dim
 together, from half the student's FLOPs to 6x the default FM's. --quick: three shapes on
-1-2 days of a small world, under a minute on 2 cores; the full run: four shapes x 1, 2 and
-4 days of the default world.
+1-2 days of a small world, under a minute on 2 cores; the full run: five shapes (the four
+above and "m-e8", the default FM's layers on 8-wide tables) x 1, 2, 4 and 6 days of the
+default world (about 15 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -68,8 +69,12 @@ SHAPES: dict[str, dict[str, Any]] = {
               fm_rank=0, fm_mlp=[256], top_mlp=[256, 64]),
     "l": dict(embedding_dim=32, dense_mlp=[64], layers=4, fm_embeddings=16, lcb_embeddings=16,
               fm_rank=0, fm_mlp=[512], top_mlp=[512, 128]),
+    # the default FM's layers on xs's 8-wide tables: whether a big shape loses through its
+    # dense capacity or through tables 4x as wide to learn from the same impressions
+    "m-e8": dict(embedding_dim=8, dense_mlp=[64], layers=3, fm_embeddings=8, lcb_embeddings=8,
+                 fm_rank=0, fm_mlp=[256], top_mlp=[256, 64]),
 }
-FULL = {"shapes": list(SHAPES), "days": [1, 2, 4]}
+FULL = {"shapes": list(SHAPES), "days": [1, 2, 4, 6]}
 QUICK = {"shapes": ["xs", "s", "m"], "days": [1, 2],
          "generate": {"users": 20_000, "ads": 4_000, "days": 3, "sessions_per_day": 2_000}}
 
