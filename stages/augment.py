@@ -53,8 +53,10 @@ def run(*, cfg: AugmentConfig, registry_name: str, tracking: TrackingConfig,
         return augment_dataset(teacher, data, out, days, batch_size=cfg.batch_size,
                                registry=registered, force=rewrite)
     teachers = fm.teachers_by_day(teacher, list(cfg.days) or sorted(day_files(data)))
+    # the FM's schedule is the whole dataset: a previous schedule's days, left in `out`,
+    # would pass for this FM's with the students
     return augment_dataset(teachers, data, out, batch_size=cfg.batch_size,
-                           registry=registered, force=rewrite)
+                           registry=registered, force=rewrite, prune=True)
 
 
 STAGE = Stage(

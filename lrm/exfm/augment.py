@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -240,12 +241,31 @@ def augment_day(model: nn.Module, card: ModelCard, version: TeacherVersion, src:
     return manifest
 
 
+def _prune(dst: Path, keep: set[int]) -> list[int]:
+    """Remove the augmented day folders of `dst` not in `keep` that lrm wrote (marked, with
+    an augment manifest); returns their days."""
+    removed = []
+    for p in sorted(dst.glob("day=*")) if dst.is_dir() else ():
+        day = p.name[4:]
+        if (day.isdigit() and int(day) not in keep and io.owned_by_lrm(p) is not None
+                and read_manifest(p) is not None):
+            log.info("augment: day %s is not served by this teacher: removed (a previous "
+                     "schedule's)", day)
+            shutil.rmtree(p)
+            removed.append(int(day))
+    return removed
+
+
 def augment_dataset(teachers: Path | Mapping[int, Path], src: Path, dst: Path,
                     days: Sequence[int] | None = None, *, batch_size: int = 8192,
                     registry: Callable[[str], str | None] | None = None,
-                    force: bool = False) -> dict[str, Any]:
+                    force: bool = False, prune: bool = False) -> dict[str, Any]:
     """Augment `days` of `src` (default: every day, or the days `teachers` maps) into `dst`;
     skip days already current.
+
+    prune: the days augmented here are the whole dataset (a foundation model's schedule):
+    other augmented days in `dst` (a previous schedule's, which the students would take for
+    this teacher's) are removed, lrm's own only (a marked day folder with a manifest).
 
     teachers: one model folder for every day, or day -> the model folder that logs it (the
     foundation model's version that served the day, lrm.exfm.schedule).
@@ -298,11 +318,12 @@ def augment_dataset(teachers: Path | Mapping[int, Path], src: Path, dst: Path,
                                          batch_size=batch_size, reporter=rep,
                                          fingerprint=prints[d])
                 seconds += written[d]["seconds"]
+    removed = _prune(dst, set(days)) if prune else []
     per_day = {d: (written.get(d) or read_manifest(dst / f"day={d}") or {}) for d in days}
     rows = sum(written[d]["rows"] for d in written)
     return {
         "teacher_version": {str(d): asdict(versions[by_day[d]]) for d in days},
-        "days": days, "written": sorted(written), "skipped": skipped,
+        "days": days, "written": sorted(written), "skipped": skipped, "removed": removed,
         "rows": rows, "rows_per_s": rows / seconds if seconds else 0.0,
         "teacher": {str(d): m.get("teacher_metrics", {}) for d, m in per_day.items()},
         "teacher_by_vertical": {str(d): m.get("teacher_metrics_by_vertical", {})

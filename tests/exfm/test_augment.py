@@ -95,6 +95,25 @@ def test_second_run_skips_days_done_by_the_same_teacher(datasets, teacher, tmp_p
     assert augment_dataset(teacher, src, dst, days=[2], force=True)["written"] == [2]
 
 
+def test_a_new_schedule_removes_the_days_it_does_not_serve(datasets, teacher,  # noqa: F811
+                                                             tmp_path):
+    """A foundation model whose schedule changed (exfm.teacher_days 1 -> 2) serves fewer
+    days: the old schedule's days would pass for this FM's with the students (their first
+    served day is the first augmented one). They go; a folder lrm did not write stays."""
+    src, dst = datasets["sessions"], tmp_path / "aug"
+    augment_dataset({1: teacher, 2: teacher}, src, dst, prune=True)
+    (dst / "day=0").mkdir()  # the user's own folder, unmarked
+    (dst / "day=0" / "notes.txt").write_text("mine")
+    r = augment_dataset({2: teacher}, src, dst, prune=True)
+    assert r["removed"] == [1] and r["skipped"] == [2]
+    assert sorted(p.name for p in dst.iterdir() if p.name.startswith("day=")) == \
+        ["day=0", "day=2"]
+    # one model for the days asked for (the stream's champion): the others' days stay
+    augment_dataset(teacher, src, dst, days=[1])
+    assert augment_dataset(teacher, src, dst, days=[2])["removed"] == []
+    assert (dst / "day=1").is_dir()
+
+
 def test_another_teacher_or_changed_input_reaugments(datasets, teacher, tmp_path):  # noqa: F811
     src = tmp_path / "src"
     shutil.copytree(datasets["sessions"], src)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -110,9 +111,13 @@ def test_teacher_augment_student_register_chain(world, tmp_path):
                       "4": model_hash(fm / "until=3")}  # lagging: day 3 not yet by version 3
     assert a["teacher_version"]["4"]["registry"] == "lrm-teacher/2"
     assert set(a["teacher_by_vertical"]["4"]) == {"north", "south"}
+    # a day an earlier schedule augmented (lrm's, with its manifest) that this FM does not
+    # serve: the students would take it for this FM's first day
+    shutil.copytree(tmp_path / "data/augmented/day=2", tmp_path / "data/augmented/day=1")
     _ok(_stage(tmp_path, "augment", "--data", str(world)))  # idempotent
     again = json.loads((tmp_path / "metrics/augment.json").read_text())
     assert again["written"] == [] and again["skipped"] == [2, 3, 4]
+    assert again["removed"] == [1] and not (tmp_path / "data/augmented/day=1").exists()
 
     r = _stage(tmp_path, "student", "--data", "data/augmented", "--sessions", str(world))
     _ok(r)  # every progress line says which student, variant and day it belongs to
