@@ -1,6 +1,6 @@
 """RecD dedup of a dataset: impression files -> the sessions layout (lrm.data.sessions), day
 by day (each day a unit of lrm.fanout) into part files of whole sessions, clustered by
-vertical and user with their histories shared; a day's folder is replaced only once every
+user and vertical with their histories shared; a day's folder is replaced only once every
 day asked for is written (`update`).
 """
 
@@ -45,6 +45,7 @@ from lrm.data.sessions import (  # noqa: F401  (the layout's API, as lrm.data.de
     flatten_sessions,
     session_lengths,
     cluster,
+    CLUSTER_ORDER,
     vertical_breaks,
 )
 from lrm.errors import ConfigError, DataError
@@ -283,9 +284,9 @@ def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = 
     """Bring `out` up to date with `src`, day by day: `days` (default: every day of `src`).
 
     A day whose output was made from the same input files (their hashes, recorded in the
-    day's `_from.json`) with the same settings is kept; every other is deduplicated again,
-    each into a temporary folder of its own, and they replace their days only once every
-    one is written (a failure, bad input included, leaves `out` as it was). With every day
+    day's `_from.json`) with the same settings and session order is kept; every other is
+    deduplicated again, each into a temporary folder of its own, and they replace their
+    days only once every one is written (a failure, bad input included, leaves `out` as it was). With every day
     asked for, the day folders of days `src` no longer has are removed, so `out` is what
     dedup of `src` is. A day folder holding a file lrm did not write, or one changed since
     it did, is not up to date: its rewrite is refused (OutputError) unless `force`.
@@ -297,8 +298,8 @@ def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = 
     if missing:
         raise ConfigError(f"dedup: no raw data for days {missing} in {src} "
                           f"(days: {sorted(files)})")
-    stamps = {d: {"source": io.source_fingerprint(files[d]), "settings": asdict(cfg)}
-              for d in wanted}
+    stamps = {d: {"source": io.source_fingerprint(files[d]), "settings": asdict(cfg),
+                  "order": CLUSTER_ORDER} for d in wanted}
     todo = [d for d in wanted if _stamp(out / f"day={d}") != stamps[d]
             or not io.replaceable(out / f"day={d}")]  # a user's file in it: never skipped
     total = sum(parquet.read_metadata(f).num_rows for d in todo for f in files[d])

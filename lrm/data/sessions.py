@@ -7,7 +7,7 @@ layout those columns appear once per session and every other column becomes a li
 one entry per impression. Sessions must be contiguous in the input (the generator and
 ingest write them so).
 
-RecD clusters: the sessions are sorted by the schema's vertical, then its user key
+RecD clusters: the sessions are sorted by the schema's user key, then its vertical
 (stably, so a user's sessions keep their time order), and a sequence feature is stored
 once per run of sessions whose histories slide over one stream (lrm.data.histories): a
 user's sessions of a day share one stored history, each with its window (offset, length).
@@ -349,13 +349,24 @@ def session_lengths(table: pa.Table, per_imp: list[str] | None = None,
 # Whole datasets, streamed day by day and chunk by chunk.
 
 
+# The order `cluster` writes, in every day's stamp (lrm.data.dedup): a day written in another
+# order (before 2026-11: vertical, then user) is deduplicated again.
+CLUSTER_ORDER = "user,vertical"
+
+
 def cluster(table: pa.Table, schema: FeatureSchema) -> pa.Table:
-    """The session rows sorted by the schema's vertical, then its user key, stably (as they
-    are without either): a user's sessions on a surface lie together, and so does each
-    vertical's (its vertical model reads just those)."""
-    keys = [k for k in (schema.vertical, schema.user_key) if k is not None]
-    if not keys or table.num_rows < 2:
+    """The session rows sorted by the schema's user key, then its vertical, stably (as they
+    are without a user key): a user's sessions on a surface lie together (one run of shared
+    histories), in time order.
+
+    The verticals interleave as the traffic does. Not vertical first: a training pass reads
+    a day in file order, and a model on every vertical (the FM, the baselines) that saw
+    feed, then search, then video ended each day fitted to the last (the default world's
+    FM predicted 0.57 of the clicks on the next day, 0.44 on search; interleaved: 1.05,
+    and NE 0.962 -> 0.911). A vertical model reads its own rows by the vertical column."""
+    if schema.user_key is None or table.num_rows < 2:
         return table
+    keys = [k for k in (schema.user_key, schema.vertical) if k is not None]
     return table.take(pc.sort_indices(table.select(keys),
                                       sort_keys=[(k, "ascending") for k in keys]))
 

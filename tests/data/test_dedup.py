@@ -204,8 +204,8 @@ def _read_day(root, day, flatten=False):
 
 def _by_user(t: pa.Table, sessions_per_file: int) -> pa.Table:
     """What dedup writes, by hand: the rows of every `sessions_per_file` sessions (in input
-    order), those sessions ordered by vertical (a vertical model reads its own), then user id
-    (None last), in input order per user."""
+    order), those sessions ordered by user id (None last), then vertical, in input order per
+    user and vertical."""
     rows = t.to_pylist()
     sessions: list[list[dict]] = []
     for r in rows:
@@ -215,8 +215,8 @@ def _by_user(t: pa.Table, sessions_per_file: int) -> pa.Table:
     out = []
     for k in range(0, len(sessions), sessions_per_file):
         part = sessions[k:k + sessions_per_file]
-        part = sorted(part, key=lambda ss: (ss[0].get("vertical", 0), ss[0]["user_id"] is None,
-                                            ss[0]["user_id"] or 0))
+        part = sorted(part, key=lambda ss: (ss[0]["user_id"] is None, ss[0]["user_id"] or 0,
+                                            ss[0].get("vertical", 0)))
         out += [r for ss in part for r in ss]
     return pa.Table.from_pylist(out, schema=t.schema)
 
@@ -374,6 +374,18 @@ def test_a_day_holding_a_users_file_is_never_skipped_nor_replaced_unasked(tmp_pa
     assert part.read_bytes() == b"the user's own file now"
     m = dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig(), force=True)
     assert m["written"] == [0] and part.read_bytes() == made
+
+
+def test_a_day_stored_in_an_older_session_order_is_made_again(tmp_path, monkeypatch):
+    """Days written vertical after vertical (before the order became user, then vertical)
+    trained every-vertical models badly; an update with the same input and settings must
+    not keep them."""
+    write_dataset(tmp_path / "raw", {0: make_impressions(30, seed=1)}, rows_per_file=1000)
+    monkeypatch.setattr(dedup, "CLUSTER_ORDER", "vertical,user")
+    dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+    monkeypatch.undo()
+    assert dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())["written"] == [0]
+    assert dedup.update(tmp_path / "raw", tmp_path / "sessions", DedupConfig())["skipped"] == [0]
 
 
 def test_numbers_stored_as_text_do_not_fit_the_layout(tmp_path):
