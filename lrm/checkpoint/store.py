@@ -53,7 +53,10 @@ from lrm.errors import LrmError, first_sentence
 from lrm.io import fsync_dir, sha256_file
 
 log = logging.getLogger("lrm")
-FORMAT = "lrm-checkpoint/2"  # 2: the manifest's own sha256, its parent's (1: neither)
+# 3: exact tensors packed (lrm.checkpoint.compress), a piece of every row stores no ids;
+# 2: the manifest's own sha256, its parent's; 1: neither
+FORMAT = "lrm-checkpoint/3"
+READABLE = (FORMAT, "lrm-checkpoint/2")  # 2's files are 3's with nothing packed
 OLD_FORMATS = ("lrm-checkpoint/1",)
 MANIFEST = "manifest.json"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -243,7 +246,7 @@ def _read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     if isinstance(m, dict) and m.get("format") in OLD_FORMATS:
         return None, (f"{path}: written by an older lrm ({m['format']}: its manifest carries "
                       f"no hash of its own), not read")
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
+    if not isinstance(m, dict) or m.get("format") not in READABLE:
         return None, f"{path}: not an {FORMAT} manifest"
     try:
         ok = m.get("sha256") == manifest_digest(m)
