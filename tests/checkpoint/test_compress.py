@@ -9,6 +9,7 @@ import math
 import shutil
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -34,6 +35,12 @@ def test_round_trip_is_bit_exact(dtype):
     got = compress.unpack(blob, dtype, t.numel(), "f")
     assert got.dtype == dtype
     assert torch.equal(got.view(torch.uint8), t.view(torch.uint8))  # NaN, -0.0 included
+    # one value (never packed smaller, but a file may hold it): its planes are its bytes
+    one = t[4:5]
+    blob = torch.frombuffer(bytearray(pa.Codec("zstd").compress(
+        one.view(torch.uint8).numpy(), asbytes=True)), dtype=torch.uint8)
+    assert torch.equal(compress.unpack(blob, dtype, 1, "f").view(torch.uint8),
+                       one.view(torch.uint8))
 
 
 def test_packed_only_where_smaller_and_read_either_way():
