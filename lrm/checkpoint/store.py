@@ -17,7 +17,8 @@ place (then fsyncs ROOT). A folder without a verified manifest is never read. A 
 is removed by renaming it to ROOT/.old-NAME first, so a process stopped mid-removal leaves
 no half-removed checkpoint; the next start removes .tmp- and .old- folders. Tensors are
 `torch.save`d plain tensors loaded with `weights_only=True` (no pickle on the restore path;
-safetensors is not installed); metadata is JSON.
+safetensors is not installed), the exact ones zstd-packed as byte strings where smaller
+(lrm.checkpoint.compress, unpacked only after the file's sha256 checks); metadata is JSON.
 
 A manifest is believed only once it verifies itself: it carries the sha256 of its own
 content (every other key, as canonical JSON), written in the same write as what it hashes,
