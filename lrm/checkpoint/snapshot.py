@@ -29,6 +29,7 @@ optimizer state (bfloat16 in a quantized chain) and the dense part are packed wi
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,7 +230,8 @@ def _decode_ids(tensors: Mapping[str, torch.Tensor], g: int, where: Path) -> tor
 
 def piece_bytes(n: int, span: int, cols: int, states: int, codec: str, q: str) -> int:
     """Bytes `n` rows of a shard of `span` rows take in a piece stored with `codec` in a
-    chain quantized `q` (its ids, rows and states), as `write_rows` writes them."""
+    chain quantized `q` (its ids, rows and states), as `write_rows` writes them (the
+    states before they are packed: what the chain policy weighs is rows)."""
     ids = 0 if n == span else min(-(-span // 8), 4 * n)
     state = torch.finfo(quantize.state_dtype(q)).bits // 8
     return ids + n * (quantize.row_bytes(cols, codec) + states * state)
@@ -432,7 +434,7 @@ def restore_dense(entry: Entry, state: dict[str, Any], parts: set[str]) -> None:
     files = _Files(entry)
     extent: dict[str, int] = {}  # values of each dtype's flat tensor, as the index says
     for dt, at, shape in index.values():
-        extent[dt] = max(extent.get(dt, 0), at + int(np.prod(shape)))
+        extent[dt] = max(extent.get(dt, 0), at + math.prod(shape))
     prefixes = tuple(f"{p}/" for p in parts)
     wanted = {k for k in list(index) + list(values) if k.startswith(prefixes)}
     leaves = list(_walk({k: state[k] for k in parts}))
@@ -452,10 +454,7 @@ def restore_dense(entry: Entry, state: dict[str, Any], parts: set[str]) -> None:
             if list(leaf.shape) != shape:
                 raise CheckpointError(f"{entry.path / file}: {key} is {tuple(shape)}, this "
                                       f"run's is {tuple(leaf.shape)}")
-            try:
-                dtype = getattr(torch, dt)
-            except AttributeError:
-                dtype = None
+            dtype = getattr(torch, dt, None)
             if not isinstance(dtype, torch.dtype):
                 raise CheckpointError(f"{entry.path / file}: {key} has an unknown dtype {dt}")
             flat = files.exact(file, dt, dtype, extent[dt])
