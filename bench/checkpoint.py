@@ -4,8 +4,10 @@ checkpoint.bytes    bytes of a delta (rows changed in the last k steps, int4 / i
                     plus the exact dense state) vs a full fp32 save of the same state, k = 10,
                     100 (and 1000, full run); bytes written per checkpoint by an int4 chain
                     every 100 steps with the default chain policy (baselines included: the
-                    aim, >= 17x, Check-N-Run's upper figure) and every 10 steps, and stored
-                    at the end, vs full fp32 saves
+                    aim, >= 17x, Check-N-Run's upper figure; with the mean bytes per
+                    checkpoint of its baselines' and deltas' files, and the full saves',
+                    by what they hold) and every 10 steps, and stored at the end, vs full
+                    fp32 saves
 checkpoint.stall    the time the training loop waits per checkpoint: int4 delta written in
                     the background vs a synchronous full fp32 save; training samples/s with
                     an int4 delta every 100 steps (the aim: >= 0.98) and every 10 vs none
@@ -173,6 +175,20 @@ def _entries(root: Path) -> list[Any]:
     return Store(root).entries()
 
 
+def _by_file(entries: list[Any]) -> dict[str, float]:
+    """Mean bytes per checkpoint of `entries` by what the files hold: rows (ids, rows,
+    row-wise state), dense (parameters, optimizer state, train state), json (each rank's
+    part file; the manifest lists every file but itself, so no checkpoint's bytes count
+    it)."""
+    out = {"rows": 0.0, "dense": 0.0, "json": 0.0}
+    for e in entries:
+        for name, f in e.manifest["files"].items():
+            kind = "json" if name.endswith(".json") else \
+                "dense" if name == snapshot.DENSE_FILE else "rows"
+            out[kind] += f["bytes"] / len(entries)
+    return {k: round(v) for k, v in out.items()}
+
+
 def _stored(root: Path, keep: int) -> int:
     """Bytes the newest `keep` chains of `root` take (retention's view)."""
     entries = _entries(root)
@@ -262,7 +278,10 @@ def main() -> None:
         emit("checkpoint.bytes", "int4 chain every 100 steps, the default chain policy: bytes "
              "written per checkpoint (baselines included) vs per full fp32 save", "bytes",
              sum(e.bytes for e in e100) / len(e100), meanf, "lower", aim=17.0,
-             checkpoints=[[e.kind, e.bytes] for e in e100], **common)
+             checkpoints=[[e.kind, e.bytes] for e in e100],
+             baseline_files=_by_file([e for e in e100 if e.kind == "baseline"]),
+             delta_files=_by_file([e for e in e100 if e.kind == "delta"]),
+             full_files=_by_file(ef), **common)
         e4 = [e for e in _entries(tmp / "int4") if e.kind == "delta"]
         emit("checkpoint.bytes", "int4 chain every 10 steps: bytes per delta written in "
              "training vs per full fp32 save", "bytes", sum(e.bytes for e in e4) / len(e4),

@@ -16,17 +16,20 @@ layout is unchanged, exact when column shards merge (a row's mean square gradien
 columns is the width-weighted mean of the shards' means), and the whole row's mean for
 each part when a table is split into more column shards (the best estimate there is).
 
-How rows are stored (`write_rows`): each piece's row ids as a bitmap over its shard's rows
-where that is smaller than the ids (a baseline's: one bit a row), and the rows in their
-chain's codecs (lrm.checkpoint.quantize). A quantized chain's deltas hold residuals: each
-row minus what the chain restores it to so far (`Reconstruction`, kept by the writer), so
-a row's error after a restore is that of its last residual, not of a 4-bit row (the
-figures: lrm.checkpoint.quantize).
+How rows are stored (`write_rows`): each piece's row ids as nothing when it holds every
+row of its shard (a baseline's), else as a bitmap over its shard's rows where that is
+smaller than the ids, and the rows in their chain's codecs (lrm.checkpoint.quantize). A
+quantized chain's deltas hold residuals: each row minus what the chain restores it to so
+far (`Reconstruction`, kept by the writer), so a row's error after a restore is that of
+its last residual, not of a 4-bit row (the figures: lrm.checkpoint.quantize). The row-wise
+optimizer state (bfloat16 in a quantized chain) and the dense part are packed without loss
+(lrm.checkpoint.compress).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lrm.checkpoint import quantize
+from lrm.checkpoint import compress, quantize
 from lrm.checkpoint.store import CheckpointError, Entry, load_tensors, save_tensors
 from lrm.checkpoint.tables import TableShard, is_sharded
 
@@ -159,23 +162,30 @@ class Reconstruction:
             self.of(p)[p.ids.long() - p.r0] = rows
 
 
-def _bitmap(p: Piece) -> bool:
-    """Whether a piece's ids are smaller as a bitmap over its shard's rows."""
-    return -(-(p.r1 - p.r0) // 8) < p.ids.numel() * p.ids.element_size()
+# how a piece's ids are stored (the first column of a group's `index`)
+IDS, BITMAP, EVERY = 0, 1, 2  # the ids; a bitmap over the shard's rows; every row: nothing
+
+
+def _ids_form(p: Piece) -> int:
+    """How a piece's ids are stored: nothing for every row of its shard (ids ascend without
+    repeats, so as many ids as rows are all of them), else as ids or a bitmap, the smaller."""
+    if p.ids.numel() == p.r1 - p.r0:
+        return EVERY
+    return BITMAP if -(-(p.r1 - p.r0) // 8) < p.ids.numel() * p.ids.element_size() else IDS
 
 
 def _encode_ids(pieces: list[Piece], g: int) -> dict[str, torch.Tensor]:
-    """A group's ids: `index` [pieces, 4] (bitmap or not, r0, r1, ids), the ids of the
+    """A group's ids: `index` [pieces, 4] (`_ids_form`, r0, r1, ids), the ids of the
     pieces stored as ids, the bitmaps (little-endian bits, a whole byte per piece)."""
     index, ids, bits = [], [], []
     for p in pieces:
-        bitmap = _bitmap(p)
-        index.append([int(bitmap), p.r0, p.r1, int(p.ids.numel())])
-        if bitmap:
+        form = _ids_form(p)
+        index.append([form, p.r0, p.r1, int(p.ids.numel())])
+        if form == BITMAP:
             mask = np.zeros(p.r1 - p.r0, bool)
             mask[p.ids.numpy() - p.r0] = True
             bits.append(torch.from_numpy(np.packbits(mask, bitorder="little")))
-        else:
+        elif form == IDS:
             ids.append(p.ids)
     out = {f"{g}/index": torch.tensor(index, dtype=torch.int64)}
     if ids:
@@ -197,16 +207,20 @@ def _decode_ids(tensors: Mapping[str, torch.Tensor], g: int, where: Path) -> tor
     ids = torch.zeros(0, dtype=torch.int64) if ids is None else ids.to(torch.int64)
     packed = np.zeros(0, np.uint8) if bits is None else bits.numpy()
     out, at_ids, at_bits = [], 0, 0
-    for bitmap, r0, r1, n in index.tolist():
-        if bitmap:
+    for form, r0, r1, n in index.tolist():
+        if form == EVERY:
+            got = torch.arange(r0, r1, dtype=torch.int64)
+        elif form == BITMAP:
             nb = -(-(r1 - r0) // 8)
             mask = np.unpackbits(packed[at_bits:at_bits + nb], count=r1 - r0,
                                  bitorder="little")
             got = torch.from_numpy(np.flatnonzero(mask)) + r0
             at_bits += nb
-        else:
+        elif form == IDS:
             got = ids[at_ids:at_ids + n]
             at_ids += n
+        else:
+            raise CheckpointError(f"{where}: group {g} stores ids in an unknown form {form}")
         if got.numel() != n:
             raise CheckpointError(f"{where}: group {g} holds {got.numel()} ids of a piece of "
                                   f"{n}")
@@ -216,8 +230,9 @@ def _decode_ids(tensors: Mapping[str, torch.Tensor], g: int, where: Path) -> tor
 
 def piece_bytes(n: int, span: int, cols: int, states: int, codec: str, q: str) -> int:
     """Bytes `n` rows of a shard of `span` rows take in a piece stored with `codec` in a
-    chain quantized `q` (its ids, rows and states), as `write_rows` writes them."""
-    ids = min(-(-span // 8), 4 * n)
+    chain quantized `q` (its ids, rows and states), as `write_rows` writes them (the
+    states before they are packed: what the chain policy weighs is rows)."""
+    ids = 0 if n == span else min(-(-span // 8), 4 * n)
     state = torch.finfo(quantize.state_dtype(q)).bits // 8
     return ids + n * (quantize.row_bytes(cols, codec) + states * state)
 
@@ -264,14 +279,15 @@ def write_rows(snap: Snapshot, q: str, path: Path, *, baseline: bool,
                             strict=True):
                 recon.update(p, r, baseline)
         if k:
-            tensors[f"{g}/states"] = torch.cat(
+            compress.put(tensors, f"{g}/states", torch.cat(
                 [torch.stack([p.states[n] for n in sorted(p.states)], 1) for p in pieces]
-            ).to(quantize.state_dtype(q))
+            ).to(quantize.state_dtype(q)))
     return save_tensors(tensors, path), meta
 
 
 def write_dense(snap: Snapshot, path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Write the exact tensors packed per dtype: (file info, {key: [dtype, offset, shape]})."""
+    """Write the exact tensors, one flat tensor per dtype (compressed where that is
+    smaller: lrm.checkpoint.compress): (file info, {key: [dtype, offset, shape]})."""
     by_dtype: dict[str, list[torch.Tensor]] = {}
     index: dict[str, Any] = {}
     for key, t in snap.dense.items():
@@ -279,7 +295,9 @@ def write_dense(snap: Snapshot, path: Path) -> tuple[dict[str, Any], dict[str, A
         parts = by_dtype.setdefault(dt, [])
         index[key] = [dt, sum(x.numel() for x in parts), list(t.shape)]
         parts.append(t.reshape(-1))
-    tensors = {dt: torch.cat(ts) for dt, ts in by_dtype.items()}
+    tensors: dict[str, torch.Tensor] = {}
+    for dt, ts in by_dtype.items():
+        compress.put(tensors, dt, torch.cat(ts))
     return save_tensors(tensors, path), index
 
 
@@ -296,8 +314,10 @@ class _Files:
             self._loaded[name] = load_tensors(self.entry.path / name)
         return self._loaded[name]
 
-    def get(self, name: str, key: str) -> torch.Tensor:
-        t = self.file(name).get(key)
+    def exact(self, name: str, key: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """The values of an exact tensor (packed or not) as a 1-D tensor; `dtype` and
+        `numel` are what the checkpoint's layout says it holds (see compress.stored)."""
+        t = compress.stored(self.file(name), key, dtype, numel, self.entry.path / name)
         if t is None:
             raise CheckpointError(f"{self.entry.path / name}: lacks {key}")
         return t
@@ -320,11 +340,15 @@ class _Files:
                                        piece["c1"] - piece["c0"])
             except (ValueError, KeyError) as e:
                 raise CheckpointError(f"{where}: group {g}: {e}") from None
-            states = self.get(f, f"{g}/states").float() if piece["states"] else None
-            if rows.shape[0] != ids.shape[0] or (states is not None
-                                                  and states.shape[0] != ids.shape[0]):
-                raise CheckpointError(f"{where}: group {g} has "
-                                      f"{ids.shape[0]} ids but {rows.shape[0]} rows")
+            n, k = ids.shape[0], len(piece["states"])
+            states = self.exact(f, f"{g}/states", quantize.state_dtype(q), n * k) \
+                if k else None
+            if rows.shape[0] != n or (states is not None and states.numel() != n * k):
+                raise CheckpointError(f"{where}: group {g} has {n} ids but {rows.shape[0]} "
+                                      f"rows" + ("" if states is None else
+                                                 f" and {states.numel()} state values"))
+            if states is not None:
+                states = states.float().reshape(n, k)
             self._groups[key] = (ids, rows, states, kind == "residual")
         return self._groups[key]
 
@@ -408,6 +432,9 @@ def restore_dense(entry: Entry, state: dict[str, Any], parts: set[str]) -> None:
     assert m is not None
     values, index, file = m["dense"]["values"], m["dense"]["tensors"], m["dense"]["file"]
     files = _Files(entry)
+    extent: dict[str, int] = {}  # values of each dtype's flat tensor, as the index says
+    for dt, at, shape in index.values():
+        extent[dt] = max(extent.get(dt, 0), at + math.prod(shape))
     prefixes = tuple(f"{p}/" for p in parts)
     wanted = {k for k in list(index) + list(values) if k.startswith(prefixes)}
     leaves = list(_walk({k: state[k] for k in parts}))
@@ -427,7 +454,10 @@ def restore_dense(entry: Entry, state: dict[str, Any], parts: set[str]) -> None:
             if list(leaf.shape) != shape:
                 raise CheckpointError(f"{entry.path / file}: {key} is {tuple(shape)}, this "
                                       f"run's is {tuple(leaf.shape)}")
-            flat = files.get(file, dt)
+            dtype = getattr(torch, dt, None)
+            if not isinstance(dtype, torch.dtype):
+                raise CheckpointError(f"{entry.path / file}: {key} has an unknown dtype {dt}")
+            flat = files.exact(file, dt, dtype, extent[dt])
             src = flat[at:at + leaf.numel()]
             if src.numel() != leaf.numel():
                 raise CheckpointError(f"{entry.path / file}: {key} runs past its {dt} data")

@@ -17,7 +17,8 @@ place (then fsyncs ROOT). A folder without a verified manifest is never read. A 
 is removed by renaming it to ROOT/.old-NAME first, so a process stopped mid-removal leaves
 no half-removed checkpoint; the next start removes .tmp- and .old- folders. Tensors are
 `torch.save`d plain tensors loaded with `weights_only=True` (no pickle on the restore path;
-safetensors is not installed); metadata is JSON.
+safetensors is not installed), the exact ones zstd-packed as byte strings where smaller
+(lrm.checkpoint.compress, unpacked only after the file's sha256 checks); metadata is JSON.
 
 A manifest is believed only once it verifies itself: it carries the sha256 of its own
 content (every other key, as canonical JSON), written in the same write as what it hashes,
@@ -53,7 +54,10 @@ from lrm.errors import LrmError, first_sentence
 from lrm.io import fsync_dir, sha256_file
 
 log = logging.getLogger("lrm")
-FORMAT = "lrm-checkpoint/2"  # 2: the manifest's own sha256, its parent's (1: neither)
+# 3: exact tensors packed (lrm.checkpoint.compress), a piece of every row stores no ids;
+# 2: the manifest's own sha256, its parent's; 1: neither
+FORMAT = "lrm-checkpoint/3"
+READABLE = (FORMAT, "lrm-checkpoint/2")  # 2's files are 3's with nothing packed
 OLD_FORMATS = ("lrm-checkpoint/1",)
 MANIFEST = "manifest.json"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -243,7 +247,7 @@ def _read_manifest(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     if isinstance(m, dict) and m.get("format") in OLD_FORMATS:
         return None, (f"{path}: written by an older lrm ({m['format']}: its manifest carries "
                       f"no hash of its own), not read")
-    if not isinstance(m, dict) or m.get("format") != FORMAT:
+    if not isinstance(m, dict) or m.get("format") not in READABLE:
         return None, f"{path}: not an {FORMAT} manifest"
     try:
         ok = m.get("sha256") == manifest_digest(m)
