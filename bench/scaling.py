@@ -17,7 +17,7 @@ Output, one JSON line each (bench conventions, bench/common.py):
   scaling.fm / fit          NE = a + b * C^-c fitted (scipy's curve_fit where installed,
                             else numpy) to the frontier (the points better than every point
                             of less compute); candidate/baseline: the fitted NE at the
-                            largest / smallest C; whether the frontier falls all the way,
+                            frontier's largest / smallest C (never past it); whether the frontier falls all the way,
                             and where it stops when it does not
 and the points with the fitted curve drawn to --plot (PNG).
 
@@ -125,7 +125,10 @@ def frontier(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _plot(points: list[dict[str, Any]], law: dict[str, float], path: Path) -> None:
+def _plot(points: list[dict[str, Any]], law: dict[str, float], span: tuple[float, float],
+          path: Path) -> None:
+    """The points by shape, and the law over `span` (the frontier's compute: past where the
+    frontier stops the law describes nothing measured)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -142,7 +145,7 @@ def _plot(points: list[dict[str, Any]], law: dict[str, float], path: Path) -> No
             for p in mine:
                 ax.annotate(f"{p['days']}d", (p["compute"], p["ne"]), fontsize=7,
                             textcoords="offset points", xytext=(3, 3))
-        cs = np.geomspace(min(p["compute"] for p in points), max(p["compute"] for p in points))
+        cs = np.geomspace(*span)
         ax.plot(cs, law["a"] + law["b"] * cs ** -law["c"], "k--",
                 label=f"NE = {law['a']:.4f} + {law['b']:.3g} C^-{law['c']:.3f}")
         ax.set_xscale("log")
@@ -206,15 +209,18 @@ def run(quick: bool, plot: Path) -> list[dict[str, Any]]:
     cmin, cmax = min(p["compute"] for p in points), max(p["compute"] for p in points)
     best = front[-1]  # the lowest NE of all
     stops = best["compute"] < cmax  # more compute than the best's bought nothing
+    # the law at the frontier's ends (not past them: where the frontier stops, more compute
+    # bought nothing, and extrapolating the fit there would claim what was not measured)
+    span = (front[0]["compute"], best["compute"])
     emit(BENCH, "fit: NE = a + b * C^-c (frontier)", "NE",
-         candidate=round(law["a"] + law["b"] * cmax ** -law["c"], 5),
-         baseline=round(law["a"] + law["b"] * cmin ** -law["c"], 5), better="lower",
+         candidate=round(law["a"] + law["b"] * span[1] ** -law["c"], 5),
+         baseline=round(law["a"] + law["b"] * span[0] ** -law["c"], 5), better="lower",
          **law, orders_of_magnitude=round(math.log10(cmax / cmin), 2),
          frontier=[f"{p['shape']} x {p['days']}d" for p in front],
          falls_throughout=not stops,
          stops_at=f"{best['shape']} x {best['days']}d (C={best['compute']:.3g})" if stops
          else None)
-    _plot(points, law, plot)
+    _plot(points, law, span, plot)
     return points
 
 
