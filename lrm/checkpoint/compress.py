@@ -67,9 +67,11 @@ def unpack(blob: torch.Tensor, dtype: torch.dtype, numel: int, where: str) -> to
         raise CheckpointError(f"{where}: does not unpack to {numel} {dtype} values "
                               f"({str(e).strip()[:120]})") from None
     planes = np.frombuffer(raw, dtype=np.uint8).reshape(size, numel)
-    # flat before the view: numpy calls a [1, size] transpose contiguous as it is (strides
-    # (1, 1)), which torch cannot view as one wider value
-    return torch.from_numpy(np.ascontiguousarray(planes.T).reshape(-1)).view(dtype)
+    # a C-ordered copy: writable (the decompressed bytes are not, and ascontiguousarray
+    # handed them back as they were where the transpose is contiguous already: one-byte
+    # values, one value), and flat before the view (numpy calls a [1, size] transpose
+    # contiguous as it is, strides (1, 1), which torch cannot view as one wider value)
+    return torch.from_numpy(planes.T.copy().reshape(-1)).view(dtype)
 
 
 def stored(tensors: Mapping[str, torch.Tensor], key: str, dtype: torch.dtype, numel: int,

@@ -23,6 +23,27 @@ from lrm.checkpoint.store import CheckpointError, Entry, Store, load_tensors, ma
 from tests.checkpoint.conftest import CFG, ID, NAMES, build, tables_and_state
 
 
+@pytest.mark.parametrize("dtype,numel", [(torch.uint8, 5000), (torch.float32, 1),
+                                         (torch.float32, 5000)])
+def test_an_unpacked_tensor_owns_writable_memory(dtype, numel, monkeypatch):
+    """The decompressed bytes are read-only; a tensor over them (one-byte values or one
+    value, where the transpose needs no copy) would be written into by a restore that
+    updates it in place: undefined behaviour, which torch only warns of once a process."""
+    made = []
+
+    def from_numpy(a):
+        made.append(a.flags.writeable)
+        return real(a)
+
+    real = torch.from_numpy
+    monkeypatch.setattr(compress.torch, "from_numpy", from_numpy)
+    t = torch.zeros(numel, dtype=dtype)  # all zeros: packs smaller, even one value's planes
+    blob = torch.frombuffer(bytearray(pa.Codec("zstd", compression_level=1).compress(
+        compress._planes(t), asbytes=True)), dtype=torch.uint8)
+    got = compress.unpack(blob, dtype, numel, "f")
+    assert made == [True] and torch.equal(got, t)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64])
 def test_round_trip_is_bit_exact(dtype):
     g = torch.Generator().manual_seed(0)
