@@ -708,7 +708,8 @@ class TeacherStageConfig:
     # teacher`) alike. The batch is smaller (4x the steps in one pass: 3 seeds, -0.2 to
     # -0.6%), and the dense part learns at 5e-4, not the students' 3e-3: Wukong's
     # interaction stack overshoots there (the baseline teacher's day-6 NE on the default
-    # world 0.9813 at 3e-3, 0.9018 at 1e-3). 5e-4 against 1e-3, 3 seeds where stated:
+    # world 0.9813 at 3e-3, 0.9018 at 1e-3 in an older world; now 0.9069 at 1e-3, 0.8921 at
+    # 5e-4, make run's baseline teacher). 5e-4 against 1e-3, 3 seeds where stated:
     # the default world's FM (versions every day, day 6 feed/search/video) 0.9381 / 0.9062 /
     # 0.9515 -> 0.9276 / 0.9002 / 0.9418 (one seed); the Criteo sample 0.8853 -> 0.8830; the
     # MIND sample 0.9964 -> 0.9976, every seed still ahead of torchrec's DLRM (0.9991).
