@@ -83,7 +83,7 @@ def test_a_day_after_the_first_goes_on_at_the_batch_size_and_its_resume_too(
         datasets, tmp_path):  # noqa: F811
     """train.fit_steps fits a model's first run (many small steps); a day that goes on from
     the day before's model keeps train.batch_size (measured on the default world: the VMs'
-    next-day NE 0.946 -> 0.938 and 3x quieter over seeds, lrm.train.days). A resume of that
+    next-day NE 0.946 -> 0.938 and 2-5x quieter over seeds, lrm.train.days). A resume of that
     day takes the same schedule, decided by the chain rather than by how the run starts."""
     data, chain = datasets["sessions"], tmp_path / "chain"
 
