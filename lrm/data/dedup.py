@@ -288,8 +288,9 @@ def update(src: Path, out: Path, cfg: DedupConfig, days: Sequence[int] | None = 
     deduplicated again, each into a temporary folder of its own, and they replace their
     days only once every one is written (a failure, bad input included, leaves `out` as it
     was). With every day asked for, the day folders of days `src` no longer has are
-    removed, so `out` is what dedup of `src` is. A day folder holding a file lrm did not write, or one changed since
-    it did, is not up to date: its rewrite is refused (OutputError) unless `force`.
+    removed, so `out` is what dedup of `src` is. A day folder holding a file lrm did not
+    write, or one changed since it did, is not up to date: its rewrite is refused
+    (OutputError) unless `force`.
     Returns the metrics of the days written, and which were skipped.
     """
     schema, files = check_source(src)

@@ -38,6 +38,20 @@ def _weights(folder):
     return torch.load(folder / WEIGHTS, weights_only=True)
 
 
+def _stopping_at(step):
+    """A loss that raises at its `step`-th call: a run stopped mid-day, its checkpoints
+    before that step on disk."""
+    calls = {"n": 0}
+
+    def loss(model, batch):
+        calls["n"] += 1
+        if calls["n"] == step:
+            raise RuntimeError("stopped mid-day")
+        return bce_loss(model, batch)
+
+    return loss
+
+
 def test_each_day_starts_from_the_last_and_a_stopped_day_from_its_own(
         datasets, tmp_path):  # noqa: F811
     data, chain = datasets["sessions"], tmp_path / "chain"
@@ -47,16 +61,8 @@ def test_each_day_starts_from_the_last_and_a_stopped_day_from_its_own(
     assert _files(tmp_path / "out0") == _files(chain / "day=0" / "model")  # the job's out
     day0 = _files(chain / "day=0")
 
-    calls = {"n": 0}
-
-    def stop_at_step_4(model, batch):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise RuntimeError("stopped mid-day")
-        return bce_loss(model, batch)
-
     with pytest.raises(RuntimeError, match="stopped mid-day"):
-        days.train_day(_job(data, 1, loss=stop_at_step_4), chain, 1, owner=OWNER)
+        days.train_day(_job(data, 1, loss=_stopping_at(4)), chain, 1, owner=OWNER)
     assert _files(chain / "day=0") == day0  # the finished day is only read
     assert days.finished(chain) == [0]  # the stopped day is not over
     d1 = days.train_day(_job(data, 1), chain, 1, owner=OWNER)  # again: its own step 2
@@ -96,16 +102,8 @@ def test_a_day_after_the_first_goes_on_at_the_batch_size_and_its_resume_too(
     fitted = train(job(1, out=tmp_path / "fresh1"))  # day 1 on its own, fresh: fitted too
     assert fitted.schedule["batch_size"] < 512
 
-    calls = {"n": 0}
-
-    def stop_at_step_3(model, batch):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("stopped mid-day")
-        return bce_loss(model, batch)
-
     with pytest.raises(RuntimeError, match="stopped mid-day"):
-        days.train_day(job(1, loss=stop_at_step_3), chain, 1, owner=OWNER)
+        days.train_day(job(1, loss=_stopping_at(3)), chain, 1, owner=OWNER)
     d1 = days.train_day(job(1), chain, 1, owner=OWNER)  # resumed from its own step 2
     assert d1.start == "resume" and d1.resumed_from == 2
     assert d1.schedule["batch_size"] == 512  # not fitted: the day goes on from day 0's model
