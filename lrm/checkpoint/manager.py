@@ -363,8 +363,10 @@ class CheckpointManager:
         return self._pinned is not None
 
     def restore_model(self, step: int, parts: Mapping[str, Stateful]) -> bool:
-        """Load the model part of this run's checkpoint of `step` into `parts["model"]` (a
-        collective); False when there is none that verifies (nothing is changed then)."""
+        """Load this run's checkpoint of `step` into `parts` (a collective): the model's
+        weights, and the parts the caller names beside them (not the optimizer or the data
+        position: the run goes on from where it is); False when there is none that verifies
+        (nothing is changed then)."""
         self.wait()
         lineage: list[str] | None = None
         if self.env.is_main:
@@ -380,7 +382,7 @@ class CheckpointManager:
         if not lineage:
             return False
         found = {e.name: e for e in self.store.entries() if e.manifest is not None}
-        self._load([found[n] for n in lineage], {"model": parts["model"]}, {"model"})
+        self._load([found[n] for n in lineage], parts, set(parts))
         return True
 
     def _load(self, lineage: list[Entry], parts: Mapping[str, Stateful],

@@ -298,6 +298,9 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
         "batch_size": batch_size, "epoch_batches": epoch_batches,
         "world_size": env.world_size, "seed": cfg.seed,
         "recd": loader_cfg.recd, "train_days": data.train_days, "verticals": data.verticals,
+        # a checkpoint with no average cannot go on averaging (absent when off: checkpoints
+        # from before the key existed resume as they did)
+        **({"ema_decay": cfg.ema_decay} if cfg.ema_decay else {}),
         "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows, io.file_sha256(f)]
                           for f in files[d]] for d in data.train_days},
     }

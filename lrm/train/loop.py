@@ -6,8 +6,8 @@ three parts, read top to bottom:
     build    look at the data once (rows and CTR, distinct hashed ids, the split) -> fit the
              schedule and hashed tables -> the model (tables on meta), head bias at
              logit(train CTR) -> [FP8 dispatch] -> shard it (DMP, the job's plan) -> fused
-             Adagrad (tables) + fused AdamW (dense) -> the loaders -> [the checkpoint it
-             starts from: a resume]
+             Adagrad (tables) + fused AdamW (dense) [+ the dense weights' moving average,
+             lrm.train.average] -> the loaders -> [the checkpoint it starts from: a resume]
     run      steps (torchrec's TrainPipelineSparseDist; one process on a GPU: each step one
              CUDA graph replay, lrm.train.step_graph) in segments that end where it
              evaluates: every log_every steps loss, windowed NE, samples/s; every val_every
@@ -15,6 +15,10 @@ three parts, read top to bottom:
              eval_every steps NE/AUC on the held-out day; the checkpoint manager each step
     finish   final checkpoint, the best validated state restored, final eval (with
              confidence intervals), the unsharded model to `job.out` (rank 0)
+
+Where the run keeps a moving average of the dense weights (`train.ema_decay`), the average
+is what every evaluation scores, what validation copies as a best state and what the run
+saves; the steps and the checkpoints' model part are the trained weights.
 
 The loss is `job.loss(model, batch)` (default: log loss of the logits; an ExFM student's is
 its distillation loss, lrm.exfm.distill). A step consumes the same impressions whatever the
@@ -52,6 +56,7 @@ from lrm.models import build_model
 from lrm.progress import Reporter
 from lrm.sharding import parallel
 from lrm.train import schedule as schedules
+from lrm.train.average import DenseAverage
 from lrm.train.data import EpochStream, TrainData, fit_tables, loaders, model_hash_sizes, \
     per_rank_batch, run_identity
 from lrm.train.early_stop import EarlyStopping
@@ -64,7 +69,8 @@ from lrm.train.meter import Meter
 from lrm.train.precision import autocast
 from lrm.train.state import TrainState, seed_step
 from lrm.train.step_graph import EAGER_STEPS, GraphSteps, unsupported
-from lrm.train.steps import LrSchedule, StepRunner, Steps, compile_dense, dense_optimizer
+from lrm.train.steps import LrSchedule, StepRunner, Steps, compile_dense, dense_optimizer, \
+    dense_parameters
 
 log = logging.getLogger("lrm")
 LogFn = Callable[[Mapping[str, float], int], None]
@@ -164,6 +170,9 @@ class _Run:
                                   plan=job.plan)
         if job.init_from is not None:
             _warm_start(self.dmp, job.init_from, kind, job.model, self.sizes)
+        # the dense weights' average (train.ema_decay), from the weights the run starts with
+        self.average = DenseAverage(dense_parameters(self.dmp), cfg.ema_decay) \
+            if cfg.ema_decay else None
         self.state = TrainState()
         self.ckpt: CheckpointManager | None = None
         self.guard = NonFiniteGuard(env, self._non_finite)
@@ -179,8 +188,10 @@ class _Run:
         self.stopper = EarlyStopping(self.dmp, self.state, cfg.patience, fetch=self._fetch)
 
         # -- checkpoints: everything a resume needs is a stateful part -----------------
-        self.parts = {"model": self.dmp, "optim": self.opt, "train": self.state,
-                      "data": self.stream}
+        self.parts: dict[str, Any] = {"model": self.dmp, "optim": self.opt,
+                                      "train": self.state, "data": self.stream}
+        if self.average is not None:
+            self.parts["average"] = self.average
         self.resumed_from: int | None = None
         if job.checkpoints is not None:
             self.ckpt = cleanup.enter_context(CheckpointManager(  # closed on every path
@@ -193,7 +204,8 @@ class _Run:
                                                 prepare=dense_opt.init_state, force=job.force)
             self.opt.zero_grad(set_to_none=True)
             self.guard.reset(self.state.step)
-            self.stopper.resumed(self.state.step)
+            with self._served():
+                self.stopper.resumed(self.state.step)
             if self.state.best_step >= 0:  # its checkpoint stays through retention
                 self.ckpt.pin(self.state.best_step)
         self.history: list[dict[str, float]] = []
@@ -257,6 +269,8 @@ class _Run:
         if not self.steps.step(segment):
             raise DataError(self.job.data, None, None, "the train days hold fewer batches than "
                             "the schedule counted (changed while training?)")
+        if self.average is not None:
+            self.average.update()
         state.step += 1
         state.samples += self.batch_rows * env.world_size
         self.stream.advance()
@@ -286,8 +300,15 @@ class _Run:
             if self.log_fn is not None:
                 self.log_fn(point, self.state.step)
 
+    def _served(self) -> contextlib.AbstractContextManager[None]:
+        """The weights the run would save, in the model for the block: the dense average
+        where the run keeps one (the trained weights come back after)."""
+        return self.average.applied() if self.average is not None else contextlib.nullcontext()
+
     def _evaluate(self, max_batches: int | None, ci: bool = False) -> dict[str, Any]:
-        ev = _evaluate(self.dmp, self.loaders.held_out, self.env, max_batches=max_batches, ci=ci)
+        with self._served():
+            ev = _evaluate(self.dmp, self.loaders.held_out, self.env, max_batches=max_batches,
+                           ci=ci)
         self._log_point({f"eval_{k}": float(v) for k, v in ev.items() if _scalar(v)})
         return ev
 
@@ -296,8 +317,10 @@ class _Run:
         kept as a checkpoint too (saved now unless this step just was), pinned through
         retention: a run resumed after it restores it at the end (`_fetch`)."""
         state = self.state
-        ev = _evaluate(self.dmp, self.loaders.validation_batches(), self.env, max_batches=None)
-        stop = self.stopper.update(ev["ne"], state.step)
+        with self._served():  # a better state's copy is of the weights it would save
+            ev = _evaluate(self.dmp, self.loaders.validation_batches(), self.env,
+                           max_batches=None)
+            stop = self.stopper.update(ev["ne"], state.step)
         state.validated_at = state.step
         self._log_point({"val_ne": ev["ne"], "val_best_ne": state.best_ne})
         if self.ckpt is not None and state.best_step == state.step:
@@ -307,8 +330,14 @@ class _Run:
         return stop
 
     def _fetch(self, step: int) -> bool:
-        """The model's weights of `step` from this run's checkpoint of it (see _validate)."""
-        return self.ckpt is not None and self.ckpt.restore_model(step, self.parts)
+        """The model's weights of `step` from this run's checkpoint of it (see _validate),
+        with that step's dense average in them where the run keeps one."""
+        kept = {k: self.parts[k] for k in ("model", "average") if k in self.parts}
+        if self.ckpt is None or not self.ckpt.restore_model(step, kept):
+            return False
+        if self.average is not None:
+            self.average.swap()
+        return True
 
     def _non_finite(self, step: int, value: float) -> str:
         here = value if not math.isfinite(value) else "finite here, not on every rank"
@@ -330,6 +359,10 @@ class _Run:
         if restored is not None:
             log.info("train %s: restored the state of step %d (validation NE %.5f)", self.kind,
                      restored, state.best_ne)
+        if self.average is not None:
+            if restored is None:  # the current state's average (a restored one has its own)
+                self.average.swap()
+            self.average = None  # the model holds what the run saves: scored as it is
         final = self._evaluate(None, ci=True)
         weights = parallel.full_state_dict(self.dmp, env)
         validation = {"best_ne": state.best_ne if math.isfinite(state.best_ne) else None,

@@ -83,15 +83,20 @@ class Steps:
         self.pipeline.detach()
 
 
+def dense_parameters(dmp: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter the fused table optimizer does not own (the dense part), by name."""
+    return {k: p for k, p in dmp.named_parameters()
+            if not hasattr(p, "_in_backward_optimizers")}
+
+
 def dense_optimizer(dmp: DistributedModelParallel, lr: float,
                     weight_decay: float) -> tuple[KeyedOptimizerWrapper, torch.optim.AdamW]:
-    """AdamW (torch's fused kernel) over every parameter the fused table optimizer does not
-    own: (the keyed wrapper to combine and checkpoint, the torch optimizer inside it).
+    """AdamW (torch's fused kernel) over the dense parameters: (the keyed wrapper to combine
+    and checkpoint, the torch optimizer inside it).
 
     Fused: one kernel for every dense parameter, and the only AdamW that skips a step on
     its `found_inf` tensor (lrm.train.guard) without a host sync."""
-    params = {k: p for k, p in dmp.named_parameters()
-              if not hasattr(p, "_in_backward_optimizers")}
+    params = dense_parameters(dmp)
     made: list[torch.optim.AdamW] = []
 
     def build(ps: list[torch.Tensor]) -> torch.optim.AdamW:

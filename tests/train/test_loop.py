@@ -129,6 +129,7 @@ def test_resume_from_a_quantized_chain_stays_close(datasets, tmp_path):
 
 @pytest.mark.parametrize("change, says", [
     ("batch", "batch_size"),
+    ("average", "ema_decay: null then, 0.9 now"),
     ("kind", "kind"),
     ("tables", "table_rows"),
     ("data", "data: day 1's part-00000.parquet changed its rows"),
@@ -141,6 +142,8 @@ def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, say
     kind, cfg, model = "student", tiny_train(steps=8), SMALL_MODEL
     if change == "batch":
         cfg = tiny_train(steps=8, batch_size=256)
+    elif change == "average":  # a run that keeps a dense average, from one that kept none
+        cfg = tiny_train(steps=8, ema_decay=0.9)
     elif change == "kind":
         kind = "teacher"
     elif change == "tables":
