@@ -6,7 +6,7 @@ every weight of the output layer by about the learning rate each step, so a vers
 state is wherever its last noisy steps left it. Measured on the default synthetic world (one
 seed, the FM's versions through days 1-4): each predicted 0.92-1.20 of its own training
 day's clicks, though the world's daily CTR is flat. An average over the last ~50 steps
-(decay 0.98) keeps the learning rate and removes the swing (next-day calibration 1.01-1.04
+(decay 0.98) keeps the learning rate and removes the swing (next-day calibration 0.98-1.04
 against 0.94-1.23). The students' days, which now take few large steps, gained nothing from
 it (3 seeds), so it is off in `train` and on in `teacher.train`.
 
