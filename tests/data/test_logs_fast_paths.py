@@ -14,6 +14,7 @@ one-key sort without its tie-order check (order.arg_sort); an error of the maker
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 
 import numpy as np
@@ -146,3 +147,35 @@ def test_each_way_of_looking_up_ids_gives_the_vocabularys_row():
                         pl.Series(["absent"]).hash(read.SEED).to_numpy()]
             with pytest.raises(KeyError):
                 lookup(bad)
+
+
+def _vocab(out, name: str) -> pl.DataFrame:
+    """A dataset's vocabulary (value `s`, first `day`; the id is the row)."""
+    state = json.loads((out / ingest.STATE / "state.json").read_text())
+    return pl.read_parquet(out / ingest.STATE / state["vocab"][name]["file"])
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_a_values_first_day_is_its_earliest_in_a_chunk_of_several_days(tmp_path, in_order):
+    """Item a is seen on day 1, then on day 0: its id is fixed on day 0 (ids in order of
+    first day, then value: a=0, b=1, c=2), read in input order or in day order (where a
+    value's first row is its first day: read._values' shortcut)."""
+    log = frame([{"user": "u", "ts": T0 + 86_400, "item": "a", "clicked": 0},
+                 {"user": "v", "ts": T0, "item": "a", "clicked": 0},
+                 {"user": "w", "ts": T0 + 5, "item": "b", "clicked": 0},
+                 {"user": "x", "ts": T0 + 86_400 + 5, "item": "c", "clicked": 0}])
+    log = log.sort("ts") if in_order else log
+    _, rows = run([write(log, tmp_path / "l.csv")], tmp_path / "out", history="none", **GAP)
+    v = _vocab(tmp_path / "out", "item")
+    assert v["s"].to_list() == ["a", "b", "c"] and v["day"].to_list() == [0, 0, 1]
+    assert sorted(rows["item"].to_list()) == [0, 0, 1, 2]
+
+
+def test_a_value_in_two_columns_of_one_vocabulary_has_the_earlier_first_day(tmp_path):
+    """In day order, item a is first an impression on day 1 but a history entry on day 0:
+    its first day is 0 (the shortcut takes one column's first rows, never two)."""
+    log = frame([{"user": "u", "ts": T0, "item": "b", "clicked": 0, "hist": "a"},
+                 {"user": "v", "ts": T0 + 86_400, "item": "a", "clicked": 0, "hist": ""}])
+    run([write(log, tmp_path / "l.csv")], tmp_path / "out", history="hist", **GAP)
+    v = _vocab(tmp_path / "out", "item")
+    assert v["s"].to_list() == ["a", "b"] and v["day"].to_list() == [0, 0]
