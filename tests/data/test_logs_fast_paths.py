@@ -158,8 +158,8 @@ def _vocab(out, name: str) -> pl.DataFrame:
 @pytest.mark.parametrize("in_order", [False, True])
 def test_a_values_first_day_is_its_earliest_in_a_chunk_of_several_days(tmp_path, in_order):
     """Item a is seen on day 1, then on day 0: its id is fixed on day 0 (ids in order of
-    first day, then value: a=0, b=1, c=2), read in input order or in day order (where a
-    value's first row is its first day: read._values' shortcut)."""
+    first day, then value: a=0, b=1, c=2), read in input order or in day order (a chunk's
+    values take their earliest day, not their first row's)."""
     log = frame([{"user": "u", "ts": T0 + 86_400, "item": "a", "clicked": 0},
                  {"user": "v", "ts": T0, "item": "a", "clicked": 0},
                  {"user": "w", "ts": T0 + 5, "item": "b", "clicked": 0},
@@ -173,7 +173,8 @@ def test_a_values_first_day_is_its_earliest_in_a_chunk_of_several_days(tmp_path,
 
 def test_a_value_in_two_columns_of_one_vocabulary_has_the_earlier_first_day(tmp_path):
     """In day order, item a is first an impression on day 1 but a history entry on day 0:
-    its first day is 0 (the shortcut takes one column's first rows, never two)."""
+    its first day is 0 (the vocabulary's columns are merged before the first day is
+    taken)."""
     log = frame([{"user": "u", "ts": T0, "item": "b", "clicked": 0, "hist": "a"},
                  {"user": "v", "ts": T0 + 86_400, "item": "a", "clicked": 0, "hist": ""}])
     run([write(log, tmp_path / "l.csv")], tmp_path / "out", history="hist", **GAP)

@@ -644,11 +644,8 @@ class Parser:
             if name.startswith("q:"):
                 piece = piece.explode(["h", "s"])
             parts.setdefault(vocab_of[name], []).append(piece.drop_nulls("h"))
-        in_days = frame[DAY].is_sorted()  # (a time-ordered log's chunk)
-        # a value's first row, where it has its first day (rows in day order, one column):
-        # a third of the group-by's time
-        queries = [ps[0].filter(pl.col("h").is_first_distinct()) if in_days and len(ps) == 1
-                   else pl.concat(ps).group_by("h").agg(pl.col("s").first(),
-                                                        pl.col("day").min())
+        # (a group-by, not the rows where each value is first: those are views into the
+        # chunk's text, which they keep alive: +70 MB at 10M rows for 3% less time)
+        queries = [pl.concat(ps).group_by("h").agg(pl.col("s").first(), pl.col("day").min())
                    for ps in parts.values()]
         return dict(zip(parts, pl.collect_all(queries), strict=True))
