@@ -1,14 +1,20 @@
 """The faster ways `ingest logs` takes give exactly what the plain ones give: cells packed
-from several user buckets write the files one bucket each would; numbers the CSV reader
+from several user buckets write the rows one bucket each would; numbers the CSV reader
 parses give the rows their text gives (and a quoted empty value stays text, an error);
-the one-key sort is polars' sort; the chunk read ahead comes in order, its error in its
-place; sessions by a session column without a user spread over buckets (this crashed).
+the one-key sort and the sort in runs are polars' sort; the chunk read ahead comes in
+order, its error in its place; sessions by a session column without a user spread over
+buckets (this crashed); each way of looking up ids gives the vocabulary's row; a value's
+first day is its earliest in a chunk; days on two threads build one cell at a time.
 
 Planted bugs that turn these red (each tried): the bucket left out of the gap sessions'
 sort (cells.sessions); numbers read as float32 (read._read_text); a CSV block with quotes
-read with numbers (read._text_chunks); the
-one-key sort without its tie-order check (order.arg_sort); an error of the maker dropped
-(ahead); the session text bucketed unhashed (read.Parser._bucket, as before).
+read with numbers (read._text_chunks); the one-key sort without its tie-order check
+(order.arg_sort); the sort in runs unstable, without its order check, or without each
+run's offset (order._sort_runs); an error of the maker dropped (ahead); the session text
+bucketed unhashed (read.Parser._bucket, as before); the vocabulary map's ids in hash
+order, or a missing value mapped to 0 (vocab.Lookup); a chunk's first day its first row's
+(read.Parser._values); the build without its lock, or the days on one thread
+(ingest.write_day).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 
 import numpy as np
 import polars as pl
@@ -180,3 +187,26 @@ def test_a_value_in_two_columns_of_one_vocabulary_has_the_earlier_first_day(tmp_
     run([write(log, tmp_path / "l.csv")], tmp_path / "out", history="hist", **GAP)
     v = _vocab(tmp_path / "out", "item")
     assert v["s"].to_list() == ["a", "b"] and v["day"].to_list() == [0, 0]
+
+
+def test_days_run_on_two_threads_but_build_one_cell_at_a_time(tmp_path, monkeypatch):
+    """Memory holds one cell being built (ingest._BUILDING), while another day's is written."""
+    running, most, threads = [0], [0], set()
+    build, guard = ingest.cells.build, threading.Lock()
+
+    def watched(*args, **kwargs):
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            threads.add(threading.current_thread().name)
+        time.sleep(0.05)  # (two builds at once would meet here)
+        try:
+            return build(*args, **kwargs)
+        finally:
+            with guard:
+                running[0] -= 1
+
+    monkeypatch.setattr(ingest.cells, "build", watched)
+    f = write(_log(600), tmp_path / "l.csv")  # two days
+    m, _ = run([f], tmp_path / "out", chunk_rows=100, **GAP)
+    assert m["days"] == 2 and len(threads) == 2 and most[0] == 1

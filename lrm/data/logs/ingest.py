@@ -32,6 +32,7 @@ import logging
 import math
 import shutil
 import tempfile
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -55,6 +56,10 @@ log = logging.getLogger("lrm")
 STATE = "_ingest"  # OUT/_ingest/state.json and vocab/*.parquet
 STATE_VERSION = 1
 CLICKS = "clicks.parquet"  # in STATE: each user's recent clicks (history auto)
+# days written at once in one process, one cell built at a time (`_BUILDING`): a day's
+# cell is built while the day before is still encoded (memory: a cell and two tables)
+DAY_THREADS = 2
+_BUILDING = threading.Lock()
 PART_ROWS = 1_000_000  # impressions per written part file (a part holds whole cells)
 _MAPPING_FIELDS = [f.name for f in dataclasses.fields(LogsConfig)
                    if f.name not in ("files", "format", "columns")]
@@ -446,11 +451,13 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path
     parts = _Parts(out, unit.out_day, _field_metadata(p.schema, p))
     try:
         for group in groups:
-            cell = spill.read_cell(spilled, unit.day, group)
-            assert cell is not None
-            clicks = spill.read_clicks(spilled, group) if p.cfg.history == "auto" else None
-            table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
-            del cell, clicks
+            with _BUILDING:
+                cell = spill.read_cell(spilled, unit.day, group)
+                assert cell is not None
+                clicks = spill.read_clicks(spilled, group) if p.cfg.history == "auto" \
+                    else None
+                table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
+                del cell, clicks
             parts.add(table)  # a row group per cell (fewer, larger groups: 20% less to
             # encode than one per bucket, and smaller files)
             for k, v in st.items():
@@ -500,7 +507,7 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
                                                           "day (a continued ingest)")
         per_day = fanout.map_units("ingest day", partial(write_day, reads=reads, p=p,
                                                          out=Path(out)),
-                                   units, [str(u.out_day) for u in units])
+                                   units, [str(u.out_day) for u in units], threads=DAY_THREADS)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     if state.label_kind != "binary":
