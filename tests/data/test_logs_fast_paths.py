@@ -4,7 +4,8 @@ parses give the rows their text gives (and a quoted empty value stays text, an e
 the one-key sort and the sort in runs are polars' sort; the chunk read ahead comes in
 order, its error in its place; sessions by a session column without a user spread over
 buckets (this crashed); each way of looking up ids gives the vocabulary's row; a value's
-first day is its earliest in a chunk; days on two threads build one cell at a time.
+first day is its earliest in a chunk; days on two threads build one cell at a time;
+calls run behind in order, and a spill's error neither hides a bad row's nor is lost.
 
 Planted bugs that turn these red (each tried): the bucket left out of the gap sessions'
 sort (cells.sessions); numbers read as float32 (read._read_text); a CSV block with quotes
@@ -14,7 +15,8 @@ run's offset (order._sort_runs); an error of the maker dropped (ahead); the sess
 bucketed unhashed (read.Parser._bucket, as before); the vocabulary map's ids in hash
 order, or a missing value mapped to 0 (vocab.Lookup); a chunk's first day its first row's
 (read.Parser._values); the build without its lock, or the days on one thread
-(ingest.write_day).
+(ingest.write_day); `Behind.submit` giving the new call's result, its quiet close raising,
+the read's spill closed loudly after a bad row or quietly at the end (ingest.read_file).
 """
 
 from __future__ import annotations
@@ -210,3 +212,53 @@ def test_days_run_on_two_threads_but_build_one_cell_at_a_time(tmp_path, monkeypa
     f = write(_log(600), tmp_path / "l.csv")  # two days
     m, _ = run([f], tmp_path / "out", chunk_rows=100, **GAP)
     assert m["days"] == 2 and len(threads) == 2 and most[0] == 1
+
+
+def test_calls_run_behind_in_order_their_results_and_errors_come_back():
+    behind = ahead.Behind("test-behind")
+    seen = []
+
+    def call(x: int) -> int:
+        time.sleep(0.01)
+        seen.append(x)
+        if x == 3:
+            raise ValueError("call 3")
+        return x * 10
+
+    assert [behind.submit(call, x) for x in range(3)] == [None, 0, 10]
+    assert behind.wait() == 20 and seen == [0, 1, 2]
+    behind.submit(call, 3)
+    with pytest.raises(ValueError, match="call 3"):
+        behind.close()
+    behind = ahead.Behind("test-behind")
+    behind.submit(call, 3)
+    assert behind.close(quiet=True) is None  # (the caller's own error says more)
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-behind")]
+
+
+def test_a_bad_row_is_the_error_even_while_a_spill_fails(tmp_path, monkeypatch):
+    """The chunk before a bad row is being spilled when the bad row is found: a failing
+    spill does not hide the bad row's error, and a failing spill alone is the error (also
+    the last chunk's)."""
+    log = _log(600)
+    f = write(log.with_columns(pl.when(pl.int_range(pl.len()) == 450).then(pl.lit("x"))
+                               .otherwise(pl.col("clicked").cast(pl.String)).alias("clicked")),
+              tmp_path / "bad.csv")
+
+    write_spill, failing = ingest.spill.write, ["-c3.arrow"]  # rows 301-400: before the bad
+
+    def full(frame, path, *a):
+        if path.name.endswith(failing[0]):
+            time.sleep(0.2)  # (still spilling when the bad row is found)
+            raise OSError("disk full")
+        return write_spill(frame, path, *a)
+
+    monkeypatch.setattr(ingest.spill, "write", full)
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", chunk_rows=100, **GAP)
+    assert (e.value.line, e.value.field) == (451, "clicked")
+    good = write(log, tmp_path / "good.csv")
+    for k, chunk in enumerate(("-c3.arrow", "-c5.arrow")):  # one of six, and the last
+        failing[0] = chunk
+        with pytest.raises(OSError, match="disk full"):
+            run([good], tmp_path / f"out{k}", chunk_rows=100, **GAP)

@@ -33,7 +33,6 @@ import math
 import shutil
 import tempfile
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -47,6 +46,7 @@ from lrm import fanout, io
 from lrm.config import LogsConfig
 from lrm.data import parquet
 from lrm.data.logs import cells, read, spill, vocab
+from lrm.data.logs.ahead import Behind
 from lrm.data.logs.dense import Stats
 from lrm.data.schema import SESSION as SESSION_COL
 from lrm.data.schema import FeatureSchema, part_path
@@ -200,25 +200,34 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
     out = FileRead(src)
     values: dict[str, vocab.Values] = {}
     auto = cfg.history == "auto"
-    for k, chunk in enumerate(read.chunks(src, types, cfg, chunk_rows)):
-        try:
-            p = parser.parse(chunk)
-        except read.TextNeeded:  # its error as the text shows it
-            chunk = _text_chunk(src, types, cfg, chunk_rows, k)
-            p = parser.parse(chunk)
-        out.rows += chunk.height
-        out.impressions += p.frame.height
-        out.clicks += int(p.frame[read.LABEL].sum())
-        out.label_kind = p.label_kind
-        out.days |= set(p.frame[read.DAY].unique().to_list())
-        for name, piece in p.values.items():
-            values.setdefault(name, vocab.Values()).add(piece)
-        for c in cfg.dense:
-            st = Stats.of(p.frame[f"d:{c}"])
-            out.dense[c] = out.dense[c].merge(st) if c in out.dense else st
-        if p.frame.height:
-            out.spilled.append(spill.write(p.frame, spill_dir / f"f{src.index}-c{k}.arrow",
-                                           clicks=auto))
+    spilling = Behind("lrm-ingest-spill")  # a chunk spilled while the next is parsed
+    try:
+        for k, chunk in enumerate(read.chunks(src, types, cfg, chunk_rows)):
+            try:
+                p = parser.parse(chunk)
+            except read.TextNeeded:  # its error as the text shows it
+                chunk = _text_chunk(src, types, cfg, chunk_rows, k)
+                p = parser.parse(chunk)
+            out.rows += chunk.height
+            out.impressions += p.frame.height
+            out.clicks += int(p.frame[read.LABEL].sum())
+            out.label_kind = p.label_kind
+            out.days |= set(p.frame[read.DAY].unique().to_list())
+            for name, piece in p.values.items():
+                values.setdefault(name, vocab.Values()).add(piece)
+            for c in cfg.dense:
+                st = Stats.of(p.frame[f"d:{c}"])
+                out.dense[c] = out.dense[c].merge(st) if c in out.dense else st
+            if p.frame.height:
+                before = spilling.submit(spill.write, p.frame,
+                                         spill_dir / f"f{src.index}-c{k}.arrow", auto)
+                if before is not None:  # (the chunk before's)
+                    out.spilled.append(before)
+    except BaseException:
+        spilling.close(quiet=True)  # (the error raised here says what went wrong first)
+        raise
+    if (last := spilling.close()) is not None:
+        out.spilled.append(last)
     out.values = {n: v.flush() for n, v in values.items()}
     return out
 
@@ -391,8 +400,7 @@ class _Parts:
         # every column a dictionary but the session id (unique and increasing: its
         # dictionary only costs; without, 9% less encode time and 12% smaller files)
         self.dictionary = [parquet.leaf(f)[0] for f in target if f.name != SESSION_COL]
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="lrm-ingest-write")
-        self.pending: Future[None] | None = None
+        self.behind = Behind("lrm-ingest-write")
         self.writer: pq.ParquetWriter | None = None
         self.path: Path | None = None
         self.parts = self.bytes = 0
@@ -406,8 +414,7 @@ class _Parts:
             self.parts += 1
             self.in_part = 0
         self.in_part += table.num_rows
-        self._wait()
-        self.pending = self.pool.submit(self._write, table, path)
+        self.behind.submit(self._write, table, path)
 
     def _write(self, table: pa.Table, path: Path | None) -> None:
         if path is not None:
@@ -425,18 +432,12 @@ class _Parts:
             self.writer = None
             self.bytes += self.path.stat().st_size  # type: ignore[union-attr]
 
-    def _wait(self) -> None:
-        if self.pending is not None:
-            f, self.pending = self.pending, None
-            f.result()  # its error, here
-
     def close(self) -> None:
         """Wait for the writes and close the last part (also after an error: no file is
         left open)."""
         try:
-            self._wait()
+            self.behind.close()
         finally:
-            self.pool.shutdown(wait=True)
             self._close()
 
 
