@@ -1,7 +1,8 @@
 """`lrm ingest logs`: any click log, through a column mapping, into the impressions layout.
 
-Three steps, the first and last made of independent units (lrm.fanout: one after the other
-here, tasks of a Prefect flow's task runner there):
+Three steps, the first and last made of independent units (lrm.fanout: in this process
+here, files one after the other and days two at a time; tasks of a Prefect flow's task
+runner there):
 
 1. **read** each file (a unit per file): stream it in chunks, check and parse every mapped
    column (lrm.data.logs.read), explode page views, take each row's day from its time, and
@@ -13,13 +14,14 @@ here, tasks of a Prefect flow's task runner there):
 3. **write** each day (a unit per day): its cells one by one into sessions, positions and
    histories (lrm.data.logs.cells), as ``OUT/day=D/part-NNNNN.parquet``.
 
-Memory holds a chunk (`chunk_rows`) while reading and a cell (user buckets of a day, packed
+Memory holds chunks (`chunk_rows`) while reading and cells (user buckets of a day, packed
 to about a chunk's rows) while writing, plus the vocabularies; never a file or a day. Each
-step overlaps its input and output with its work: the next chunk is read while one is
-parsed (lrm.data.logs.ahead), a cell is written while the next is built (`_Parts`), so
-memory holds two of them at most. Every check happens in step 1, before anything is
-written into `out` (which callers wrap in `lrm.io.atomic_dir`, so a failure leaves nothing
-behind).
+step overlaps its input and output with its work (lrm.data.logs.ahead): the next chunk is
+read while one is parsed and the one before is spilled, so memory holds three chunks at
+most; one cell is built at a time (`_BUILDING`) while the cells before, of this day and of
+the other day being written, are encoded (`_Parts`), so memory holds a cell and two tables.
+Every check happens in step 1, before anything is written into `out` (which callers wrap
+in `lrm.io.atomic_dir`, so a failure leaves nothing behind).
 """
 
 from __future__ import annotations
