@@ -26,6 +26,7 @@ in `lrm.io.atomic_dir`, so a failure leaves nothing behind).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gzip
 import itertools
@@ -58,8 +59,8 @@ log = logging.getLogger("lrm")
 STATE = "_ingest"  # OUT/_ingest/state.json and vocab/*.parquet
 STATE_VERSION = 1
 CLICKS = "clicks.parquet"  # in STATE: each user's recent clicks (history auto)
-# days written at once in one process, one cell built at a time (`_BUILDING`): a day's
-# cell is built while the day before is still encoded (memory: a cell and two tables)
+# days written at once by the default mapper, one cell built at a time (`_BUILDING`): a
+# day's cell is built while the day before is still encoded (memory: a cell, two tables)
 DAY_THREADS = 2
 _BUILDING = threading.Lock()
 PART_ROWS = 1_000_000  # impressions per written part file (a part holds whole cells)
@@ -443,10 +444,13 @@ class _Parts:
             self._close()
 
 
-def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path
-              ) -> dict[str, int]:
+def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
+              one_build: bool = False) -> dict[str, int]:
     """Step 3 for one day (a unit of `fanout`): its cells, one after the other, into
-    ``out/day=D/part-NNNNN.parquet``; returns the day's counts."""
+    ``out/day=D/part-NNNNN.parquet``; returns the day's counts.
+
+    one_build: one cell built at a time in this process (`_BUILDING`), where the days run on
+    its threads (not where a task runner runs them: it decides what runs at once)."""
     spilled = [s for r in reads for s in r.spilled]
     totals = {"rows": 0, "sessions": 0, "clicks": 0, "history_values": 0}
     rows = spill.cell_rows(spilled, unit.day)
@@ -454,7 +458,7 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path
     parts = _Parts(out, unit.out_day, _field_metadata(p.schema, p))
     try:
         for group in groups:
-            with _BUILDING:
+            with _BUILDING if one_build else contextlib.nullcontext():
                 cell = spill.read_cell(spilled, unit.day, group)
                 assert cell is not None
                 clicks = spill.read_clicks(spilled, group) if p.cfg.history == "auto" \
@@ -508,9 +512,9 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
         if any(u.out_day < 0 for u in units):
             raise DataError(srcs[0].path, None, cfg.time, "rows before the dataset's first "
                                                           "day (a continued ingest)")
-        per_day = fanout.map_units("ingest day", partial(write_day, reads=reads, p=p,
-                                                         out=Path(out)),
-                                   units, [str(u.out_day) for u in units], threads=DAY_THREADS)
+        per_day = fanout.map_units("ingest day", partial(
+            write_day, reads=reads, p=p, out=Path(out), one_build=fanout.in_process()),
+            units, [str(u.out_day) for u in units], threads=DAY_THREADS)
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
     if state.label_kind != "binary":
