@@ -147,6 +147,14 @@ ZSTD_LEVEL = 3
 ROW_GROUP_IMPRESSIONS = 128 * 1024  # impressions per row group (sessions: / 8)
 
 
+def leaf(f: pa.Field) -> tuple[str, pa.DataType]:
+    """A column's path in the Parquet file (the name writer options take) and its values'
+    type (a list's elements)."""
+    if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+        return f"{f.name}.list.element", f.type.value_type
+    return f.name, f.type
+
+
 def write_options(schema: pa.Schema, layout: str) -> dict[str, Any]:
     """Writer settings for a dataset file; the same rules for both layouts.
 
@@ -154,11 +162,6 @@ def write_options(schema: pa.Schema, layout: str) -> dict[str, Any]:
     row groups of about ROW_GROUP_IMPRESSIONS impressions. The storage benchmark writes
     the plain impression layout with exactly these rules, so its comparison is fair.
     """
-    def leaf(f: pa.Field) -> tuple[str, pa.DataType]:
-        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
-            return f"{f.name}.list.element", f.type.value_type
-        return f.name, f.type
-
     dict_cols = [name for name, t in map(leaf, schema) if pa.types.is_integer(t)]
     rows = ROW_GROUP_IMPRESSIONS // (8 if layout == "sessions" else 1)
     return {"compression": "zstd", "compression_level": ZSTD_LEVEL,

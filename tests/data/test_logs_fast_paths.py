@@ -1,26 +1,38 @@
 """The faster ways `ingest logs` takes give exactly what the plain ones give: cells packed
-from several user buckets write the files one bucket each would; numbers the CSV reader
+from several user buckets write the rows one bucket each would; numbers the CSV reader
 parses give the rows their text gives (and a quoted empty value stays text, an error);
-the one-key sort is polars' sort; the chunk read ahead comes in order, its error in its
-place; sessions by a session column without a user spread over buckets (this crashed).
+the one-key sort and the sort in runs are polars' sort; the chunk read ahead comes in
+order, its error in its place; sessions by a session column without a user spread over
+buckets (this crashed); each way of looking up ids gives the vocabulary's row; a value's
+first day is its earliest in a chunk; days on two threads build one cell at a time;
+calls run behind in order, and a spill's error neither hides a bad row's nor is lost.
 
 Planted bugs that turn these red (each tried): the bucket left out of the gap sessions'
 sort (cells.sessions); numbers read as float32 (read._read_text); a CSV block with quotes
-read with numbers (read._text_chunks); the
-one-key sort without its tie-order check (order.arg_sort); an error of the maker dropped
-(ahead); the session text bucketed unhashed (read.Parser._bucket, as before).
+read with numbers (read._text_chunks); the one-key sort without its tie-order check
+(order.arg_sort); the sort in runs unstable, without its order check, or without each
+run's offset (order._sort_runs); an error of the maker dropped (ahead); the session text
+bucketed unhashed (read.Parser._bucket, as before); the vocabulary map's ids in hash
+order, or a missing value mapped to 0 (vocab.Lookup); a chunk's first day its first row's
+(read.Parser._values); the build without its lock, or the days on one thread
+(ingest.write_day); `Behind.submit` giving the new call's result, its quiet close raising,
+the read's spill closed loudly after a bad row or quietly at the end (ingest.read_file).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
+import time
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from lrm.data.logs import ahead, ingest, order, read
+from lrm.data.logs import ahead, ingest, order, read, vocab
 from lrm.data.logs.read import RowError
 from tests.data._logs import T0, frame, run, write
 
@@ -34,6 +46,11 @@ def _log(n: int = 2000, seed: int = 3) -> pl.DataFrame:
                    "price": round(float(p), 2)} for u, t, i, c, p in zip(
         rng.integers(0, 60, n), rng.integers(0, 2 * 86_400, n), rng.integers(0, 90, n),
         rng.random(n) < 0.2, rng.gamma(2.0, 3.0, n), strict=True)])
+
+
+def _contents(out) -> dict[str, pa.Table]:
+    """Each day file's rows, schema and metadata (not its row groups)."""
+    return {str(p.relative_to(out)): pq.read_table(p) for p in sorted(out.glob("day=*/*.parquet"))}
 
 
 def _files(out) -> dict[str, str]:
@@ -52,8 +69,10 @@ def test_packed_cells_write_the_files_one_bucket_per_cell_writes(tmp_path, monke
     m1, packed = run([f], tmp_path / "packed", chunk_rows=150, dense=["price"], **MODES[mode])
     monkeypatch.setattr(ingest, "pack", lambda rows, limit: [[b] for b in sorted(rows)])
     m2, alone = run([f], tmp_path / "alone", chunk_rows=150, dense=["price"], **MODES[mode])
+    m1.pop("bytes"), m2.pop("bytes")  # (a row group per cell: fewer groups, fewer bytes)
     assert m1["buckets"] > 5 and m1 == m2 and packed.equals(alone)
-    assert _files(tmp_path / "packed") == _files(tmp_path / "alone")  # row groups too
+    a, b = _contents(tmp_path / "packed"), _contents(tmp_path / "alone")  # file by file
+    assert a.keys() == b.keys() and all(a[k].equals(b[k], check_metadata=True) for k in a)
 
 
 def test_numbers_the_csv_reader_parses_give_the_rows_their_text_gives(tmp_path, monkeypatch):
@@ -89,7 +108,10 @@ def test_the_one_key_sort_is_polars_sort():
             "f": rng.integers(0, 2, n).astype(np.int32),
             "r": rng.permutation(n).astype(np.uint32), "p": np.zeros(n, np.int32)})
         keys = [["b", "u", "t"], ["u"], ["s", "t"], ["t", "s", "u", "b"], ["v", "t"]][trial % 5]
-        for d in (df, df.sort(tie), df.sort([keys[0], *tie])):  # in tie order, or not
+        # in tie order, or not; in runs of the first key, each in the order of the last
+        # (order._in_runs: a time-ordered log's cell)
+        for d in (df, df.sort(tie), df.sort([keys[0], *tie]), df.sort([keys[0], keys[-1],
+                                                                        *tie])):
             assert d[order.arg_sort(d, keys, tie)].equals(d.sort([*keys, *tie])), keys
 
 
@@ -117,3 +139,126 @@ def test_sessions_by_a_column_without_a_user_over_several_buckets(tmp_path):
     assert m1["buckets"] == 1 and m2["buckets"] > 5 and m1["sessions"] == m2["sessions"]
     key = ["day", "item", "label", "position"]
     assert one.select(key).sort(key).equals(many.select(key).sort(key))
+
+
+def test_each_way_of_looking_up_ids_gives_the_vocabularys_row():
+    """A binary search (few values), a map of the vocabulary (no larger than the values),
+    a map of the distinct values (a larger vocabulary): the id is the value's row."""
+    rng = np.random.default_rng(5)
+    for size in (3, 300, 5000):
+        v = pl.DataFrame({"s": [f"v{i}" for i in rng.permutation(size)], "day": 0})
+        lookup = vocab.Lookup(v)
+        for n in (10, 400, 20_000):  # fewer values than SMALL, fewer than the vocabulary, more
+            rows = rng.integers(0, size, n)
+            got = lookup(v["s"].gather(rows).hash(read.SEED).to_numpy())
+            assert np.array_equal(got, rows), (size, n)
+            bad = np.r_[v["s"].gather(rows).hash(read.SEED).to_numpy(),
+                        pl.Series(["absent"]).hash(read.SEED).to_numpy()]
+            with pytest.raises(KeyError):
+                lookup(bad)
+
+
+def _vocab(out, name: str) -> pl.DataFrame:
+    """A dataset's vocabulary (value `s`, first `day`; the id is the row)."""
+    state = json.loads((out / ingest.STATE / "state.json").read_text())
+    return pl.read_parquet(out / ingest.STATE / state["vocab"][name]["file"])
+
+
+@pytest.mark.parametrize("in_order", [False, True])
+def test_a_values_first_day_is_its_earliest_in_a_chunk_of_several_days(tmp_path, in_order):
+    """Item a is seen on day 1, then on day 0: its id is fixed on day 0 (ids in order of
+    first day, then value: a=0, b=1, c=2), read in input order or in day order (a chunk's
+    values take their earliest day, not their first row's)."""
+    log = frame([{"user": "u", "ts": T0 + 86_400, "item": "a", "clicked": 0},
+                 {"user": "v", "ts": T0, "item": "a", "clicked": 0},
+                 {"user": "w", "ts": T0 + 5, "item": "b", "clicked": 0},
+                 {"user": "x", "ts": T0 + 86_400 + 5, "item": "c", "clicked": 0}])
+    log = log.sort("ts") if in_order else log
+    _, rows = run([write(log, tmp_path / "l.csv")], tmp_path / "out", history="none", **GAP)
+    v = _vocab(tmp_path / "out", "item")
+    assert v["s"].to_list() == ["a", "b", "c"] and v["day"].to_list() == [0, 0, 1]
+    assert sorted(rows["item"].to_list()) == [0, 0, 1, 2]
+
+
+def test_a_value_in_two_columns_of_one_vocabulary_has_the_earlier_first_day(tmp_path):
+    """In day order, item a is first an impression on day 1 but a history entry on day 0:
+    its first day is 0 (the vocabulary's columns are merged before the first day is
+    taken)."""
+    log = frame([{"user": "u", "ts": T0, "item": "b", "clicked": 0, "hist": "a"},
+                 {"user": "v", "ts": T0 + 86_400, "item": "a", "clicked": 0, "hist": ""}])
+    run([write(log, tmp_path / "l.csv")], tmp_path / "out", history="hist", **GAP)
+    v = _vocab(tmp_path / "out", "item")
+    assert v["s"].to_list() == ["a", "b"] and v["day"].to_list() == [0, 0]
+
+
+def test_days_run_on_two_threads_but_build_one_cell_at_a_time(tmp_path, monkeypatch):
+    """Memory holds one cell being built (ingest._BUILDING), while another day's is written."""
+    running, most, threads = [0], [0], set()
+    build, guard = ingest.cells.build, threading.Lock()
+
+    def watched(*args, **kwargs):
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            threads.add(threading.current_thread().name)
+        time.sleep(0.05)  # (two builds at once would meet here)
+        try:
+            return build(*args, **kwargs)
+        finally:
+            with guard:
+                running[0] -= 1
+
+    monkeypatch.setattr(ingest.cells, "build", watched)
+    f = write(_log(600), tmp_path / "l.csv")  # two days
+    m, _ = run([f], tmp_path / "out", chunk_rows=100, **GAP)
+    assert m["days"] == 2 and len(threads) == 2 and most[0] == 1
+
+
+def test_calls_run_behind_in_order_their_results_and_errors_come_back():
+    behind = ahead.Behind("test-behind")
+    seen = []
+
+    def call(x: int) -> int:
+        time.sleep(0.01)
+        seen.append(x)
+        if x == 3:
+            raise ValueError("call 3")
+        return x * 10
+
+    assert [behind.submit(call, x) for x in range(3)] == [None, 0, 10]
+    assert behind.wait() == 20 and seen == [0, 1, 2]
+    behind.submit(call, 3)
+    with pytest.raises(ValueError, match="call 3"):
+        behind.close()
+    behind = ahead.Behind("test-behind")
+    behind.submit(call, 3)
+    assert behind.close(quiet=True) is None  # (the caller's own error says more)
+    assert not [t for t in threading.enumerate() if t.name.startswith("test-behind")]
+
+
+def test_a_bad_row_is_the_error_even_while_a_spill_fails(tmp_path, monkeypatch):
+    """The chunk before a bad row is being spilled when the bad row is found: a failing
+    spill does not hide the bad row's error, and a failing spill alone is the error (also
+    the last chunk's)."""
+    log = _log(600)
+    f = write(log.with_columns(pl.when(pl.int_range(pl.len()) == 450).then(pl.lit("x"))
+                               .otherwise(pl.col("clicked").cast(pl.String)).alias("clicked")),
+              tmp_path / "bad.csv")
+
+    write_spill, failing = ingest.spill.write, ["-c3.arrow"]  # rows 301-400: before the bad
+
+    def full(frame, path, *a):
+        if path.name.endswith(failing[0]):
+            time.sleep(0.2)  # (still spilling when the bad row is found)
+            raise OSError("disk full")
+        return write_spill(frame, path, *a)
+
+    monkeypatch.setattr(ingest.spill, "write", full)
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", chunk_rows=100, **GAP)
+    assert (e.value.line, e.value.field) == (451, "clicked")
+    good = write(log, tmp_path / "good.csv")
+    for k, chunk in enumerate(("-c3.arrow", "-c5.arrow")):  # one of six, and the last
+        failing[0] = chunk
+        with pytest.raises(OSError, match="disk full"):
+            run([good], tmp_path / f"out{k}", chunk_rows=100, **GAP)

@@ -188,9 +188,8 @@ def _lists(series: pl.Series, lookup: Lookup, newest_first: bool, k: int
 
 
 def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
-          first_session: int) -> tuple[pa.Table, list[int], dict[str, int]]:
-    """The cell's impressions table (`plan.schema`, impressions layout), its rows per bucket
-    (the buckets in order, each a slice of the table) and its counts."""
+          first_session: int) -> tuple[pa.Table, dict[str, int]]:
+    """The cell's impressions table (`plan.schema`, impressions layout) and its counts."""
     cfg, schema = plan.cfg, plan.schema
     df = sessions(cell, cfg)
     key = df[KEY].to_numpy()
@@ -243,6 +242,4 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
                        for n in schema.dense)
     cols.update({n: scaled[n].to_arrow() for n in schema.dense})
     target = schema.arrow("impressions")
-    b = df[BUCKET].to_numpy()
-    per_bucket = np.diff(np.r_[_run_starts(b), len(b)]).tolist()
-    return pa.table([cols[f.name] for f in target], schema=target), per_bucket, stats
+    return pa.table([cols[f.name] for f in target], schema=target), stats

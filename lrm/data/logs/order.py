@@ -46,11 +46,34 @@ def _sorted_by(df: pl.DataFrame, cols: Sequence[str]) -> bool:
     return True
 
 
+def _in_runs(df: pl.DataFrame, keys: Sequence[str], tie: Sequence[str]) -> bool:
+    """Whether `df` (keys: first, middle, last) is in the order of (first, last, tie) with
+    one integer middle key: a time-ordered log's cell (its buckets, each in time order),
+    whose order by (bucket, user, time) is a stable sort of each bucket by the user."""
+    return (len(keys) == 3 and df.height > 1 and df[keys[1]].dtype.is_integer()
+            and not any(df[k].null_count() for k in keys) and _sorted_by(df, [keys[0],
+                                                                              keys[2], *tie]))
+
+
+def _sort_runs(df: pl.DataFrame, keys: Sequence[str]) -> pl.Series:
+    """The order of a frame `_in_runs`: each run of the first key sorted stably by the
+    middle one (no ranks, no packing: a third of the one-key sort's time)."""
+    first, mid = df[keys[0]].to_numpy(), df[keys[1]].to_numpy()
+    cuts = np.flatnonzero(np.r_[True, first[1:] != first[:-1], True])
+    out = np.empty(df.height, np.int64)
+    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+        out[a:b] = np.argsort(mid[a:b], kind="stable") + a
+    return pl.Series(out)
+
+
 def arg_sort(df: pl.DataFrame, keys: Sequence[str], tie: Sequence[str]) -> pl.Series:
     """The permutation that sorts `df` by `keys`, then `tie` (no nulls in `tie`; unique
-    together): that of ``df.sort([*keys, *tie])``, faster where the keys pack into 64 bits
-    and `df` is already in the order of `tie` (or of the first key, then `tie`: a stable
-    sort then leaves rows equal in every key in the order of `tie`)."""
+    together): that of ``df.sort([*keys, *tie])``, faster where `df` is in runs (`_in_runs`),
+    or where the keys pack into 64 bits and `df` is already in the order of `tie` (or of
+    the first key, then `tie`: a stable sort then leaves rows equal in every key in the
+    order of `tie`)."""
+    if _in_runs(df, keys, tie):
+        return _sort_runs(df, keys)
     in_tie_order = _sorted_by(df, tie) or bool(keys) and _sorted_by(df, [keys[0], *tie])
     if df.height > 1 and in_tie_order and not any(df[k].null_count() for k in keys):
         codes = [_code(df[k]) for k in keys]

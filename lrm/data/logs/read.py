@@ -220,7 +220,9 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                     df = _read_text(data, names, sep, quoted)
             if df.height:
                 block = max(1 << 12, len(data) * rows // df.height)
-            df = df.with_row_index(ROW, offset=n)
+            # contiguous columns: the readers' come in pieces, and each query on a frame
+            # whose columns are cut apart copies them all first (a third of the parse)
+            df = df.rechunk().with_row_index(ROW, offset=n)
             n += df.height
             for start in range(0, df.height, rows):  # the first block may hold more
                 yield df.slice(start, rows)
@@ -642,6 +644,8 @@ class Parser:
             if name.startswith("q:"):
                 piece = piece.explode(["h", "s"])
             parts.setdefault(vocab_of[name], []).append(piece.drop_nulls("h"))
+        # (a group-by, not the rows where each value is first: those are views into the
+        # chunk's text, which they keep alive: +70 MB at 10M rows for 3% less time)
         queries = [pl.concat(ps).group_by("h").agg(pl.col("s").first(), pl.col("day").min())
                    for ps in parts.values()]
         return dict(zip(parts, pl.collect_all(queries), strict=True))

@@ -104,7 +104,9 @@ def read_cell(spilled: Sequence[Spilled], day: int, buckets: int | Sequence[int]
     batches = [x for b in want for f in per_file for x in f.get(b, [])]  # a bucket's: in
     if not batches:  # input order, file by file
         return None
-    return pl.from_arrow(pa.Table.from_batches(batches))  # type: ignore[return-value]
+    # (contiguous: a polars query on a frame of many chunks copies them all each time)
+    return pl.from_arrow(pa.Table.from_batches(batches),  # type: ignore[return-value]
+                         rechunk=True)
 
 
 def read_clicks(spilled: Sequence[Spilled], bucket: int | Sequence[int] | None = None
@@ -117,4 +119,5 @@ def read_clicks(spilled: Sequence[Spilled], bucket: int | Sequence[int] | None =
     if not batches:
         return pl.DataFrame(schema={USER: pl.UInt64, TIME: pl.Int64, ITEM: pl.UInt64,
                                     FILE: pl.Int32, ROW: pl.UInt32, POS: pl.Int32})
-    return pl.from_arrow(pa.Table.from_batches(batches)).drop(BUCKET)  # type: ignore[union-attr]
+    return pl.from_arrow(pa.Table.from_batches(batches),  # type: ignore[union-attr]
+                         rechunk=True).drop(BUCKET)

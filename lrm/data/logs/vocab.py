@@ -29,7 +29,7 @@ import polars as pl
 from lrm import io
 from lrm.data.logs.read import SEED
 
-SMALL = 256  # a vocabulary (or a lookup) this small: a binary search per value is as fast
+SMALL = 256  # a lookup this small: a binary search per value is as fast
 
 
 def _merge(frames: Iterable[pl.DataFrame]) -> pl.DataFrame:
@@ -79,7 +79,12 @@ class Lookup:
     """hash of a value's text -> its id, for one vocabulary."""
 
     def __init__(self, vocab: pl.DataFrame) -> None:
-        h = vocab["s"].hash(SEED).to_numpy()
+        h = vocab["s"].hash(SEED)
+        # for a hash map of the whole vocabulary (not where two values share a hash: the
+        # map takes each key once; the search gives them one id)
+        self.keys = h if h.n_unique() == len(h) else None
+        self.row_ids = pl.Series(np.arange(len(h), dtype=np.int64))
+        h = h.to_numpy()
         order = np.argsort(h, kind="stable")
         self.hashes = h[order]
         self.ids = order.astype(np.int64)
@@ -89,13 +94,22 @@ class Lookup:
         """ids of hashes `h` (every one must be in the vocabulary)."""
         if self.size == 0:
             return np.zeros(len(h), np.int64)
-        if self.size <= SMALL or len(h) <= SMALL:
+        if len(h) <= SMALL:
             return self._search(h)
-        # a binary search per value misses the cache on a large vocabulary: search each
-        # distinct value once, then map the values to their ids by a hash lookup
+        # a binary search per value misses the cache on a large vocabulary: map the values
+        # by a hash lookup, of the vocabulary where it is no larger than them (half the
+        # time of a search per value, even at 12 values), else of their distinct values
+        # (each searched once)
         s = pl.Series(h)
-        u = s.unique()
-        return s.replace_strict(u, pl.Series(self._search(u.to_numpy()))).to_numpy()
+        if self.keys is not None and self.size <= len(h):
+            keys, ids = self.keys, self.row_ids
+        else:
+            keys = s.unique()
+            ids = pl.Series(self._search(keys.to_numpy()))
+        try:
+            return s.replace_strict(keys, ids).to_numpy()
+        except pl.exceptions.InvalidOperationError:
+            raise KeyError("a value is missing from its vocabulary") from None
 
     def _search(self, h: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.hashes, h).clip(0, self.size - 1)
