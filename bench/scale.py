@@ -34,12 +34,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit  # noqa: E402
 from lrm.config import GenerateConfig  # noqa: E402
+
+import pyarrow as pa  # noqa: E402  # after lrm, which picks its C++ pool (lrm/__init__.py)
 
 STAGES = ("generate", "dedup", "train", "evaluate")
 SIZES = {"quick": (50_000, 200_000), "default": (1_000_000, 10_000_000),

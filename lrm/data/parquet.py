@@ -9,9 +9,9 @@ the file and, for a failure while decoding data, the row group, in one line. Fil
 streamed one row group at a time (so the row group is always known); a batch therefore
 never spans two row groups.
 
-Arrow's buffers come from the C library's allocator (`pa.system_memory_pool()`, the malloc
-torch and numpy use) from the import of this module on, unless the user chose one
-(`ARROW_DEFAULT_MEMORY_POOL`): see ARROW_POOL.
+Arrow's buffers come from the C library's allocator (the malloc torch and numpy use), not
+pyarrow's default mimalloc, unless the user chose a pool (`ARROW_DEFAULT_MEMORY_POOL`):
+see ARROW_POOL.
 """
 
 from __future__ import annotations
@@ -33,9 +33,12 @@ from lrm.errors import DataError
 # and freed in a third): the loader alone over one day, 2 cores, peak RSS 583 MB at 1M
 # impressions and 673 MB at 10M; four passes over a 5M day in one process peaked at 659,
 # 688, 681 and 715 MB. With the system pool: 508 and 549 MB; 517, 532, 529, 532 MB.
-# Arrow's own reports: apache/arrow#47266, microsoft/mimalloc#1111.
+# Arrow's own reports: apache/arrow#47266, microsoft/mimalloc#1111. The C++ default pool
+# (Parquet's decoding buffers) is read from ARROW_POOL when pyarrow is imported, which
+# lrm/__init__.py sets first; pyarrow's own calls take this one even where pyarrow was
+# imported before lrm.
 ARROW_POOL = "ARROW_DEFAULT_MEMORY_POOL"
-if ARROW_POOL not in os.environ:
+if os.environ.get(ARROW_POOL) == "system":
     pa.set_memory_pool(pa.system_memory_pool())
 
 REMEDY = "re-create it: rerun the stage that wrote it"
