@@ -17,7 +17,9 @@ Per stage and size two lines, the smallest size the baseline of both: seconds pe
 impressions of the stage's own call (not the interpreter's start), better lower (ratio > 1:
 the larger day costs less per impression; the aim is ratio >= 1/1.2 at every size), and
 the process's peak resident memory (getrusage of the child), better lower (the aim: flat,
-bounded by a chunk or a batch, not the day). Every line gives the machine and its load.
+bounded by a chunk or a batch, not the day). Every line gives the machine, its load and
+the allocator of Arrow's buffers (`arrow_pool`: lrm.data.parquet.ARROW_POOL; set
+ARROW_DEFAULT_MEMORY_POOL=mimalloc to measure pyarrow's own default).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import emit  # noqa: E402
 from lrm.config import GenerateConfig  # noqa: E402
+
+import pyarrow as pa  # noqa: E402  # after lrm, which picks its C++ pool (lrm/__init__.py)
 
 STAGES = ("generate", "dedup", "train", "evaluate")
 SIZES = {"quick": (50_000, 200_000), "default": (1_000_000, 10_000_000),
@@ -123,7 +127,7 @@ def main() -> None:
             subprocess.run(["rm", "-rf", str(root)], check=True)  # the next day's disk
     base = sizes[0]
     common = {"sizes": list(sizes), "load_avg": [load, [round(x, 2) for x in os.getloadavg()]],
-              "cpus": os.cpu_count()}
+              "cpus": os.cpu_count(), "arrow_pool": pa.default_memory_pool().backend_name}
     for name in STAGES:
         b = results[base][name]
         b_per = b["seconds"] / (b["rows"] / 1e6)

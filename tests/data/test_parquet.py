@@ -6,7 +6,10 @@ reader (schema, loader and its threads, dedup, the serving example).
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import traceback
 from itertools import accumulate
 from pathlib import Path
@@ -226,3 +229,20 @@ def test_example_frame_reads_past_small_row_groups(world, tmp_path):
     root, f = _copy(world, "raw", tmp_path)
     pq.write_table(pq.read_table(f), f, row_group_size=2)  # fewer rows a group than asked
     assert len(example_frame(root, 1, rows=5)) == 5
+
+
+@pytest.mark.parametrize("chosen, first", [(None, "lrm.data.parquet"), (None, "pyarrow"),
+                                           ("jemalloc", "lrm.data.parquet")])
+def test_arrow_buffers_come_from_the_system_allocator_unless_the_user_chose(chosen, first):
+    """A process that reads through lrm allocates Arrow's buffers with malloc (mimalloc's
+    resident memory grew with the length of a streamed day: parquet.ARROW_POOL): Arrow's
+    C++ default pool, chosen from the environment when pyarrow is imported after lrm, and
+    pyarrow's, even where pyarrow came first; a pool the user chose stays."""
+    env = {k: v for k, v in os.environ.items() if k != parquet.ARROW_POOL}
+    if chosen:
+        env[parquet.ARROW_POOL] = chosen
+    code = (f"import {first}, lrm.data.parquet, os, pyarrow as pa; "
+            f"print(pa.default_memory_pool().backend_name, os.environ.get('{parquet.ARROW_POOL}'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [chosen or "system"] * 2
