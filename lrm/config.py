@@ -486,10 +486,14 @@ def _overrides(cls: type) -> type:
 TrainOverrides = _overrides(TrainConfig)
 
 
-def with_overrides(base: C, overrides: Any) -> C:
-    """`base` with every non-None field of `overrides` (an `_overrides` dataclass) applied."""
+def with_overrides(base: C, overrides: Any, section: str = "") -> C:
+    """`base` with every non-None field of `overrides` (an `_overrides` dataclass) applied;
+    a value the config refuses is a ConfigError naming `section` (e.g. teacher.train)."""
     changes = {k: v for k, v in dataclasses.asdict(overrides).items() if v is not None}
-    return dataclasses.replace(base, **changes)  # type: ignore[type-var]
+    try:
+        return dataclasses.replace(base, **changes)  # type: ignore[type-var]
+    except ConfigError as e:
+        raise ConfigError(f"{section}.{e}" if section else str(e)) from None
 
 
 @dataclass(kw_only=True)

@@ -72,7 +72,7 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
     if serving != "auto" and serving not in cfg.variants:
         raise ConfigError(f"registry.variant: {serving!r} is neither auto nor one of "
                           f"students.variants {sorted(cfg.variants)}")
-    train_cfg = with_overrides(base, cfg.train)
+    train_cfg = with_overrides(base, cfg.train, "students.train")
     log_fn = tracking.log_metrics if tracking.active() else None
     schema, _ = read_schema(sessions if day is None else data)
     vms = S.vertical_models(schema, list(cfg.models))

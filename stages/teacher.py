@@ -62,7 +62,7 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
     from lrm.train import build_job
     from lrm.train import days as carried
 
-    job = build_job("teacher", train=with_overrides(base, cfg.train),
+    job = build_job("teacher", train=with_overrides(base, cfg.train, "teacher.train"),
                     model=ModelConfig(tables=tables, teacher=model), data=data,
                     loader=loader, checkpoint=checkpoint, plan=plan)
     log_fn = tracking.log_metrics if tracking.active() else None

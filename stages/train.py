@@ -50,7 +50,7 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
     from lrm.train import train as train_model
 
     if kind == "teacher":  # the teacher's own keys (teacher.train), as the FM trains with
-        train = with_overrides(train, teacher_train)
+        train = with_overrides(train, teacher_train, "teacher.train")
     job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
                     data=data, split=split, loader=loader, checkpoint=checkpoint,
                     checkpoints=checkpoints, start="resume" if resume else "fresh",

@@ -91,6 +91,10 @@ def test_bad_input_exits_2_with_one_line(datasets, tmp_path):  # noqa: F811
         "param": (args("param", params=_params(tmp_path, train={"batch_size": 0})),
                   "train.batch_size: must be >= 1"),
         "days": (args("days", days="0,x"), "split.days"),
+        # a teacher.train key the config refuses names its section
+        "teacher_key": (args("teacher_key", model="teacher", params=_params(
+            tmp_path, teacher={"train": {"ema_decay": 1.5}})),
+            "teacher.train.ema_decay: must be in [0, 1)"),
         "nan": (args("nan", data=poisoned, checkpoints="ck-nan", checkpoint_every=2,
                      params=_params(tmp_path, train={"steps": 40})), "not finite"),
         "one_day": (args("one_day", data=only_days(datasets["sessions"], tmp_path / "one",
