@@ -67,23 +67,6 @@ class Dist:
             dist.all_reduce(out)
         return out.cpu()
 
-    def gather_cat(self, t: torch.Tensor) -> torch.Tensor | None:
-        """Concatenate a 1-D tensor of any length from every rank, in rank order, on rank 0."""
-        t = t.detach().reshape(-1)
-        if self.world_size == 1:
-            return t.cpu()
-        n = torch.tensor([t.numel()], device=self.device)
-        sizes = [torch.zeros_like(n) for _ in range(self.world_size)]
-        dist.all_gather(sizes, n)
-        most = int(max(int(s) for s in sizes))
-        padded = torch.zeros(most, dtype=t.dtype, device=self.device)
-        padded[: t.numel()] = t
-        parts = [torch.zeros_like(padded) for _ in range(self.world_size)]
-        dist.all_gather(parts, padded)
-        if not self.is_main:
-            return None
-        return torch.cat([p[: int(s)] for p, s in zip(parts, sizes, strict=True)]).cpu()
-
     def broadcast(self, obj: object) -> object:
         """Rank 0's `obj` on every rank."""
         if self.world_size == 1:

@@ -25,13 +25,14 @@ hence the code here.
 that does not grow with the stream (`lrm evaluate` of a day of any size): sums, and for
 AUC the weights of positives and negatives per bin of score (AUC_BINS over logits in
 [-AUC_RANGE, AUC_RANGE]: a bin's pairs count 0.5, as a tie does; the intervals' AUCs on
-AUC_CI_BINS bins). Each row's bootstrap weights are drawn as the row passes.
+AUC_CI_BINS bins). Each row's bootstrap weights are drawn as the row passes. Its state is
+sums, so the scores of a job's ranks add up (`reduce`) to the score of all their rows.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -229,6 +230,20 @@ class StreamingScore:
             coarse = _bins(x, AUC_CI_BINS)
             self._ci_hist[0].index_add_(1, coarse, w * y)
             self._ci_hist[1].index_add_(1, coarse, w * (1 - y))
+
+    def reduce(self, sum_: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace this score's state by `sum_` of it: with the elementwise sum over a job's
+        ranks (lrm.dist.Dist.all_sum), every rank then computes the score of every rank's
+        rows. Each rank draws its rows' bootstrap weights from its own `seed` (the rows'
+        weights must be independent)."""
+        head = torch.tensor([self.rows, self._loss, self._pos, self._prob], dtype=torch.float64)
+        parts = (head, self._hist, self._sums, self._ci_hist)
+        flat = sum_(torch.cat([t.reshape(-1) for t in parts]))
+        head, self._hist, self._sums, self._ci_hist = (
+            v.reshape(t.shape).clone() for v, t in
+            zip(flat.split([t.numel() for t in parts]), parts, strict=True))
+        self.rows = int(head[0])
+        self._loss, self._pos, self._prob = (float(v) for v in head[1:])
 
     def compute(self, level: float = CI_LEVEL) -> dict[str, Any]:
         """What `score(..., ci=True)` gives for the rows seen (no CI with 0 resamples)."""

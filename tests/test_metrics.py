@@ -199,3 +199,36 @@ def test_streaming_score_agrees_with_score_in_the_memory_of_a_batch():
     none = metrics.StreamingScore(resamples=0)
     none.update(x, y)
     assert "ne_ci" not in none.compute() and math.isnan(metrics.StreamingScore().compute()["ne"])
+
+
+def test_streaming_scores_of_ranks_add_up_to_the_score_of_all_their_rows():
+    """A training job's ranks each score their share of a day and add up their states
+    (`reduce` with the sum over ranks): every rank then has the score of all the rows, as one
+    StreamingScore of every row gives (the intervals from each rank's own weights)."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(30_000, generator=g) * 1.5 - 3.0
+    y = (torch.rand(30_000, generator=g) < torch.sigmoid(x)).double()
+    whole = metrics.StreamingScore(resamples=40)
+    for xb, yb in zip(x.split(3_000), y.split(3_000), strict=True):
+        whole.update(xb, yb)
+    ranks = [metrics.StreamingScore(resamples=40, seed=r) for r in range(2)]
+    for i, (xb, yb) in enumerate(zip(x.split(3_000), y.split(3_000), strict=True)):
+        ranks[i % 2].update(xb, yb)  # rank r reads batches r, r + 2, ...
+    states: list[torch.Tensor] = []
+    for r in ranks:  # what each rank puts into the all-reduce
+        r.reduce(lambda t: states.append(t.clone()) or t)
+    for r in ranks:  # and what it hands back to every rank
+        r.reduce(lambda t: states[0] + states[1])
+    want = whole.compute()
+    for got in (r.compute() for r in ranks):
+        assert got["rows"] == 30_000
+        for k in ("ne", "auc", "calibration", "log_loss", "ctr"):
+            assert got[k] == pytest.approx(want[k], rel=1e-12), k
+        for k in ("ne", "auc", "calibration"):
+            lo, hi = got[f"{k}_ci"]
+            assert lo < got[k] < hi and hi - lo == pytest.approx(
+                want[f"{k}_ci"][1] - want[f"{k}_ci"][0], rel=0.5), k
+    alone = metrics.StreamingScore(resamples=0)
+    alone.update(x[:3_000], y[:3_000])
+    alone.reduce(lambda t: t)  # one process: its own score
+    assert alone.compute()["rows"] == 3_000

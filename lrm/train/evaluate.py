@@ -5,8 +5,10 @@ a bootstrap confidence interval (lrm.metrics).
 every row of the day unless `max_rows` says otherwise, and the result says how many. It
 streams: each batch's scores go into a lrm.metrics.StreamingScore and are dropped, so a
 day of any size is scored in the memory of a batch (its AUC on scores binned finely). The
-training loop scores its sharded model with `predict` on every rank and gathers the
-predictions to rank 0 (`score`: exact AUC).
+training loop scores its sharded model the same way on every rank and adds the ranks'
+sums (StreamingScore.reduce), so a run's held-out metrics are those `lrm evaluate` gives
+of the model it saved. `predict` and `score` (every score kept; exact AUC) are for the
+benchmarks and tests that want the scores themselves.
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ from lrm.train.export import load_model
 
 
 @torch.no_grad()
-def _scored(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
-            max_batches: int | None = None, reporter: Reporter | None = None
-            ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def scored(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
+           max_batches: int | None = None, reporter: Reporter | None = None
+           ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(logits, labels) of each batch, float32 on the CPU, scored in float32 on any device
     (no autocast: an NE is the saved model's, wherever it runs)."""
     was_training = model.training
@@ -54,7 +56,7 @@ def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
             reporter: Reporter | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, labels) of every impression in `batches`, float32 on the CPU, scored in
     float32 on any device (no autocast: an NE is the saved model's, wherever it runs)."""
-    pairs = list(_scored(model, batches, device, max_batches=max_batches, reporter=reporter))
+    pairs = list(scored(model, batches, device, max_batches=max_batches, reporter=reporter))
     if not pairs:
         return torch.zeros(0), torch.zeros(0)
     return torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
@@ -109,7 +111,7 @@ def evaluate_days(model_dir: Path, data: Path, days: Sequence[int], *, batch_siz
         day = metrics.StreamingScore(resamples=resamples)
         with Reporter(f"evaluate {card.kind} day {d}", total=loader.num_rows(),
                       unit="rows") as rep:
-            for x, y in _scored(model, loader, dev, reporter=rep):
+            for x, y in scored(model, loader, dev, reporter=rep):
                 day.update(x, y)
                 pooled.update(x, y)
         per_day[d] = {**day.compute(), "day": d}
@@ -145,8 +147,8 @@ def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 81
     want = min(max_rows, day_rows) if max_rows > 0 else day_rows
     scores = metrics.StreamingScore(resamples=resamples)
     with Reporter(f"evaluate {card.kind}", total=want, unit="rows") as rep:
-        for logits, labels in _scored(model, loader, dev, reporter=rep,
-                                      max_batches=-(-want // batch_size)):
+        for logits, labels in scored(model, loader, dev, reporter=rep,
+                                     max_batches=-(-want // batch_size)):
             take = want - scores.rows
             scores.update(logits[:take], labels[:take])
     return {**scores.compute(), "day": chosen, "day_rows": day_rows, "kind": card.kind}

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lrm import metrics
 from lrm.checkpoint import CheckpointManager
 from lrm.config import ModelConfig
 from lrm.data.batch import Batch
@@ -60,7 +61,7 @@ from lrm.train.average import DenseAverage
 from lrm.train.data import EpochStream, TrainData, fit_tables, loaders, model_hash_sizes, \
     per_rank_batch, run_identity
 from lrm.train.early_stop import EarlyStopping
-from lrm.train.evaluate import predict, score
+from lrm.train.evaluate import scored
 from lrm.train.export import ModelCard, load_weights, read_card, save_model
 from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
@@ -474,14 +475,16 @@ def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
 
 def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *,
               max_batches: int | None, ci: bool = False) -> dict[str, Any]:
-    """Score every rank's share of `batches`; the metrics on every rank. In float32 also
-    where the steps train under bf16 autocast: the NE that validation compares, the card
-    records and the registry judges is the saved model's (bf16 moved it by 1e-4 to 4e-4
-    on an H100), the same as `lrm evaluate` of that model gives."""
-    logits, labels = predict(model, batches, env.device, max_batches=max_batches)
-    all_logits, all_labels = env.gather_cat(logits), env.gather_cat(labels)
-    result = score(all_logits, all_labels, ci=ci) if env.is_main else None
-    return env.broadcast(result)  # type: ignore[return-value]
+    """Score every rank's share of `batches`; the metrics of all of them on every rank. As
+    `lrm evaluate` scores (in the memory of a batch: a held-out day of any size; the
+    ranks' sums added up), and in float32 also where the steps train under bf16 autocast:
+    the NE that validation compares, the card records and the registry judges is the saved
+    model's (bf16 moved it by 1e-4 to 4e-4 on an H100), the one `lrm evaluate` gives."""
+    scores = metrics.StreamingScore(resamples=metrics.BOOTSTRAP if ci else 0, seed=env.rank)
+    for logits, labels in scored(model, batches, env.device, max_batches=max_batches):
+        scores.update(logits, labels)
+    scores.reduce(env.all_sum)
+    return scores.compute()
 
 
 class _Quiet:

@@ -18,6 +18,7 @@ from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, LrmError
 from lrm.metrics import normalized_entropy
 from lrm.train import NonFiniteLossError, TrainJob, evaluate, load_model, train
+from lrm.train.data import eval_batch
 from lrm.train.evaluate import predict
 from lrm.checkpoint import Store
 from lrm.config import CheckpointConfig, SplitConfig
@@ -46,11 +47,19 @@ def test_short_run_lowers_ne_and_saves_a_loadable_model(datasets, tmp_path):
     model, card = load_model(out)  # torch.load(weights_only=True), strict load
     assert card.kind == "student" and card.info["steps"] == r.steps
     assert not any(p.is_meta for p in model.parameters())
-    # the unsharded model scores the held-out day as the sharded one did
+    # the unsharded model scores the held-out day as the sharded one did, and the run
+    # reports what `lrm evaluate` of the model it saved says (scored the same way, streamed)
     ev = evaluate(out, datasets["raw"], day=-1, batch_size=1000)
     assert ev["rows"] == r.eval["rows"] and ev["day"] == 2
-    assert ev["ne"] == pytest.approx(r.eval["ne"], abs=1e-5)
-    assert ev["auc"] == pytest.approx(r.eval["auc"], abs=1e-5)
+    assert ev["ne"] == pytest.approx(r.eval["ne"], rel=1e-6)
+    assert ev["auc"] == pytest.approx(r.eval["auc"], abs=1e-9)
+    assert ev["calibration"] == pytest.approx(r.eval["calibration"], rel=1e-6)
+    # its intervals too, from the same batches (the same rows' bootstrap weights): the run
+    # scored batch after batch, keeping no score (a held-out day of any size)
+    same = evaluate(out, datasets["sessions"], day=-1,
+                    batch_size=eval_batch(r.eval["rows"], 1, 512))
+    for k in ("ne_ci", "auc_ci", "calibration_ci"):
+        assert same[k] == pytest.approx(r.eval[k], rel=1e-6), k
 
     # cold ids: the held-out day's impressions of ads that no train day showed (the world's
     # arrivals) are still scored better than their own base rate
