@@ -6,7 +6,9 @@ exfm.teacher_gain   a line per vertical: the foundation model's NE on the vertic
 exfm.student_gain   a line per vertical x size: labels-only NE (baseline) against the served
                     variant's (candidate, picked on the validation day by registry.variant
                     auto), every seed's figures, their spread, `gain_over_spread` (mean NE
-                    gain / the larger seed spread) and the full variant table
+                    gain / the larger seed spread of the two NEs), `gain_over_gain_spread`
+                    (mean NE gain / the spread of the gain itself, seed by seed: a seed's
+                    variants share its init and data order) and the full variant table
 exfm.augment        augment rows/s against the teacher's bare forward on the same batches
 
 The labels-only vertical model is trained on every day of its vertical: the user's real

@@ -197,7 +197,8 @@ def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
             gains = [b_ / c for b_, c in zip(base, cand, strict=True)]
             # seeds move every variant alike: the gain (NE) against the larger spread
             spread = max(S.mean_spread(base)["spread"], S.mean_spread(cand)["spread"])
-            gain = S.mean_spread([b_ - c for b_, c in zip(base, cand, strict=True)])["mean"]
+            paired = S.mean_spread([b_ - c for b_, c in zip(base, cand, strict=True)])
+            gain = paired["mean"]
             table = {var: {k: S.mean_spread([p["variants"][var][k] for p in per])
                            for k in ("ne", "auc", "calibration")}
                      for var in per[0]["variants"]}
@@ -209,6 +210,11 @@ def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
                             gain_per_seed=[round(g, 5) for g in gains],
                             spread=round(spread, 5),
                             gain_over_spread=round(gain / spread, 2) if spread else None,
+                            # a seed's variants share its init and data order: the spread
+                            # of the gain itself, seed by seed (the stricter figure is above)
+                            gain_spread=round(paired["spread"], 5),
+                            gain_over_gain_spread=(round(gain / paired["spread"], 2)
+                                                   if paired["spread"] else None),
                             table=table, **common))
     return out
 
