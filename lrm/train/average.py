@@ -10,7 +10,7 @@ day's clicks, though the world's daily CTR is flat. An average over the last ~50
 against 0.94-1.23). The students' days, which now take few large steps, gained nothing from
 it (3 seeds), so it is off in `train` and on in `teacher.train`.
 
-The decay ramps up as min(decay, (1 + t) / (10 + t)) after t updates (TensorFlow's
+The t-th update decays at min(decay, (1 + t) / (10 + t)) (TensorFlow's
 ExponentialMovingAverage with num_updates), so a short run's average is not its first
 steps'. Written here, not torch's `swa_utils.AveragedModel`: that deep-copies the whole
 module, the sharded tables included, and swaps nothing in place; the average here is of the
@@ -41,12 +41,16 @@ class DenseAverage:
         self.decay = decay
         self.params = dict(params)
         self.shadow = {k: p.detach().clone() for k, p in self.params.items()}
+        # the lists the per-step lerp takes, built once (every later write is in place)
+        self._weights = [p.detach() for p in self.params.values()]
+        self._averages = list(self.shadow.values())
         self.updates = 0
         self.in_model = False
 
     def rate(self) -> float:
-        """The decay of the next update."""
-        return min(self.decay, (1 + self.updates + 1) / (10 + self.updates + 1))
+        """The decay of the next update, the t-th (t counts it)."""
+        t = self.updates + 1
+        return min(self.decay, (1 + t) / (10 + t))
 
     @torch.no_grad()
     def update(self) -> None:
@@ -55,8 +59,7 @@ class DenseAverage:
             raise RuntimeError("update() while the average is in the model")
         rate = self.rate()
         self.updates += 1
-        torch._foreach_lerp_(list(self.shadow.values()),
-                             [p.detach() for p in self.params.values()], 1.0 - rate)
+        torch._foreach_lerp_(self._averages, self._weights, 1.0 - rate)
 
     @torch.no_grad()
     def swap(self) -> None:
