@@ -1,8 +1,9 @@
 """ExFM benchmarks: `python bench/exfm.py [--quick]` prints one JSON line per case.
 
-exfm.teacher_gain   a line per vertical: the foundation model's NE on the vertical's held-out
-                    last day (candidate) against the best labels-only vertical model's (its
-                    size with the lowest mean NE over the seeds), ratio = labels-only / FM
+exfm.teacher_gain   a line per vertical: the foundation model's mean NE over its seeds on the
+                    vertical's held-out last day (candidate; `fm_per_seed`, `fm_spread`)
+                    against the best labels-only vertical model's (its size with the lowest
+                    mean NE over the seeds), ratio = labels-only / FM
 exfm.student_gain   a line per vertical x size: labels-only NE (baseline) against the served
                     variant's (candidate, picked on the validation day by registry.variant
                     auto), every seed's figures, their spread, `gain_over_spread` (mean NE
@@ -12,9 +13,10 @@ exfm.student_gain   a line per vertical x size: labels-only NE (baseline) agains
 exfm.augment        augment rows/s against the teacher's bare forward on the same batches
 
 The labels-only vertical model is trained on every day of its vertical: the user's real
-alternative. The default run uses params.yaml's world and models with 3 student seeds
-(minutes to hours on 2 cores: it prints how long each part took); --quick a small world
-(under a minute).
+alternative. The default run uses params.yaml's world and models with 3 seeds, each the
+whole procedure's (its FM, the days it augments, the students distilled from them; minutes
+to hours on 2 cores: it prints how long each part took); --quick a small world (under a
+minute).
 """
 
 from __future__ import annotations
@@ -33,10 +35,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
     ap.add_argument("--only", choices=["augment", "gains"], default=None)
     ap.add_argument("--seeds", type=int, default=None,
-                    help="student seeds (default: 3; --quick: 1)")
+                    help="seeds (default: 3; --quick: 1)")
+    ap.add_argument("--fm-seeds", type=int, default=None,
+                    help="FM seeds; student seed s distils from FM seed s mod this "
+                         "(default: as many as --seeds, so each seed is the whole procedure's)")
     args = ap.parse_args()
     seeds = args.seeds or (1 if args.quick else 3)
-    with exfm_cases.world(args.quick) as w:
+    fm_seeds = min(args.fm_seeds or seeds, seeds)
+    with exfm_cases.world(args.quick, fm_seeds) as w:
         if args.only in (None, "gains"):
             exfm_cases.run_gains(w, seeds=seeds)
         if args.only in (None, "augment"):
