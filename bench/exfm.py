@@ -40,6 +40,9 @@ def main() -> None:
                     help="FM seeds; student seed s distils from FM seed s mod this "
                          "(default: as many as --seeds, so each seed is the whole procedure's)")
     args = ap.parse_args()
+    for flag, value in (("--seeds", args.seeds), ("--fm-seeds", args.fm_seeds)):
+        if value is not None and value < 1:
+            ap.error(f"{flag} must be >= 1, got {value}")
     seeds = args.seeds or (1 if args.quick else 3)
     fm_seeds = min(args.fm_seeds or seeds, seeds)
     with exfm_cases.world(args.quick, fm_seeds) as w:
