@@ -44,7 +44,8 @@ def main() -> None:
         if value is not None and value < 1:
             ap.error(f"{flag} must be >= 1, got {value}")
     seeds = args.seeds or (1 if args.quick else 3)
-    fm_seeds = min(args.fm_seeds or seeds, seeds)
+    # augment's case reads one FM's versions: --only augment trains no more
+    fm_seeds = 1 if args.only == "augment" else min(args.fm_seeds or seeds, seeds)
     with exfm_cases.world(args.quick, fm_seeds) as w:
         if args.only in (None, "gains"):
             exfm_cases.run_gains(w, seeds=seeds)
