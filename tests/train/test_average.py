@@ -56,6 +56,20 @@ def test_the_average_follows_its_formula_and_swaps_in_place():
     assert again.updates == avg.updates == 40
     assert all(torch.equal(again.shadow[k], avg.shadow[k]) for k in p)
 
+    # after a swap and after a load, an update still moves the average `shadow` holds (the
+    # update's tensor lists are built once: nothing may put new tensors in their place)
+    with torch.no_grad():
+        for k, v in p.items():
+            v.add_(1.0)
+            again.params[k].copy_(v)
+    rate = avg.rate()
+    want = {k: avg.shadow[k] * rate + p[k].detach() * (1 - rate) for k in p}
+    avg.update()
+    again.update()
+    for k in p:
+        torch.testing.assert_close(avg.shadow[k], want[k])
+        assert torch.equal(again.shadow[k], avg.shadow[k])
+
 
 def _run(datasets, tmp_path, name, cfg, **kw):
     """Train `cfg`; the dense weights after every step (the trained ones, read at each log
