@@ -44,8 +44,11 @@ def main() -> None:
         if value is not None and value < 1:
             ap.error(f"{flag} must be >= 1, got {value}")
     seeds = args.seeds or (1 if args.quick else 3)
+    if (args.fm_seeds or 0) > seeds:  # seed s distils from FM s mod N: FM seeds >= N unused
+        ap.error(f"--fm-seeds {args.fm_seeds} exceeds --seeds {seeds} (seed s distils from "
+                 "FM seed s mod --fm-seeds: the rest would train for nothing)")
     # augment's case reads one FM's versions: --only augment trains no more
-    fm_seeds = 1 if args.only == "augment" else min(args.fm_seeds or seeds, seeds)
+    fm_seeds = 1 if args.only == "augment" else args.fm_seeds or seeds
     with exfm_cases.world(args.quick, fm_seeds) as w:
         if args.only in (None, "gains"):
             exfm_cases.run_gains(w, seeds=seeds)
