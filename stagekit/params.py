@@ -81,6 +81,17 @@ def load_params(files: Sequence[Path] | None = None,
     try:
         return from_dict(ParamsConfig, data, "")
     except ConfigError as e:  # "params.yaml: train.batch_size: must be >= 1"
-        raise ConfigError(f"{where}: {str(e).lstrip('.: ')}") from None
+        msg = str(e).lstrip(".: ")
+        given = [k for k in _keys(msg.split(": ", 1)[0]) if k in (overrides or {})]
+        if given:  # a value from the command line, not the file: say so
+            where = f"{', '.join(f'--{k}' for k in given)} (over {where})"
+        raise ConfigError(f"{where}: {msg}") from None
+
+
+def _keys(head: str) -> list[str]:
+    """The dotted keys an error's head names: train.lr, or train.lr/embedding_lr (a check
+    of two fields)."""
+    section, _, fields = head.rpartition(".")
+    return [f"{section}.{f}" if section else f for f in fields.split("/")]
 
 

@@ -8,6 +8,8 @@ missing-column check dropped, a time that does not parse read as null.
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 
@@ -84,6 +86,41 @@ def test_a_column_of_the_wrong_type_and_a_missing_column(tmp_path):
     assert e.value.field == "price" and "column missing" in str(e.value)
     assert "user, ts, item, clicked, cat" in str(e.value)  # what the file has
 
+
+
+JSON_LINES = {  # case -> (the 4th row's bad values, the column named, words of the message)
+    "list_for_number": ({"price": [3.0]}, "price", "a list ([3.0]) where"),
+    "text_for_time": ({"ts": "noon"}, "ts", "noon"),  # (typed as text: does not parse)
+    "object_for_label": ({"clicked": {"n": 1}}, "clicked", "an object"),
+    "broken_line": (None, None, "not a JSON line"),
+}
+
+
+@pytest.mark.parametrize("at", [4, 1500])  # in the first block read, or a later one
+@pytest.mark.parametrize("infer_rows", [10_000, 2])  # among the rows polars types the
+@pytest.mark.parametrize("case", sorted(JSON_LINES))  # columns by, or after them
+def test_a_json_line_of_another_kind_names_its_row_and_column(tmp_path, monkeypatch, case,
+                                                              infer_rows, at):
+    """polars' JSON reader fails a block without saying where: the row and column are found.
+    Planted bugs that turn this red (each tried): blank lines counted as rows; the block's
+    first row not passed on; the inferred schema's types not checked."""
+    from lrm.data.logs import read
+
+    monkeypatch.setattr(read, "JSON_INFER_ROWS", infer_rows)
+    bad, column, words = JSON_LINES[case]
+    rows = _log(2000)  # ~200 kB: blocks of 64 kB, then of `chunk_rows` rows
+    rows[at - 1] = {**rows[at - 1], **(bad or {})}
+    lines = [json.dumps(r) for r in rows]
+    if bad is None:
+        lines[at - 1] = lines[at - 1][:-1] + ",}"
+    lines.insert(1, "")  # a blank line is not a row
+    f = tmp_path / "log.jsonl"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", chunk_rows=200, **BASE)
+    assert (e.value.file, e.value.line, e.value.field) == (f, at, column), str(e.value)
+    assert words in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 @pytest.mark.parametrize("unit", ["iso", "format"])
 def test_a_text_time_that_does_not_parse(tmp_path, unit):

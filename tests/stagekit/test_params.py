@@ -1,4 +1,5 @@
-"""Params: files laid over each other, dotted overrides, every error naming the file."""
+"""Params: files laid over each other, dotted overrides, every error naming the file (or
+the option that gave the bad value)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ def test_params_files_are_laid_over_each_other_and_checked(tmp_path):
     b.write_text("train: {lr: -1}\n")
     with pytest.raises(ConfigError, match=r"b.yaml: train.lr/embedding_lr: must be > 0"):
         load_params([a, b])
+    with pytest.raises(ConfigError, match=r"^/\S+/a.yaml, \S+/b.yaml: train.lr/"):
+        load_params([a, b], {"train.steps": 3})  # an override elsewhere: the file's fault
+    b.write_text("train: {lr: 0.25}\n")  # a bad value given on the command line is named so
+    with pytest.raises(ConfigError, match=r"^--evaluate.days \(over \S+/a.yaml, \S+/b.yaml\): "
+                                          r"evaluate.days: '5..3': the first day comes after"):
+        load_params([a, b], {"evaluate.days": "5..3"})
+    with pytest.raises(ConfigError, match=r"^--train.embedding_lr \(over \S+/a.yaml, \S+/b.yaml\): "
+                                          r"train.lr/embedding_lr: must be > 0"):
+        load_params([a, b], {"train.embedding_lr": -1.0})
     b.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match="b.yaml: not valid YAML"):
         load_params([b])

@@ -18,7 +18,9 @@ Checks, each naming the file, the row and the column of the first bad value (`Ro
 exit-2 error): a column missing; a column of a type its role cannot take (ids must be text or
 integers, a dense value a number, ...); a label that is not 0/1 (or a boolean, or with
 ``label_count`` a count); a time that does not parse; a negative id (an integer below 0, or
-text that is one); a dense value that is not finite. A null dense value is missing (its
+text that is one); a dense value that is not finite; a JSON line that does not parse, or
+whose field holds a value of another kind than the column's (polars' reader says neither
+row nor field: `_json_culprit` finds them). A null dense value is missing (its
 feature reads 0); a null categorical is a missing id; a null label, user, item, session or
 time is an error.
 """
@@ -27,7 +29,9 @@ from __future__ import annotations
 
 import gzip
 import io
-from collections.abc import Iterator, Sequence
+import itertools
+import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,7 @@ LABEL, TIME, USER, ITEM, SESSION = "_label", "_time", "_user", "_item", "_sessio
 _ISO = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d %H:%M%#z",
         "%Y-%m-%d %H:%M", "%Y-%m-%d")
 _UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
+JSON_INFER_ROWS = 10_000  # JSON lines: the rows whose values give the columns' types
 
 
 @dataclass
@@ -116,7 +121,7 @@ def scan(src: Source, cfg: LogsConfig) -> pl.LazyFrame:
     if src.format == "parquet":
         lf = pl.scan_parquet(p)
     elif src.format == "jsonl":
-        lf = pl.scan_ndjson(p, infer_schema_length=10_000)
+        lf = pl.scan_ndjson(p, infer_schema_length=JSON_INFER_ROWS)
     else:
         header = not cfg.columns
         lf = pl.scan_csv(p, separator="\t" if src.format == "tsv" else ",",
@@ -131,6 +136,8 @@ def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, p
     try:
         schema = dict(lf.collect_schema())
     except (pl.exceptions.PolarsError, OSError) as e:
+        if src.format == "jsonl" and (culprit := _json_typing_culprit(src.path)):
+            raise culprit from None  # values of two kinds in one field: its row
         raise _polars_error(src.path, e) from None
     for role, col in cfg.roles():
         if col not in schema:
@@ -188,10 +195,9 @@ def numeric_columns(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig
 def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                  cfg: LogsConfig, rows: int, numbers: Sequence[str] = ()
                  ) -> Iterator[pl.DataFrame]:
-    opener = gzip.open if src.path.name.endswith(".gz") else open
     quoted = src.format == "csv"
     n = 1
-    with opener(src.path, "rb") as fh:  # type: ignore[operator]
+    with _open(src.path) as fh:
         if src.format != "jsonl" and not cfg.columns:
             fh.readline()  # the header: `names` already holds it
         block = 1 << 16  # bytes; fitted to `rows` lines after the first block
@@ -207,7 +213,17 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                     break
                 data += more
             if src.format == "jsonl":
-                df = pl.read_ndjson(io.BytesIO(data), schema={c: types[c] for c in names})
+                schema = {c: types[c] for c in names}
+                try:
+                    df = pl.read_ndjson(io.BytesIO(data), schema=schema)
+                except pl.exceptions.PolarsError:
+                    # a value of another kind among the rows that typed the columns
+                    # (polars may type a column by the odd one), else in the block
+                    culprit = (_json_typing_culprit(src.path)
+                               or _json_culprit(src.path, data.splitlines(), n, schema))
+                    if culprit is None:
+                        raise
+                    raise culprit from None
             else:
                 sep = "\t" if src.format == "tsv" else ","
                 df = None
@@ -226,6 +242,75 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
             n += df.height
             for start in range(0, df.height, rows):  # the first block may hold more
                 yield df.slice(start, rows)
+
+
+def _open(path: Path) -> Any:
+    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+# JSON lines: polars' reader fails a whole block on a value of another kind than its field's
+# (a list where numbers are, text in a numeric time) and names neither its row nor its field.
+# Only after such a failure, the lines are walked here to find them (~100x polars' parse).
+_JSON_KINDS = {bool: "a boolean", int: "a number", float: "a number", str: "text",
+               list: "a list", dict: "an object"}
+
+
+def _json_allowed(dtype: pl.DataType) -> tuple[type, ...] | None:
+    """The Python types of the JSON values a column of `dtype` reads (None: not checked)."""
+    if dtype.is_integer():
+        return (int,)
+    if dtype.is_float():
+        return (int, float)
+    return {pl.String: (str,), pl.Boolean: (bool,), pl.List: (list,), pl.Array: (list,),
+            pl.Struct: (dict,), pl.Null: ()}.get(dtype.base_type())
+
+
+def _json_culprit(path: Path, lines: Iterable[bytes], first_row: int,
+                  schema: dict[str, pl.DataType] | None = None) -> RowError | None:
+    """The first row of `lines` (data rows from `first_row`; blank lines are not rows) that
+    is not a JSON object, or whose field holds a value of another kind than `schema` gives
+    (no schema: than the field's first value in these lines)."""
+    allowed: dict[str, tuple[tuple[type, ...], str]] = {}  # column -> (kinds, what they are)
+    for col, dtype in (schema or {}).items():
+        if (kinds := _json_allowed(dtype)) is not None:
+            allowed[col] = (kinds, f" is {dtype} (as its first rows give it)")
+    row = first_row
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line.strip())
+        except json.JSONDecodeError as e:
+            return RowError(path, row, None, f"not a JSON line ({e.msg} at character "
+                                             f"{e.pos + 1})")
+        except ValueError as e:  # bytes that are not UTF-8
+            return RowError(path, row, None, f"not a JSON line ({e})")
+        if not isinstance(obj, dict):
+            return RowError(path, row, None, f"not a JSON object: {line[:80]!r}")
+        for col, v in obj.items():
+            if v is None:
+                continue
+            if col not in allowed:
+                if schema is None:  # a field's first value sets its kind (numbers: both)
+                    kind = (int, float) if type(v) in (int, float) else (type(v),)
+                    allowed[col] = (kind, f"'s first value (row {row}) is "
+                                          f"{_JSON_KINDS.get(type(v), type(v).__name__)}")
+                continue
+            kinds, what = allowed[col]
+            if type(v) not in kinds:
+                shown = json.dumps(v)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                return RowError(path, row, col, f"{_JSON_KINDS.get(type(v), type(v).__name__)} "
+                                                f"({shown}) where the column{what}")
+        row += 1
+    return None
+
+
+def _json_typing_culprit(path: Path) -> RowError | None:
+    """The first value of another kind than its field's first among the rows polars types
+    the columns by (`scan`'s JSON_INFER_ROWS)."""
+    with _open(path) as fh:
+        return _json_culprit(path, itertools.islice(fh, JSON_INFER_ROWS), 1)
 
 
 def _read_text(data: bytes, names: list[str], sep: str, quoted: bool,
