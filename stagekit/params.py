@@ -20,20 +20,22 @@ from lrm.errors import ConfigError
 PARAMS = Path("params.yaml")
 log = logging.getLogger("lrm")
 
-def read_params_file(path: Path) -> dict[str, Any]:
-    """One params YAML file as a mapping (exit-2 errors name the file)."""
+def read_params_file(path: Path, what: str = "params") -> dict[str, Any]:
+    """One params YAML file (or another YAML mapping: `what` names its kind) as a mapping
+    (exit-2 errors name the file)."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
-        raise ConfigError(f"{path}: params file not found") from None
+        raise ConfigError(f"{path}: {what} file not found") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read the params file ({e})") from None
+        raise ConfigError(f"{path}: cannot read the {what} file ({e})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
+        of = "sections" if what == "params" else "keys"
+        raise ConfigError(f"{path}: expected a mapping of {of} at the top level")
     return data
 
 

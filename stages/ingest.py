@@ -125,7 +125,7 @@ LOGS_STAGE = Stage(
 
 def read_mapping(path: Path) -> dict[str, Any]:
     """A mapping file: YAML whose keys are `ingest.logs`'s (an unknown key is an error)."""
-    data = read_params_file(path)
+    data = read_params_file(path, "mapping")
     known = {o.key.rsplit(".", 1)[1] for o in config_options("ingest.logs")}
     unknown = sorted(set(data) - known)
     if unknown:

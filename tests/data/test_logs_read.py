@@ -122,6 +122,28 @@ def test_a_json_line_of_another_kind_names_its_row_and_column(tmp_path, monkeypa
     assert words in str(e.value), str(e.value)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
+
+@pytest.mark.parametrize("at", [4, 4000])  # in the first block read, or a later one
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_row_with_more_fields_than_the_header_names_its_row(tmp_path, suffix, at):
+    """polars' CSV reader fails a block with a long row without saying which. Planted bugs
+    that turn this red (each tried): the block's first row not passed on; quotes ignored (a
+    quoted separator counted as a field)."""
+    sep = "\t" if suffix == ".tsv" else ","
+    rows = _log(6000)  # ~170 kB: blocks of 64 kB, then of `chunk_rows` rows
+    if suffix == ".csv":  # a quoted separator and newline earlier: one field, one row
+        rows[1] = {**rows[1], "cat": "a,\nb"}
+    lines = write(frame(rows), tmp_path / f"ok{suffix}").read_text().splitlines(True)
+    k = at + (1 if suffix == ".csv" else 0)  # the physical line of data row `at`
+    lines[k] = lines[k].rstrip("\n") + f"{sep}extra\n"
+    f = tmp_path / f"log{suffix}"
+    f.write_text("".join(lines))
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", chunk_rows=200, **BASE)
+    assert (e.value.file, e.value.line, e.value.field) == (f, at, None), str(e.value)
+    assert "7 fields where the header has 6" in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
 @pytest.mark.parametrize("unit", ["iso", "format"])
 def test_a_text_time_that_does_not_parse(tmp_path, unit):
     times = ["2019-11-09T10:00:00Z", "2019-11-09 10:01:00", "2019-11-09T10:02:00+01:00",

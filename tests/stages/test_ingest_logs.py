@@ -84,6 +84,8 @@ def test_a_mapping_file_lies_under_the_flags(tmp_path):
     rc, _, err = _run(str(f), "--out", str(tmp_path / "c"), "--map", str(mapping))
     assert rc == 2 and "unknown mapping keys ['bogus']" in err
     assert not (tmp_path / "c").exists()
+    rc, _, err = _run(str(f), "--out", str(tmp_path / "c"), "--map", str(tmp_path / "no.yaml"))
+    assert rc == 2 and "no.yaml: mapping file not found" in err and not (tmp_path / "c").exists()
 
 
 @pytest.mark.parametrize("existed", [False, True])
