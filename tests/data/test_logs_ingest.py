@@ -11,6 +11,7 @@ being asked, the spill's cells read for the wrong day.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import polars as pl
@@ -98,6 +99,29 @@ def test_a_boolean_or_a_count_label_maps_to_one_and_says_so(tmp_path, kind, capl
         m, rows = run([f], tmp_path / "out", label_count=kind == "count", **GAP)
     assert rows["label"].to_list() == [1, 0, 1] and m["label_mapping"] == kind
     assert f"read as {kind}" in caplog.text
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us"])
+def test_times_outside_any_click_log_are_said_with_what_other_units_give(tmp_path, unit,
+                                                                        caplog):
+    """Seconds read as ms put a week of 2019 into one day of 1970, silently before. Planted
+    bugs that turn this red (each tried): the check not called; the span of the first file
+    only; a file's span from its first chunk only; other units converted the wrong way."""
+    log = clicks_log()  # two days of 2019, times in seconds, in two files
+    files = [write(log.head(4), tmp_path / "a.csv"), write(log.tail(3), tmp_path / "b.csv")]
+    with caplog.at_level("WARNING", logger="lrm"):
+        m, _ = run(files, tmp_path / "out", time_unit=unit, chunk_rows=2, **GAP)
+    last = T0 + 24 * 60 * MIN + 5 * MIN  # clicks_log's last time (day 1)
+    per = {"s": 1, "ms": 1000, "us": 1_000_000}[unit]  # a second is this many of `unit`
+    first_s, last_s = T0 // per, last // per  # each time, read in `unit`, in seconds
+    fmt = "%Y-%m-%d %H:%M:%S"
+    assert m["time_span"] == [time.strftime(fmt, time.gmtime(first_s)),
+                              time.strftime(fmt, time.gmtime(last_s))]
+    if unit == "s":
+        assert caplog.text == "" and m["days"] == 2
+        return
+    assert m["days"] == 1 and "column ts's times run from 1970-01-" in caplog.text
+    assert "as s: 2019-11-09 00:00:00 to 2019-11-10 00:05:00" in caplog.text, caplog.text
 
 
 def test_dense_columns_are_log_scaled_where_heavy_tailed_and_standardized(tmp_path):

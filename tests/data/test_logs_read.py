@@ -33,6 +33,7 @@ CASES = {  # case -> (the bad row's values, the column named, words of the messa
     "label_text": ({"clicked": "yes"}, "clicked", "0 or 1"),
     "negative_id_text": ({"item": "-5"}, "item", "negative"),
     "time_text": ({"ts": "yesterday"}, "ts", "does not parse"),
+    "time_in_ns": ({"ts": T0 * 10**9}, "ts", "as a number of s"),  # past int64 in us
     "dense_text": ({"price": "cheap"}, "price", "not a finite number"),
     "dense_inf": ({"price": "inf"}, "price", "not a finite"),
     "dense_nan": ({"price": "NaN"}, "price", "not a finite"),
@@ -56,6 +57,8 @@ def test_a_bad_text_value_names_file_row_and_column(tmp_path, case, suffix):
 TYPED = {  # typed files: the wrong type, negative integers, non-finite floats
     "negative_id_int": (pl.Series("user", [1, 2, 3, -7, 5, 6]), "user", "negative"),
     "label_int_2": (pl.Series("clicked", [0, 1, 0, 2, 1, 0]), "clicked", "0 or 1"),
+    "time_in_ns": (pl.Series("ts", [T0 + i if i != 3 else T0 * 10**9 for i in range(6)]), "ts",
+                   "does not parse as a number of s"),
     "dense_inf": (pl.Series("price", [0.0, 1.0, 2.0, float("inf"), 4.0, 5.0]), "price",
                   "not finite"),
     "dense_nan": (pl.Series("price", [0.0, 1.0, 2.0, float("nan"), 4.0, 5.0]), "price",

@@ -192,6 +192,7 @@ class FileRead:
     clicks: int = 0
     label_kind: str = "binary"
     days: set[int] = field(default_factory=set)
+    times: tuple[int, int] | None = None  # the first and last time (us since the epoch)
 
 
 def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
@@ -216,6 +217,11 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
             out.clicks += int(p.frame[read.LABEL].sum())
             out.label_kind = p.label_kind
             out.days |= set(p.frame[read.DAY].unique().to_list())
+            if read.TIME in p.frame.columns and p.frame.height:
+                t = p.frame[read.TIME]
+                lo, hi = int(t.min()), int(t.max())  # type: ignore[arg-type]
+                out.times = (lo, hi) if out.times is None else (min(lo, out.times[0]),
+                                                                max(hi, out.times[1]))
             for name, piece in p.values.items():
                 values.setdefault(name, vocab.Values()).add(piece)
             for c in cfg.dense:
@@ -522,7 +528,12 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
                  state.label_kind, "true -> 1, false -> 0" if state.label_kind == "bool"
                  else "a count > 0 -> 1")
     total = {k: sum(d[k] for d in per_day) for k in per_day[0]}
+    spans = [r.times for r in reads if r.times is not None]
+    times = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+    if times is not None:
+        check_time_span(times, cfg)
     return {
+        "time_span": [read.iso_time(t) for t in times] if times else None,
         "rows": total["rows"], "input_rows": sum(r.rows for r in reads),
         "sessions": total["sessions"], "files": len(srcs),
         "days": len(units), "ctr": total["clicks"] / max(1, total["rows"]),
@@ -533,6 +544,30 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
         "dense_scaling": state.dense, "bytes": total["bytes"],
         "parts": total["parts"],
     }
+
+
+# A click log's times lie in this range; outside it a numeric time is most likely in other
+# units than `time_unit` says (seconds read as ms put a week of 2019 into 1970-01-19).
+PLAUSIBLE_US = (946_684_800_000_000, 4_102_444_800_000_000)  # 2000-01-01, 2100-01-01 UTC
+
+
+def check_time_span(times: tuple[int, int], cfg: LogsConfig) -> None:
+    """Warn (in words, with what other units would give) when the data's first or last time
+    falls outside `PLAUSIBLE_US`."""
+    lo, hi = PLAUSIBLE_US
+    if lo <= times[0] and times[1] < hi:
+        return
+    span = " to ".join(read.iso_time(t) for t in times)
+    other = []
+    if cfg.time_unit in read.UNIT_US and not cfg.time_format:
+        per = read.UNIT_US[cfg.time_unit]
+        for unit, us in read.UNIT_US.items():
+            a, b = (t // per * us for t in times)
+            if unit != cfg.time_unit and lo <= a and b < hi:
+                other.append(f"as {unit}: {read.iso_time(a)} to {read.iso_time(b)}")
+    log.warning("ingest logs: column %s's times run from %s (UTC, read with --time-unit %s)"
+                "%s; the days are cut from them", cfg.time, span, cfg.time_unit,
+                f": are they in other units? ({'; '.join(other)})" if other else "")
 
 
 def _read_unit(src: read.Source, *, cfg: LogsConfig, buckets: int, spill_dir: Path,

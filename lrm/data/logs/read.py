@@ -53,7 +53,7 @@ ROW, FILE, POS = "_row", "_file", "_pos"
 LABEL, TIME, USER, ITEM, SESSION = "_label", "_time", "_user", "_item", "_session"
 _ISO = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%d %H:%M%#z",
         "%Y-%m-%d %H:%M", "%Y-%m-%d")
-_UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}
+UNIT_US = {"s": 1_000_000, "ms": 1_000, "us": 1}  # microseconds in a unit of --time-unit
 JSON_INFER_ROWS = 10_000  # JSON lines: the rows whose values give the columns' types
 
 
@@ -250,6 +250,11 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
             n += df.height
             for start in range(0, df.height, rows):  # the first block may hold more
                 yield df.slice(start, rows)
+
+
+def iso_time(us: int) -> str:
+    """Microseconds since the epoch as UTC text, e.g. 2019-11-09 10:00:00."""
+    return str(np.datetime64(int(us), "us").astype("datetime64[s]")).replace("T", " ")
 
 
 def _open(path: Path) -> Any:
@@ -492,9 +497,9 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
         if cfg.time_unit == "iso" or cfg.time_format:
             return _wrong_type(col, dtype, "time", "text (the time is read with "
                                "--time-unit iso or --time-format)", pl.Int64)
-        x = c.cast(pl.Float64) * _UNIT_US[cfg.time_unit]
-        return Check(col, x.round().cast(pl.Int64, strict=False),
-                     (~x.is_finite()).fill_null(True), "time does not parse: {value}")
+        x = c.cast(pl.Float64) * UNIT_US[cfg.time_unit]
+        return Check(col, x.round().cast(pl.Int64, strict=False), _bad_time(x),
+                     _TIME_WHY.format(unit=cfg.time_unit))
     if dtype != pl.String:
         return _wrong_type(col, dtype, "time", "numbers, text or timestamps", pl.Int64)
     if cfg.time_format:
@@ -507,10 +512,20 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
     else:
         name = f"_x:{col}"
         x = pl.col(name)
-        return Check(col, x.round().cast(pl.Int64, strict=False),
-                     (~x.is_finite()).fill_null(True), "time does not parse: {value}",
-                     pre={name: text_float(col) * _UNIT_US[cfg.time_unit]})
+        return Check(col, x.round().cast(pl.Int64, strict=False), _bad_time(x),
+                     _TIME_WHY.format(unit=cfg.time_unit),
+                     pre={name: text_float(col) * UNIT_US[cfg.time_unit]})
     return Check(col, parsed.dt.epoch("us"), parsed.is_null(), "time does not parse: {value}")
+
+
+# a number of --time-unit units: in microseconds it must fit an int64 (nanoseconds read as
+# seconds do not, and became nulls that crashed the day cut)
+_MAX_US = 2.0 ** 62
+_TIME_WHY = "time does not parse as a number of {unit} since 1970 (UTC): {{value}}"
+
+
+def _bad_time(us: pl.Expr) -> pl.Expr:
+    return (~us.is_finite() | (us.abs() > _MAX_US)).fill_null(True)
 
 
 def dense(src: Source, col: str, dtype: pl.DataType) -> Check:
