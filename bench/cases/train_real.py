@@ -13,7 +13,9 @@ The logs (../shared/data, beside the repo; a log that is absent is skipped with 
   CSV a user would bring (user, time, session id, item, click, categoricals, dense columns,
   item attributes, the surface; no histories) and read by `lrm ingest logs` with histories
   `auto`: a log of the size and shape of a real session-level log with a strong signal, unlike
-  the two samples (MIND's models are all near NE 1), where lrm's defaults were never tuned.
+  the two samples (MIND's models are all near NE 1). Not unseen data: some of lrm's defaults
+  were chosen on the generator's default world, though never at this size or through this
+  path.
 
 Each is deduped (RecD), then trained three ways from the same seed:
 
@@ -47,8 +49,8 @@ import yaml
 
 from bench.cases.train_vs_torchrec import DIM, torchrec_batch, torchrec_dlrm
 from bench.common import emit
-from lrm.config import DedupConfig, GenerateConfig, IngestConfig, LogsConfig, ModelConfig, TableConfig, \
-    TeacherStageConfig, TrainConfig, with_overrides
+from lrm.config import DedupConfig, GenerateConfig, IngestConfig, LogsConfig, ModelConfig, \
+    TableConfig, TeacherStageConfig, TrainConfig, with_overrides
 from lrm.data import criteo, dedup
 from lrm.data.loader import BatchLoader
 from lrm.data.logs import ingest as logs

@@ -533,10 +533,10 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
     if times is not None:
         check_time_span(times, cfg)
     return {
-        "time_span": [read.iso_time(t) for t in times] if times else None,
         "rows": total["rows"], "input_rows": sum(r.rows for r in reads),
         "sessions": total["sessions"], "files": len(srcs),
         "days": len(units), "ctr": total["clicks"] / max(1, total["rows"]),
+        "time_span": [read.iso_time(t) for t in times] if times else None,
         "label_mapping": state.label_kind, "buckets": buckets,
         "impressions_per_session": total["rows"] / max(1, total["sessions"]),
         "history_mean": total["history_values"] / max(1, total["sessions"]),
