@@ -8,6 +8,7 @@ and the Prefect task (flows/tasks.py), all calling `run` through stagekit.runner
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import types
@@ -121,11 +122,8 @@ class Stage:
         out = {k: None if v is OFF else v for k, v in out.items()}
         for k, fmt in self.derived.items():
             if out.get(k) is None:
-                try:
-                    out[k] = Path(fmt.format(**out))
-                except KeyError:  # partial: what it is built from is not given
-                    if not partial:
-                        raise
+                with contextlib.suppress(KeyError):  # what it is built from is missing:
+                    out[k] = Path(fmt.format(**out))  # said below (lrm train, no --model)
         if partial:
             return {k: Path(v) if isinstance(v, str) and self.args[k].role != "flag" else v
                     for k, v in out.items()}
@@ -133,6 +131,9 @@ class Stage:
         if missing:
             flags = [self.args[k].flag or k.upper() for k in missing]
             raise ConfigError(f"{self.name}: missing {', '.join(flags)}")
+        for k, fmt in self.derived.items():  # nothing is missing: a KeyError is the stage's bug
+            if out.get(k) is None:
+                out[k] = Path(fmt.format(**out))
         hints = typing.get_type_hints(self.run)
         for k, a in self.args.items():
             tp = optional_inner(hints[k])

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 import stagekit.cli as cli
 from flows.dag import STAGES
 from lrm.config import ParamsConfig
+from lrm.errors import ConfigError
 from stagekit import Stage
 from stagekit.cli import _options, app
 
@@ -103,3 +104,16 @@ def test_short_options_and_old_names_still_work(monkeypatch, tmp_path):
     assert p.loader.recd is False and p.checkpoint.every == 7
     configs = stage.configs(p, stage.complete(args))
     assert configs["model"] == p.model.teacher  # model.{kind}
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_a_missing_argument_is_named_not_a_crash(name):
+    """`lrm train` without --model crashed with KeyError 'kind' (its default paths are built
+    from it). Planted bug that turns this red (tried): the KeyError raised again."""
+    stage = STAGES[name]
+    try:
+        stage.complete({})
+    except ConfigError as e:
+        assert str(e).startswith(f"{stage.name}: missing "), str(e)
+        if name == "train":
+            assert str(e) == "train: missing --model"
