@@ -95,6 +95,9 @@ def pick_days(available: Sequence[int], lo: int, hi: int, key: str = "days") -> 
     chosen = [d for d in days if first <= d <= last]
     if first > last or not chosen:
         raise ConfigError(f"{key}: no days in {lo}..{hi} (days: {days})")
+    if first < days[0] or last > days[-1]:  # a typo, not "to the end" (that is A..-1)
+        raise ConfigError(f"{key}: {lo}..{hi} runs outside the data's days {days[0]}.."
+                          f"{days[-1]} (-1 is the last day)")
     return chosen
 
 

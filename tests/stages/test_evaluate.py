@@ -122,7 +122,8 @@ def test_days_are_scored_each_and_pooled_with_intervals(datasets, model_dir, tmp
         "--model-dir", str(model_dir), "--data", str(datasets["sessions"]), "--days", "-2..-1",
         "--out", str(tmp_path / "f.json")])
     assert r.exit_code == 0 and json.loads((tmp_path / "f.json").read_text())["days"] == [1, 2]
-    for bad, why in (("2..1", "comes after"), ("7..9", "no days in 7..9"), ("x", "day range")):
+    for bad, why in (("2..1", "comes after"), ("7..9", "no days in 7..9"), ("x", "day range"),
+                     ("1..9", "1..9 runs outside the data's days 0..2")):
         r = CliRunner().invoke(stage_app(stage.STAGE), [
             "--model-dir", str(model_dir), "--data", str(datasets["sessions"]), "--days", bad,
             "--out", str(tmp_path / "g.json")])
