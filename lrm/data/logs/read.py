@@ -253,7 +253,8 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
 
 
 def iso_time(us: int) -> str:
-    """Microseconds since the epoch as UTC text, e.g. 2019-11-09 10:00:00."""
+    """Microseconds since the epoch as UTC text, e.g. 2019-11-09 10:00:00. (numpy, not
+    datetime: a time in the wrong unit reaches the year 51824, past datetime's 9999.)"""
     return str(np.datetime64(int(us), "us").astype("datetime64[s]")).replace("T", " ")
 
 
