@@ -142,6 +142,11 @@ class Browser:
 
         self.ws = connect(ws_url, max_size=64 << 20, open_timeout=30)
         self.ids = itertools.count(1)
+        self.errors: list[str] = []  # the page's exceptions, failed loads and error logs
+        self.urls: dict[str, str] = {}  # request id -> URL, to name a request that failed
+        self.reloads: list[str] = []  # what each reload of `open(reload_on=...)` saw
+        for domain in ("Runtime", "Log", "Network"):
+            self.call(f"{domain}.enable")
 
     def call(self, method: str, **params: object) -> dict:
         i = next(self.ids)
@@ -152,30 +157,61 @@ class Browser:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
+            if msg.get("method") == "Network.requestWillBeSent":
+                self.urls[msg["params"]["requestId"]] = msg["params"]["request"]["url"]
+            elif said := _page_error(msg, self.urls):  # kept to explain a failure
+                self.errors.append(said)
 
     def text(self) -> str:
         r = self.call("Runtime.evaluate", expression="document.body.innerText",
                       returnByValue=True)
         return r.get("result", {}).get("value") or ""
 
-    def open(self, url: str, *needles: str, timeout: float = 60) -> str:
-        """Go to `url` and wait until the rendered page shows every needle."""
+    def open(self, url: str, *needles: str, timeout: float = 60,
+             reload_on: str | None = None, reloads: int = 2) -> str:
+        """Go to `url` and wait until the rendered page shows every needle. Where the page
+        shows `reload_on` (an app's "a request failed" view), reload it, as a user would, at
+        most `reloads` times; `self.reloads` keeps what the page had logged each time."""
         self.call("Page.navigate", url=url)
         seen = {"text": ""}
 
         def shows() -> str | None:
             seen["text"] = t = self.text()
+            if reload_on and reload_on in t and len(self.reloads) < reloads:
+                self.reloads.append(f"{url}: {self.errors[-5:]}")
+                self.call("Page.reload", ignoreCache=False)
+                return None
             return t if all(n in t for n in needles) else None
 
         try:
             return _wait(f"{url} showing {needles}", shows, timeout)
         except pytest.fail.Exception as e:
-            raise AssertionError(f"{e}\nthe page shows: {seen['text'][-1500:]!r}") from None
+            raise AssertionError(f"{e}\nthe page shows: {seen['text'][-1500:]!r}\n"
+                                 f"reloaded: {self.reloads}\nthe page logged: "
+                                 f"{self.errors[-10:]}") from None
 
     def screenshot(self, path: Path) -> Path:
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot",
                                                     format="png")["data"]))
         return path
+
+
+def _page_error(msg: dict, urls: dict[str, str]) -> str | None:
+    """A DevTools event worth showing when a page does not render: an uncaught exception,
+    an error logged by the page, a request that failed or was answered 4xx/5xx."""
+    m, p = msg.get("method"), msg.get("params", {})
+    if m == "Runtime.exceptionThrown":
+        d = p["exceptionDetails"]
+        return f"exception: {d.get('exception', {}).get('description') or d.get('text')}"[:500]
+    if m == "Log.entryAdded" and p["entry"]["level"] == "error" \
+            and p["entry"].get("source") != "network":  # a failed request is said below
+        return f"log: {p['entry']['text']}"[:500]
+    if m == "Network.loadingFailed":
+        why = p.get("errorText") or p.get("blockedReason") or "no answer"
+        return f"request failed ({why}): {urls.get(p.get('requestId'), '?')}"[:500]
+    if m == "Network.responseReceived" and p["response"]["status"] >= 400:
+        return f"HTTP {p['response']['status']}: {p['response']['url']}"[:500]
+    return None
 
 
 @contextmanager
