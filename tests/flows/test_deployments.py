@@ -171,13 +171,15 @@ class Browser:
              reload_on: str | None = None, reloads: int = 2) -> str:
         """Go to `url` and wait until the rendered page shows every needle. Where the page
         shows `reload_on` (an app's "a request failed" view), reload it, as a user would, at
-        most `reloads` times; `self.reloads` keeps what the page had logged each time."""
+        most `reloads` times for this `url`; `self.reloads` keeps what the page had logged
+        before each reload."""
         self.call("Page.navigate", url=url)
-        seen = {"text": ""}
+        seen = {"text": "", "reloads": 0}
 
         def shows() -> str | None:
             seen["text"] = t = self.text()
-            if reload_on and reload_on in t and len(self.reloads) < reloads:
+            if reload_on and reload_on in t and seen["reloads"] < reloads:
+                seen["reloads"] += 1
                 self.reloads.append(f"{url}: {self.errors[-5:]}")
                 self.call("Page.reload", ignoreCache=False)
                 return None
