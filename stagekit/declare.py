@@ -8,7 +8,6 @@ and the Prefect task (flows/tasks.py), all calling `run` through stagekit.runner
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import types
@@ -122,8 +121,13 @@ class Stage:
         out = {k: None if v is OFF else v for k, v in out.items()}
         for k, fmt in self.derived.items():
             if out.get(k) is None:
-                with contextlib.suppress(KeyError):  # what it is built from is missing:
-                    out[k] = Path(fmt.format(**out))  # said below (lrm train, no --model)
+                try:
+                    out[k] = Path(fmt.format(**out))
+                except KeyError as e:
+                    # an argument not given is said below ("train: missing --model"); a
+                    # name that is no argument is the stage's own template bug
+                    if e.args[0] not in self.args:
+                        raise
         if partial:
             return {k: Path(v) if isinstance(v, str) and self.args[k].role != "flag" else v
                     for k, v in out.items()}
@@ -131,9 +135,6 @@ class Stage:
         if missing:
             flags = [self.args[k].flag or k.upper() for k in missing]
             raise ConfigError(f"{self.name}: missing {', '.join(flags)}")
-        for k, fmt in self.derived.items():  # nothing is missing: a KeyError is the stage's bug
-            if out.get(k) is None:
-                out[k] = Path(fmt.format(**out))
         hints = typing.get_type_hints(self.run)
         for k, a in self.args.items():
             tp = optional_inner(hints[k])

@@ -117,3 +117,13 @@ def test_a_missing_argument_is_named_not_a_crash(name):
         assert str(e).startswith(f"{stage.name}: missing "), str(e)
         if name == "train":
             assert str(e) == "train: missing --model"
+    else:
+        assert name != "train", "lrm train ran without --model"
+
+
+def test_a_stage_whose_default_path_names_no_argument_raises_its_bug():
+    """A derived default built from a name that is no argument is the stage's own bug: it
+    raises, not "missing"."""
+    stage = dataclasses.replace(STAGES["train"], derived={"out": "models/{kidn}"})
+    with pytest.raises(KeyError, match="kidn"):
+        stage.complete({"kind": "student"})
