@@ -641,9 +641,7 @@ class EvalConfig:
     """Offline evaluation of a saved model on a held-out day (lrm.train.evaluate)."""
 
     day: int = -1  # negative counts from the last day (-1: the last)
-    # several held-out days, A..B (inclusive; negatives count from the last): each scored,
-    # then all pooled ("": the one `day`)
-    days: str = ""
+    days: str = ""  # held-out days A..B (inclusive; -1: the last): each scored, then pooled
     batch_size: int = 8192
     rows: int = 0  # score the day's first N rows (0: every row)
     bootstrap: int = 200  # resamples for the 95% confidence intervals (0: none)
