@@ -120,10 +120,10 @@ class GenerateConfig:
     ads: int = 10_000  # ad id space; up to 1e8
     advertisers: int = 1_000
     categories: int = 50
-    # ExFM: the FM's first version on days [0, 3) logs day 4 on (a lag of 2); the vertical
-    # models' variants train on days 4 and 5: day 5 scores them to pick the served one, day 6
-    # is the held-out table's
-    days: int = 7
+    # ExFM: the FM's first version (days 0-1, exfm.teacher_days) logs day 3 on (a lag of 2);
+    # the vertical models' variants train on days 3-5: day 5 scores them to pick the served
+    # one, day 6 is the held-out table's
+    days: int = 7  # days of logs (ExFM's default schedule needs 7: see above)
     sessions_per_day: int = 20_000
     mean_session_length: float = 8.0  # impressions per session (>= 1)
     max_history: int = 100  # longest user history sequence
@@ -307,7 +307,7 @@ class TableConfig:
     max_rows: int = 1_000_000  # cap on the rows of a table whose vocab is known
     hash_size: int = 50_000  # rows of a table whose feature has no known vocab (Criteo)
     # feature -> feature whose table it shares, e.g. {user_history: ad_id} (same id space)
-    shared: dict[str, str] = field(default_factory=dict)
+    shared: dict[str, str] = field(default_factory=dict)  # feature -> feature whose table it uses
     seq_pooling: str = "mean"  # pooling of multi-id features (user_seq): mean | sum
 
     def __post_init__(self) -> None:
@@ -336,7 +336,7 @@ class TeacherModelConfig:
     # k of the optimized FM X (Xᵀ Y), Y [n, k]; 0: the full X Xᵀ. The paper's low rank is for
     # hundreds of features; with 14 the full product is cheap, and rank 8 cost NE (issue 26:
     # 0.9449 vs 0.9338 on the single-surface default world, the DLRM student 0.9305)
-    fm_rank: int = 0
+    fm_rank: int = 0  # rank of Wukong's FM interaction (0: the full X Xᵀ)
     fm_mlp: list[int] = field(default_factory=lambda: [256])  # hidden widths in the FM block
     top_mlp: list[int] = field(default_factory=lambda: [256, 64])  # last width feeds the head
     norm: str = "embedding"  # a layer's LayerNorm: over each embedding | the layer | none
@@ -421,7 +421,7 @@ class TrainConfig:
     min_steps: int = 50  # floor on a run's steps: at min_batch_size still fewer: more epochs
     # the batch never shrinks below this. Smaller batches and more passes both measured worse
     # on the Criteo sample (teacher 0.882 at 152 rows a step; 0.899 at 15; 0.91 with 9 passes)
-    min_batch_size: int = 128
+    min_batch_size: int = 128  # the batch never shrinks below this
     val_fraction: float = 0.1  # last share of the train days held out to validate (0: none)
     val_max_rows: int = 50_000  # at most this many impressions in that slice
     val_every: int = 0  # steps between validations (0: ten an epoch)
@@ -431,7 +431,7 @@ class TrainConfig:
     # torch.compile the dense MLPs (CUDA graphs on a GPU). Measured slower, so off: CPU 41
     # vs 42 ms a step and ~50 s to compile; an H100 (default student, batch 2048) 12.5 vs
     # 10.3 ms a step (the step is the host's: its own work rose 6.9 -> 8.4 ms)
-    compile: bool = False
+    compile: bool = False  # torch.compile the dense MLPs (measured slower: see above)
     # CUDA graphs on a GPU (not with compile). One process: the whole step, one replay a
     # step after the learning-rate warm-up (lrm.train.step_graph; vs_torchrec's student on an
     # H100, ms a step in one run: batch 2048 0.87 against torchrec's DLRM example 6.85,
@@ -440,12 +440,12 @@ class TrainConfig:
     cuda_graphs: bool = True  # CUDA graphs on a GPU: the whole step in one process
     # dense part: AdamW. 3e-3 measured better than 1e-3 at the batches fit_steps gives (a
     # 200k-impression log: student 0.9155 -> 0.9117, teacher within its noise)
-    lr: float = 3e-3
+    lr: float = 3e-3  # dense part's AdamW learning rate
     weight_decay: float = 0.0  # AdamW's decoupled weight decay (dense part only)
     embedding_lr: float = 0.05  # embedding tables: fbgemm's fused row-wise Adagrad
     # decay of an exponential moving average of the dense weights, which the run validates,
     # evaluates and saves in place of its last step's (lrm.train.average; 0: off)
-    ema_decay: float = 0.0
+    ema_decay: float = 0.0  # average of the dense weights kept in place of the last (0: off)
     seed: int = 0
     eval_every: int = 0  # steps between evals on the held-out day (0: only at the end)
     eval_batches: int = 0  # batches per rank in a periodic eval (0: all); the final eval reads all
@@ -688,13 +688,13 @@ class ExFMConfig:
     # auxiliary head falls behind (its head starts fresh), the order the held-out day
     # reverses. Measured (bench/exfm.py, 3 seeds): served variants' gain over labels only
     # 0.09-0.62% -> 0.14-0.94%, and the FM's day-6 lead on feed 1.15% -> 1.51%
-    teacher_days: int = 2
+    teacher_days: int = 2  # T: the FM's first version trains on days [0, T)
     # days between versions (0: one version, never retrained). Daily by default: measured on
     # the default world (one seed), day 6's FM NE per vertical (feed/search/video) was
     # 0.9491/0.9246/0.9565 with a version every 3 days (day 6 logged by one trained on days
     # 0-2) and 0.9375/0.9104/0.9491 every day (by one through day 4); the teacher stage
     # takes 116 s instead of 39 s (make run, 2 cores)
-    teacher_every: int = 1
+    teacher_every: int = 1  # days between FM versions (0: one version, never retrained)
     # days from a version's last training day to the first day it logs: 1 is a fresh
     # teacher (day D by the version trained through D - 1); 2 the FM lags a day more
     teacher_lag: int = 2  # day D's logits come from a version trained through D - lag
@@ -808,8 +808,9 @@ class StreamingConfig:
 
     root: str = "stream"  # the stream's folder: its days, checkpoints, models and reports
     # where days come from: synthetic (the next day of `generate`'s world) or folder (each new
-    # file dropped into `watch`, impressions Parquet or Criteo TSV, is the next day)
-    source: str = "synthetic"
+    # file dropped into `watch` is the next day: impressions Parquet, a click log through
+    # `ingest.logs` where that maps one, else Criteo TSV; lrm.streaming.sources)
+    source: str = "synthetic"  # synthetic (generate's world) | folder (files dropped in `watch`)
     watch: str = ""  # the folder source's inbox ("": ROOT/incoming)
     days: int = 1  # new days one run processes (`python -m flows.streaming --days N` overrides)
     cron: str = "0 2 * * *"  # the deployment's schedule (`lrm serve --cron` overrides)
