@@ -118,17 +118,17 @@ class GenerateConfig:
 
     users: int = 100_000  # user id space (Zipf-popular); up to 1e8
     ads: int = 10_000  # ad id space; up to 1e8
-    advertisers: int = 1_000
-    categories: int = 50
+    advertisers: int = 1_000  # advertiser id space (each ad has one)
+    categories: int = 50  # ad categories (users' interests are over them)
     # ExFM: the FM's first version (days 0-1, exfm.teacher_days) logs day 3 on (a lag of 2);
     # the vertical models' variants train on days 3-5: day 5 scores them to pick the served
     # one, day 6 is the held-out table's
     days: int = 7  # days of logs (ExFM's default schedule needs 7: see above)
-    sessions_per_day: int = 20_000
+    sessions_per_day: int = 20_000  # sessions a day, over every vertical
     mean_session_length: float = 8.0  # impressions per session (>= 1)
     max_history: int = 100  # longest user history sequence
-    zipf_users: float = 1.05
-    zipf_ads: float = 1.1
+    zipf_users: float = 1.05  # Zipf exponent of users' activity (higher: fewer heavy users)
+    zipf_ads: float = 1.1  # Zipf exponent of ads' popularity
     base_ctr: float = 0.03  # a vertical's click rate where it states none
     # one vertical with the defaults (share 1, base_ctr null, position 1, own 0), e.g.
     # `--generate.verticals '[{name: all}]'`, is the single-surface world
@@ -137,8 +137,8 @@ class GenerateConfig:
     latent_dim: int = 16  # rank of the hidden user x ad interaction
     drift: float = 0.15  # how far interests move per day (0: stationary)
     churn: float = 0.05  # fraction of users/ads that leave (and are replaced) per day
-    seed: int = 0
-    rows_per_file: int = 1_000_000
+    seed: int = 0  # the world's random seed (same seed, same logs)
+    rows_per_file: int = 1_000_000  # impressions per written Parquet file
 
     def __post_init__(self) -> None:
         for k in ("users", "ads", "advertisers", "categories", "days", "sessions_per_day",
@@ -292,8 +292,8 @@ class LoaderConfig:
 class TrackingConfig:
     """MLflow: tracking URI (MLFLOW_TRACKING_URI overrides) and experiment."""
 
-    uri: str = "sqlite:///mlflow.db"
-    experiment: str = "lrm"
+    uri: str = "sqlite:///mlflow.db"  # MLflow tracking URI (MLFLOW_TRACKING_URI overrides)
+    experiment: str = "lrm"  # MLflow experiment the runs go to
 
 
 def _check_dims(dims: list[int], key: str) -> None:
@@ -358,7 +358,7 @@ class TeacherModelConfig:
 class StudentModelConfig:
     """DLRM-style student (lrm.models.dlrm): bottom MLP, dot interaction, top MLP."""
 
-    embedding_dim: int = 16
+    embedding_dim: int = 16  # d: every sparse feature and the bottom MLP's output
     bottom_mlp: list[int] = field(default_factory=lambda: [64])  # hidden widths; out: embedding_dim
     top_mlp: list[int] = field(default_factory=lambda: [128, 64])  # last width feeds the head(s)
     # ExFM's parts (lrm.models.exfm), set per variant by lrm.exfm.distill.student_config
@@ -446,7 +446,7 @@ class TrainConfig:
     # decay of an exponential moving average of the dense weights, which the run validates,
     # evaluates and saves in place of its last step's (lrm.train.average; 0: off)
     ema_decay: float = 0.0  # average of the dense weights kept in place of the last (0: off)
-    seed: int = 0
+    seed: int = 0  # init and data order (the same seed: the same run on CPU)
     eval_every: int = 0  # steps between evals on the held-out day (0: only at the end)
     eval_batches: int = 0  # batches per rank in a periodic eval (0: all); the final eval reads all
     log_every: int = 10  # steps between progress / MLflow metric points
@@ -642,7 +642,7 @@ class EvalConfig:
 
     day: int = -1  # negative counts from the last day (-1: the last)
     days: str = ""  # held-out days A..B (inclusive; -1: the last): each scored, then pooled
-    batch_size: int = 8192
+    batch_size: int = 8192  # impressions per forward
     rows: int = 0  # score the day's first N rows (0: every row)
     bootstrap: int = 200  # resamples for the 95% confidence intervals (0: none)
 

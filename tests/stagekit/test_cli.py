@@ -83,6 +83,13 @@ def test_every_config_option_reaches_the_params_the_stage_runs_with(name, monkey
         assert got != default, f"{names[o.key][0]} did not reach {o.key}"
 
 
+def test_every_option_a_stage_shows_says_what_it_is():
+    """`--help` of every stage: each config option has a help text (its field's trailing
+    comment in lrm/config.py; a comment above the field is not one)."""
+    bare = sorted({o.key for st in STAGES.values() for o in _options(st)[0] if not o.help})
+    assert not bare, f"options with no help: {bare}"
+
+
 @pytest.mark.parametrize("name", ["train", "generate", "evaluate"])
 def test_an_option_no_config_has_does_not_exist(name):
     stage = STAGES[name]
