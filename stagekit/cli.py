@@ -13,10 +13,13 @@ import errno
 import inspect
 import os
 import io as _stdio
+import signal
 import sys
+import threading
 import tokenize
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -184,6 +187,13 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
         else:
             opt = typer.Option(None, a.flag, *a.aliases, help=a.help, show_default=False)
         shown = f" (default: {default})" if not required and default not in (None, False) else ""
+        anchor = next((o.flag for o in stage.args.values() if o.role in ("out", "state")
+                       and o.flag), None)
+        if shown and anchor and isinstance(default, Path) and not stage.of_input(name) and (
+                a.role in ("metrics", "summary", "plot") or (a.role == "out" and a.file)):
+            # `Stage.beside_outputs`: a run with another output keeps its files beside it
+            shown = f" (default: {default}; with another {anchor}: beside it, " \
+                    f"OUT.{default.name})"
         choices = f" ({' | '.join(a.choices)})" if a.choices else ""
         opt.help = escape((a.help + choices + shown).strip())  # rich would eat [brackets]
         params.append(inspect.Parameter(name, kw, default=opt, annotation=tp | None))
@@ -210,6 +220,25 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
     return params
 
 
+@contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """SIGTERM (`kill`, a scheduler, torchrun's agent) exits as Ctrl-C does, through every
+    `finally`: a stage's half-written output folder and its lock are removed, not left
+    beside --out (Python's default for SIGTERM ends the process where it stands)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def command(stage: Stage) -> Callable[..., None]:
     """The stage's CLI as a typer-ready function (the signature is built, not written)."""
     opts = {o.param: o for o in _options(stage)[0]}
@@ -223,7 +252,8 @@ def command(stage: Stage) -> Callable[..., None]:
                          if k in opts and v is not None}
             args = stage.beside_outputs({k: v for k, v in kw.items() if k not in opts})
             params = load_params(files, overrides)
-            execute(stage, args, params, force=force)
+            with terminated_as_exit():
+                execute(stage, args, params, force=force)
         except LrmError as e:
             raise fail(e) from None
         except OSError as e:

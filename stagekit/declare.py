@@ -169,7 +169,7 @@ class Stage:
         for k, a in self.args.items():
             default = defaults.get(k)
             if given.get(k) is not None or not isinstance(default, Path) or k in anchors \
-                    or self._of_input(k):
+                    or self.of_input(k):
                 continue
             if a.role in ("metrics", "summary", "plot") or (a.role == "out" and a.file):
                 given[k] = at.parent / f"{base}.{default.name}"
@@ -177,7 +177,7 @@ class Stage:
                 given[k] = at.parent / f"{base}.{k}"
         return given
 
-    def _of_input(self, key: str) -> bool:
+    def of_input(self, key: str) -> bool:
         """A default built from an input's path (e.g. {data}.stats.json): it stays there."""
         fmt = self.derived.get(key, "")
         return any(f"{{{k}}}" in fmt for k, a in self.args.items() if a.role == "in")

@@ -5,14 +5,15 @@
     lrm ingest logs FILE_OR_GLOB... --out data/logs/raw --map mapping.yaml
 
 `criteo`: Criteo TSV files; without FILE they come from `ingest.files`; a folder stands for
-its *.tsv files (sorted), which is how the Criteo pipeline (pipelines/criteo/dvc.yaml) reads
-`data/criteo/tsv/`.
+its *.tsv files (in order: day2 before day10), which is how the Criteo pipeline
+(pipelines/criteo/dvc.yaml) reads `data/criteo/tsv/`.
 
 `logs`: any click log (Parquet, CSV/TSV, JSON lines; also .gz) through a column mapping:
 the `ingest.logs` params, a mapping file (`--map FILE`, YAML with the same keys, laid over
 them) and the flags (`--label COL --user COL --session-gap 30m ...`, laid over both).
-Without FILE they come from `ingest.logs.files`; a folder stands for its log files (sorted),
-a pattern with * or ? for the files it matches. See lrm.data.logs.
+Without FILE they come from `ingest.logs.files`; a folder stands for its log files, a pattern
+with *, ? or ** for the files it matches, in order with numbers read as numbers (day2 before
+day10: with `--days file`, file k is day k). See lrm.data.logs.
 
 Bad input exits with status 2 and one line naming the file, line or row, and field.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import inspect
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,20 +41,31 @@ NAME = "ingest"
 LOGS = "ingest_logs"
 
 
+def _in_order(files: Any) -> list[Path]:
+    """Paths with their numbers compared as numbers (day2 before day10): with days from
+    files, file k is day k. (A regex: the natsort package is a dependency for three lines.)"""
+    def key(p: Path) -> list[Any]:
+        return [(0, int(t), t) if t.isdigit() else (1, 0, t)
+                for t in re.split(r"(\d+)", str(p)) if t]
+    return sorted(map(Path, files), key=key)
+
+
 def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[Path]:
     """Files as given; a folder expands to its files whose names end with one of `names`,
-    and (with `patterns`) a path with * or ? that is not a file to its matches, sorted."""
+    and (with `patterns`) a path with *, ? or ** (any folders below) that is not a file to
+    the files it matches, each in order (`_in_order`)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
-                           and f.name.endswith(names))
+            found = _in_order(f for f in p.iterdir() if f.is_file()
+                              and not f.name.startswith(".") and f.name.endswith(names))
             if not found:
                 raise ConfigError(f"{p}: no {' or '.join('*' + n for n in names)} files in "
                                   f"this folder")
             out += found
         elif patterns and not p.exists() and glob.has_magic(str(p)):
-            found = sorted(Path(f) for f in glob.glob(str(p)))
+            found = _in_order(f for f in glob.glob(str(p), recursive=True)
+                              if Path(f).is_file())
             if not found:
                 raise ConfigError(f"{p}: no file matches")
             out += found
@@ -62,12 +75,12 @@ def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[P
 
 
 def input_files(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder expands to its *.tsv files, sorted."""
+    """Files as given; a folder expands to its *.tsv files, in order (`_in_order`)."""
     return _expand(paths, (".tsv",), patterns=False)
 
 
 def log_files(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder expands to its log files, a pattern to its matches (sorted)."""
+    """Files as given; a folder expands to its log files, a pattern to its matches (in order)."""
     return _expand(paths, LOG_SUFFIXES, patterns=True)
 
 

@@ -124,6 +124,26 @@ def test_times_outside_any_click_log_are_said_with_what_other_units_give(tmp_pat
     assert "as s: 2019-11-09 00:00:00 to 2019-11-10 00:05:00" in caplog.text, caplog.text
 
 
+@pytest.mark.parametrize("unit", ["s", "ms"])
+def test_a_time_column_mixing_units_names_the_row_of_the_last_time(tmp_path, unit):
+    """Seconds and milliseconds in one column cut days 1000x apart (a day of year 55840):
+    an error at the last time's row, naming the first's; read in small chunks, so that the
+    rows come from the chunks that hold them. Red with the check not called, or with the
+    rows kept from a file's first chunk."""
+    log = clicks_log()  # times in seconds
+    ms = log.tail(3).with_columns(pl.col("ts") * 1000)  # b.csv's rows 1-3
+    files = [write(log.head(4), tmp_path / "a.csv"), write(ms, tmp_path / "b.csv")]
+    with pytest.raises(RowError) as e:
+        run(files, tmp_path / "out", time_unit=unit, chunk_rows=2, **GAP)
+    assert (e.value.file.name, e.value.line, e.value.field) == ("b.csv", 3, "ts")
+    assert "row 1 of " in str(e.value) and "a.csv" in str(e.value)
+    assert "mix units" in str(e.value) and f"--time-unit {unit}" in str(e.value)
+    # one unit throughout: no error (the two days of 2019 span far less than 100x)
+    m, _ = run([files[0], write(log.tail(3), tmp_path / "c.csv")], tmp_path / "out2",
+               chunk_rows=2, **GAP)
+    assert m["days"] == 2
+
+
 def test_dense_columns_are_log_scaled_where_heavy_tailed_and_standardized(tmp_path):
     rng = np.random.default_rng(0)
     n = 4000

@@ -87,3 +87,24 @@ def test_a_history_column_is_reversed_to_most_recent_first_and_shares_the_item_i
     assert schema.user_seq == ("hist",) and schema.vocab["hist"] == schema.vocab["item"] == 3
     ids = {"a": 0, "b": 1, "c": 2}
     assert rows["hist"][0].to_list() == [ids["b"], ids["a"]]  # oldest first in the log
+
+
+def test_a_days_history_never_holds_a_later_days_clicks_even_at_earlier_times(tmp_path):
+    """Days from files: file k is day k whatever its times. Day 1's file holds u1's clicks
+    two days before day 0's session: they are in no history of day 0 (a day's rows never
+    depend on later days), and in the histories of day 1, before its later session."""
+    def imp(t: int, item: str, click: int) -> dict:
+        return {"user": "u1", "ts": t, "item": item, "clicked": click, "cat": "x"}
+
+    day0 = [imp(T0 + k * MIN, f"i{k}", k % 2) for k in range(4)]  # clicks i1, i3
+    day1 = [imp(T0 - 2 * 24 * 60 * MIN + k * MIN, f"k{k}", 1) for k in range(3)]
+    day1.append(imp(T0 + 10 * 60 * MIN, "z", 0))  # a later session of day 1
+    files = [write(frame(day0), tmp_path / "a.csv"), write(frame(day1), tmp_path / "b.csv")]
+    _, rows = run(files, tmp_path / "out", days="file", history="auto", **GAP)
+    ids = dict(zip(["i0", "i1", "i2", "i3", "k0", "k1", "k2", "z"], range(8)))  # by first day
+    hist = {tuple(g["item"].to_list()): g["history"][0].to_list()
+            for _, g in rows.group_by("session_id", maintain_order=True)}
+    assert hist[tuple(ids[f"i{k}"] for k in range(4))] == []  # not k0..k2: day 1's
+    assert hist[(ids["k0"], ids["k1"], ids["k2"])] == []
+    # day 1's later session: day 0's clicks and its own day's before it, newest first
+    assert hist[(ids["z"],)] == [ids[x] for x in ("i3", "i1", "k2", "k1", "k0")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -88,6 +89,21 @@ def test_every_option_a_stage_shows_says_what_it_is():
     comment in lrm/config.py; a comment above the field is not one)."""
     bare = sorted({o.key for st in STAGES.values() for o in _options(st)[0] if not o.help})
     assert not bare, f"options with no help: {bare}"
+
+
+@pytest.mark.parametrize("name", ["generate", "dedup", "ingest_logs", "teacher"])
+def test_the_help_says_where_a_run_with_another_out_puts_its_metrics(name):
+    """`--help` gives the metrics' default and where a run with another --out puts them:
+    the name `Stage.beside_outputs` gives them."""
+    stage = STAGES[name]
+    out_key = next(k for k, a in stage.args.items() if a.flag == "--out")
+    moved = Path(stage.beside_outputs({out_key: "/x/o"})["metrics"])
+    r = CliRunner().invoke(app(stage), [*([stage.group] if stage.group else []), "--help"],
+                           terminal_width=400)
+    assert r.exit_code == 0, r.output
+    help_text = " ".join(r.output.split())
+    assert moved.parent == Path("/x") and moved.name.startswith("o.")
+    assert f"beside it, OUT.{moved.name[2:]}" in help_text, help_text
 
 
 @pytest.mark.parametrize("name", ["train", "generate", "evaluate"])

@@ -141,3 +141,51 @@ def test_the_mind_sample(tmp_path, mind_dir):
                       for fs in day_files(tmp_path / "raw").values()]
     assert sessions_a_day == [439, 490, 1109, 1020, 974, 968]
     assert m["vocab"]["user"] == 4637
+
+
+def test_a_pattern_reaches_into_folders_and_numbers_order_the_days(tmp_path):
+    """`in/**/*.csv` finds the files in every folder below, and with `--days file` day k is
+    the k-th file with its numbers read as numbers (day2 before day10, which plain sorting
+    puts first). Red with `glob` not recursive, or sorted as text."""
+    for n, sub in ((10, "a"), (2, "a"), (3, "b/sub")):
+        (tmp_path / "in" / sub).mkdir(parents=True, exist_ok=True)
+        rows = [{"uid": "u1", "when": T0 + 60 * i, "ad": f"d{n}", "click": 1, "bid": "1"}
+                for i in range(n)]  # file dayN: N rows
+        write(frame(rows), tmp_path / "in" / sub / f"day{n}.csv")
+    rc, _, err = _run(str(tmp_path / "in" / "**" / "*.csv"), "--out", str(tmp_path / "out"),
+                      "--metrics", str(tmp_path / "m.json"), "--days", "file", *FLAGS)
+    assert rc == 0, err
+    rows = {d: sum(pl.read_parquet(f).height for f in fs)
+            for d, fs in day_files(tmp_path / "out").items()}
+    assert rows == {0: 2, 1: 10, 2: 3}  # a/day2, a/day10, b/sub/day3
+
+
+def test_a_terminated_ingest_leaves_nothing_beside_out(tmp_path):
+    """SIGTERM while the ingest writes (its temporary output folder, lock and spill exist):
+    exit 143 and nothing of it left, as after Ctrl-C. Red with SIGTERM left to Python's
+    default (the process dies where it stands: `.out.tmp-*`, `.out.lock` and the spill
+    stay)."""
+    import os
+    import signal
+    import time
+
+    from bench.cases.data_logs import _write_log  # a log big enough to take seconds
+
+    f = tmp_path / "in" / "log.csv"
+    f.parent.mkdir()
+    (tmp_path / "home").mkdir()
+    _write_log(f, 1_000_000)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "stages.ingest", "logs", str(f), "--out", "out",
+         "--metrics", "m.json", "--label", "clicked", "--user", "user_id", "--item", "item_id",
+         "--time", "ts", "--session-gap", "30m"], cwd=tmp_path, stderr=subprocess.PIPE,
+        env={"PYTHONPATH": str(Path(ingest.__file__).parents[1]), "PATH": "/usr/bin:/bin",
+             "HOME": str(tmp_path / "home"),
+             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
+    deadline = time.monotonic() + 120
+    while not any(".lrm-ingest-spill-" in q.name for q in tmp_path.iterdir()):
+        assert p.poll() is None and time.monotonic() < deadline, "no spill folder seen"
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=120) == 128 + signal.SIGTERM
+    assert sorted(q.name for q in tmp_path.iterdir()) == ["home", "in", "mlflow.db"]

@@ -63,6 +63,7 @@ CLICKS = "clicks.parquet"  # in STATE: each user's recent clicks (history auto)
 # day's cell is built while the day before is still encoded (memory: a cell, two tables)
 DAY_THREADS = 2
 _BUILDING = threading.Lock()
+PRIOR_DAY = -(2**31)  # the day of a prior ingest's clicks: before any of this one's
 PART_ROWS = 1_000_000  # impressions per written part file (a part holds whole cells)
 _MAPPING_FIELDS = [f.name for f in dataclasses.fields(LogsConfig)
                    if f.name not in ("files", "format", "columns")]
@@ -193,6 +194,7 @@ class FileRead:
     label_kind: str = "binary"
     days: set[int] = field(default_factory=set)
     times: tuple[int, int] | None = None  # the first and last time (us since the epoch)
+    time_rows: tuple[int, int] = (0, 0)  # the rows (1-based) that hold them
 
 
 def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
@@ -218,10 +220,14 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
             out.label_kind = p.label_kind
             out.days |= set(p.frame[read.DAY].unique().to_list())
             if read.TIME in p.frame.columns and p.frame.height:
-                t = p.frame[read.TIME]
-                lo, hi = int(t.min()), int(t.max())  # type: ignore[arg-type]
-                out.times = (lo, hi) if out.times is None else (min(lo, out.times[0]),
-                                                                max(hi, out.times[1]))
+                t, r = p.frame[read.TIME], p.frame[read.ROW]
+                i, j = t.arg_min(), t.arg_max()
+                (lo, hi), rows = out.times or (int(t[i]), int(t[j])), out.time_rows
+                if out.times is None or t[i] < lo:
+                    lo, rows = int(t[i]), (int(r[i]), rows[1])
+                if out.times is None or t[j] > hi:
+                    hi, rows = int(t[j]), (rows[0], int(r[j]))
+                out.times, out.time_rows = (lo, hi), rows
             for name, piece in p.values.items():
                 values.setdefault(name, vocab.Values()).add(piece)
             for c in cfg.dense:
@@ -347,6 +353,7 @@ def prior_clicks(state: State, cfg: LogsConfig, buckets: int, path: Path) -> Fil
         *spill.CLICK_COLUMNS[:3], pl.lit(-1, pl.Int32).alias(read.FILE),
         pl.int_range(pl.len(), dtype=pl.UInt32).alias(read.ROW),
         pl.lit(0, pl.Int32).alias(read.POS), pl.lit(1, pl.Int8).alias(read.LABEL),
+        pl.lit(PRIOR_DAY, pl.Int32).alias(read.DAY),  # before every day of this ingest
         read.bucket_of(pl.col(read.USER), buckets).alias(read.BUCKET))
     return FileRead(read.Source(path, -1, "parquet"),
                     spilled=[spill.write(frame, path, clicks=True, cells=False)])
@@ -467,8 +474,8 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
             with _BUILDING if one_build else contextlib.nullcontext():
                 cell = spill.read_cell(spilled, unit.day, group)
                 assert cell is not None
-                clicks = spill.read_clicks(spilled, group) if p.cfg.history == "auto" \
-                    else None
+                clicks = spill.read_clicks(spilled, group, through_day=unit.day) \
+                    if p.cfg.history == "auto" else None
                 table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
                 del cell, clicks
             parts.add(table)  # a row group per cell (fewer, larger groups: 20% less to
@@ -506,6 +513,7 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
         impressions = sum(r.impressions for r in reads)
         if impressions == 0:
             raise DataError(srcs[0].path, None, None, "no impressions to ingest")
+        check_time_units(reads, cfg)
         state, p = plan(reads, cfg, max_history, prior_state)
         if cfg.history == "auto":
             if prior_state is not None and prior_state.clicks is not None:
@@ -549,6 +557,28 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
 # A click log's times lie in this range; outside it a numeric time is most likely in other
 # units than `time_unit` says (seconds read as ms put a week of 2019 into 1970-01-19).
 PLAUSIBLE_US = (946_684_800_000_000, 4_102_444_800_000_000)  # 2000-01-01, 2100-01-01 UTC
+
+
+# Numeric times in one unit from 1970-07 on are within 100x of each other (counted from
+# the epoch); a column mixing units (s and ms: 1000x) is not
+MIXED_UNITS = 100
+
+
+def check_time_units(reads: list[FileRead], cfg: LogsConfig) -> None:
+    """A RowError at the last time when a numeric time column's times are so far apart
+    (`MIXED_UNITS`) that they must mix units: else their days would be cut centuries
+    apart."""
+    spans = [(r.times, r.time_rows, r.source.path) for r in reads if r.times is not None]
+    if not spans or cfg.time_unit not in read.UNIT_US or cfg.time_format:
+        return
+    (lo, lo_row, lo_path) = min((t[0], rows[0], p) for t, rows, p in spans)
+    (hi, hi_row, hi_path) = max((t[1], rows[1], p) for t, rows, p in spans)
+    if lo > 0 and hi / lo >= MIXED_UNITS:
+        first = f"row {lo_row}" + (f" of {lo_path}" if lo_path != hi_path else "")
+        raise read.RowError(hi_path, hi_row, cfg.time, (
+            f"time {read.iso_time(hi)} is {hi / lo:.0f}x as far from 1970 as the first, "
+            f"{read.iso_time(lo)} ({first}): does the column mix units (s, ms, us)? It is "
+            f"read with --time-unit {cfg.time_unit}"))
 
 
 def check_time_span(times: tuple[int, int], cfg: LogsConfig) -> None:

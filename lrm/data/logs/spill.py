@@ -18,7 +18,9 @@ import pyarrow as pa
 
 from lrm.data.logs.read import BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, TIME, USER
 
-CLICK_COLUMNS = (USER, TIME, ITEM, FILE, ROW, POS)
+# a click's day too: with days from files (or a prior ingest's), a later day may hold an
+# earlier time, and a day's histories must not depend on later days
+CLICK_COLUMNS = (USER, TIME, ITEM, FILE, ROW, POS, DAY)
 
 
 @dataclass(frozen=True)
@@ -109,15 +111,18 @@ def read_cell(spilled: Sequence[Spilled], day: int, buckets: int | Sequence[int]
                          rechunk=True)
 
 
-def read_clicks(spilled: Sequence[Spilled], bucket: int | Sequence[int] | None = None
-                ) -> pl.DataFrame:
-    """Every click of the buckets' users (None: of every bucket), on any day."""
+def read_clicks(spilled: Sequence[Spilled], bucket: int | Sequence[int] | None = None,
+                through_day: int | None = None) -> pl.DataFrame:
+    """Every click of the buckets' users (None: of every bucket), on any day (or on a day up
+    to `through_day`)."""
     want = None if bucket is None else {bucket} if isinstance(bucket, int) else set(bucket)
     batches = [x for s in spilled if s.clicks and (want is None or want & s.clicks.keys())
                for x in _read(s.clicks_path, [i for b, ids in s.clicks.items() for i in ids
                                               if want is None or b in want])]
     if not batches:
         return pl.DataFrame(schema={USER: pl.UInt64, TIME: pl.Int64, ITEM: pl.UInt64,
-                                    FILE: pl.Int32, ROW: pl.UInt32, POS: pl.Int32})
-    return pl.from_arrow(pa.Table.from_batches(batches),  # type: ignore[union-attr]
-                         rechunk=True).drop(BUCKET)
+                                    FILE: pl.Int32, ROW: pl.UInt32, POS: pl.Int32,
+                                    DAY: pl.Int32})
+    c = pl.from_arrow(pa.Table.from_batches(batches),  # type: ignore[union-attr]
+                      rechunk=True).drop(BUCKET)
+    return c if through_day is None else c.filter(pl.col(DAY) <= through_day)
