@@ -145,3 +145,28 @@ def test_a_scaling_that_is_not_finite_is_an_error_naming_the_column():
         check_finite({"mean": math.nan, "std": 1.0, "skew": math.inf}, "price")
     assert e.value.field == "price" and "mean and skew" in str(e.value)
     assert Stats.of(pl.Series("d:price", [1.0, 2.0])).name == "price"
+
+
+def test_a_continued_ingest_names_the_row_its_scaling_cannot_reach(tmp_path):
+    """A continued ingest keeps the days before's scaling (0..19: mean 9.5, std 5.8); a
+    1e300 on the next day would standardize past float32, to infinity: an error naming its
+    file, row and column, before anything is kept. Red with the check dropped (inf
+    written)."""
+    from lrm.data.logs.read import RowError
+    from tests.data._logs import write
+
+    def day(prices: list[float], d: int, name: str) -> Path:
+        rows = [{"uid": f"u{i % 5}", "item": f"ad{i % 7}", "ts": T0 + d * 86_400 + i * 60,
+                 "click": i % 2, "price": p} for i, p in enumerate(prices)]
+        return write(frame(rows), tmp_path / name)
+
+    mapping = dict(label="click", user="uid", item="item", time="ts", dense=["price"])
+    run([day([float(i) for i in range(20)], 0, "d0.parquet")], tmp_path / "d0", **mapping)
+    with pytest.raises(RowError) as e:
+        run([day([1.0, 2.0, 1e300], 1, "d1.parquet")], tmp_path / "d1",
+            prior=tmp_path / "d0", **mapping)
+    assert (e.value.file.name, e.value.line, e.value.field) == ("d1.parquet", 3, "price")
+    assert "1e+300 is beyond the scaling" in str(e.value)
+    ok, rows = run([day([1.0, 25.0], 1, "d2.parquet")], tmp_path / "d2", prior=tmp_path / "d0",
+                   **mapping)
+    assert rows["price"].is_finite().all() and ok["rows"] == 2

@@ -187,6 +187,15 @@ def _lists(series: pl.Series, lookup: Lookup, newest_first: bool, k: int
     return np.r_[0, np.cumsum(lens)], lookup(flat)
 
 
+class Unscalable(Exception):
+    """A dense value that its column's scaling takes past float32 (file index, row, column,
+    the value as read): the caller names the file."""
+
+    def __init__(self, file: int, row: int, column: str, value: float) -> None:
+        super().__init__(file, row, column, value)
+        self.file, self.row, self.column, self.value = file, row, column, value
+
+
 def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
           first_session: int) -> tuple[pa.Table, dict[str, int]]:
     """The cell's impressions table (`plan.schema`, impressions layout) and its counts."""
@@ -240,6 +249,11 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
             cols[feat] = _arrow(ids, valid)
     scaled = df.select(dense_mod.scaled(pl.col(f"d:{n}"), plan.dense[n]).alias(n)
                        for n in schema.dense)
+    for n in schema.dense:  # a continued ingest's scaling may not reach a new value
+        if not scaled[n].is_finite().all():  # (the cell still has the rows' places)
+            x = pl.col(f"d:{n}")
+            bad = cell.filter(~dense_mod.scaled(x, plan.dense[n]).is_finite()).sort(FILE, ROW)
+            raise Unscalable(int(bad[FILE][0]), int(bad[ROW][0]), n, float(bad[f"d:{n}"][0]))
     cols.update({n: scaled[n].to_arrow() for n in schema.dense})
     target = schema.arrow("impressions")
     return pa.table([cols[f.name] for f in target], schema=target), stats

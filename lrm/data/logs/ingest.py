@@ -476,7 +476,10 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
                 assert cell is not None
                 clicks = spill.read_clicks(spilled, group, through_day=unit.day) \
                     if p.cfg.history == "auto" else None
-                table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
+                try:
+                    table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
+                except cells.Unscalable as e:
+                    raise unscalable(e, reads, p) from None
                 del cell, clicks
             parts.add(table)  # a row group per cell (fewer, larger groups: 20% less to
             # encode than one per bucket, and smaller files)
@@ -485,6 +488,17 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
     finally:
         parts.close()
     return {**totals, "parts": parts.parts, "bytes": parts.bytes}
+
+
+def unscalable(e: cells.Unscalable, reads: list[FileRead], p: cells.Plan) -> read.RowError:
+    """The error for a dense value its column's scaling (a continued ingest's, decided on
+    the days before) takes past float32."""
+    path = next(r.source.path for r in reads if r.source.index == e.file)
+    how = p.dense[e.column]
+    return read.RowError(path, e.row, e.column, (
+        f"{e.value:g} is beyond the scaling of the dataset this ingest continues "
+        f"({how['transform']}, mean {how['mean']:g}, std {how['std']:g}): it would be "
+        f"written as infinite; rescale the column, or ingest from the first day again"))
 
 
 # -- the whole ingest ----------------------------------------------------------------------
