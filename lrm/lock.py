@@ -152,8 +152,12 @@ def exclusive(path: Path, *, purpose: str = "") -> Iterator[LockInfo]:
         except OSError as e:  # filelock opens with O_NOFOLLOW: a symlink is never followed
             why = f"a symbolic link to {os.readlink(lf)}; lrm never follows one" \
                 if lf.is_symlink() else e.strerror or str(e)
-            raise LockedError(f"{target}: cannot take its lock file {lf} ({why}); remove it "
-                              f"if no run of lrm is using {target}") from None
+            if lf.is_symlink() or lf.exists():  # a file in the way: someone's, or stale
+                raise LockedError(f"{target}: cannot take its lock file {lf} ({why}); remove "
+                                  f"it if no run of lrm is using {target}") from None
+            raise LockedError(f"{target}: cannot write its lock file in {lf.parent} ({why}); "
+                              f"choose a folder lrm may write in, or fix its permissions"
+                              ) from None
         try:
             if found["previous"].strip():
                 _took_over(target, found["previous"])

@@ -226,3 +226,25 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_followed(tmp_path):
     msg = str(err.value)
     assert "\n" not in msg and f"a symbolic link to {victim}" in msg and "remove it" in msg
     assert victim.read_text() == "not a lock file\n"
+
+
+def test_a_folder_that_takes_no_files_is_named_without_advice_to_remove_a_lock(tmp_path,
+                                                                               monkeypatch):
+    """A read-only folder (here: the lock file's open fails with EROFS, as on a read-only
+    mount, where root too is refused): the error names the folder, and does not tell the
+    user to remove a lock file that is not there. Red with the old one message."""
+    import errno
+
+    real_open = os.open
+
+    def read_only(path, flags, *a, **kw):
+        if str(path).endswith(".out.lock"):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "open", read_only)
+    with pytest.raises(LockedError) as err, lock.exclusive(tmp_path / "out"):
+        pass
+    msg = str(err.value)
+    assert f"cannot write its lock file in {tmp_path}" in msg and "Read-only" in msg
+    assert "remove it" not in msg and not (tmp_path / ".out.lock").exists()
