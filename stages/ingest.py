@@ -71,6 +71,11 @@ def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[P
             out += found
         else:
             out.append(p)
+    seen: dict[Path, Path] = {}
+    for p in out:  # its rows twice: a glob and a name, or a folder and a file in it
+        if (same := seen.setdefault(p.resolve(), p)) is not p:
+            raise ConfigError(f"{p}: given twice ({same} is the same file); its rows would "
+                              f"be read twice")
     return out
 
 

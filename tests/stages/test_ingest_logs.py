@@ -189,3 +189,13 @@ def test_a_terminated_ingest_leaves_nothing_beside_out(tmp_path):
     os.kill(p.pid, signal.SIGTERM)
     assert p.wait(timeout=120) == 128 + signal.SIGTERM
     assert sorted(q.name for q in tmp_path.iterdir()) == ["home", "in", "mlflow.db"]
+
+
+def test_a_file_given_twice_is_refused(tmp_path):
+    """A folder and a file in it (or a glob and a name): the rows would be read twice, which
+    nothing downstream could tell. Exit 2 naming it, nothing written."""
+    (tmp_path / "in").mkdir()
+    f = _log(tmp_path / "in")
+    rc, _, err = _run(str(tmp_path / "in"), str(f), "--out", str(tmp_path / "out"), *FLAGS)
+    assert rc == 2 and f"{f}: given twice" in err, err
+    assert not (tmp_path / "out").exists()
