@@ -8,6 +8,7 @@ missing-column check dropped, a time that does not parse read as null.
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import polars as pl
@@ -63,6 +64,7 @@ TYPED = {  # typed files: the wrong type, negative integers, non-finite floats
                   "not finite"),
     "dense_nan": (pl.Series("price", [0.0, 1.0, 2.0, float("nan"), 4.0, 5.0]), "price",
                   "not finite"),
+    "empty_id": (pl.Series("item", ["i0", "i1", "i2", "", "i4", "i5"]), "item", "missing"),
 }
 
 
@@ -215,3 +217,123 @@ def test_chunks_are_bounded_and_a_quoted_newline_never_splits_a_row(tmp_path):
     whole = pl.concat(got)
     assert whole["_row"].to_list() == list(range(1, 4001))
     assert whole["cat"].to_list() == [r["cat"] for r in rows]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+@pytest.mark.parametrize("column", ["clicked", "user", "item", "ts"])
+def test_an_all_null_column_is_a_missing_value_at_its_first_row(tmp_path, column, suffix):
+    """A column with no value at all has the null type (Parquet's, JSON's), which no role's
+    check read: labels became 0, ids null, a time crashed the day cut."""
+    df = frame(_log()).with_columns(pl.lit(None).alias(column))
+    f = write(df, tmp_path / f"log{suffix}")
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert (e.value.file, e.value.line, e.value.field) == (f, 1, column), str(e.value)
+    assert "missing" in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    if column == "clicked":  # where a missing value is no error, an all-null column is none
+        opt = df.with_columns(pl.lit(1).alias("clicked"), pl.lit(None).alias("price"),
+                              pl.lit(None).alias("cat"), pl.lit(None).alias("seq"))
+        _, rows = run([write(opt, tmp_path / f"opt{suffix}")], tmp_path / "o2",
+                      sequence=["seq"], **BASE)
+        assert rows.height == 6 and rows["seq"].to_list() == [[]] * 6
+
+
+@pytest.mark.parametrize("at", [4, 1500])  # in the first block read, or a later one
+@pytest.mark.parametrize("case", ["list_after_text", "text_after_list", "object_for_id"])
+def test_a_list_or_object_in_a_json_text_column_names_its_line(tmp_path, case, at):
+    """polars reads a list or an object in a column of text as its JSON text (the list's
+    fragments became ids), without a word."""
+    rows = [{**r, "seq": "x y"} for r in _log(2000)]
+    if case == "object_for_id":
+        bad, column, words = {"user": {"id": 1}}, "user", 'an object ({"id": 1})'
+    else:
+        bad, column, words = {"seq": ["x", "z"]}, "seq", 'a list (["x", "z"])'
+    if case == "text_after_list":  # the list first: the rows before it hold none
+        rows = [{**r, "seq": None} for r in rows[:at - 1]] + rows[at - 1:]
+    rows[at - 1] = {**rows[at - 1], **bad}
+    f = tmp_path / "log.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", chunk_rows=200, sequence=["seq"], **BASE)
+    assert (e.value.file, e.value.line, e.value.field) == (f, at, column), str(e.value)
+    assert words in str(e.value) and "column of text" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("case", ["dense", "label", "json_user", "label_sep"])
+def test_a_message_with_braces_in_it_is_still_the_error(tmp_path, case):
+    """A struct's type text (Struct({'id': Int64})), or a separator "{", went into a message
+    template whose .format read its braces: a KeyError, exit 1."""
+    if case == "label_sep":
+        log = frame([{"user": "U1", "shown": "N1{0 N2{1"}, {"user": "U2", "shown": "N1{0 N2"}])
+        with pytest.raises(RowError) as e:
+            run([write(log, tmp_path / "b.csv")], tmp_path / "out", explode="shown",
+                user="user", label_sep="{")
+        assert (e.value.line, e.value.field) == (2, "shown") and "ITEM{LABEL" in str(e.value)
+        return
+    column = {"dense": "price", "label": "clicked", "json_user": "user"}[case]
+    df = frame(_log()).with_columns(pl.struct(id=pl.col("ts")).alias(column))
+    f = write(df, tmp_path / ("log.jsonl" if case == "json_user" else "log.parquet"))
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert (e.value.line, e.value.field) == (1, column), str(e.value)
+    assert f"this one holds Struct({{'id': Int64}}): {{'id': {T0}}}" in str(e.value)
+
+
+@pytest.mark.parametrize("size", [6, 60_000])  # failing polars' read, or a later block's
+@pytest.mark.parametrize("suffix", [".csv.gz", ".jsonl.gz"])
+@pytest.mark.parametrize("case", ["truncated", "not_gzip", "corrupt"])
+def test_a_broken_gzip_names_the_file(tmp_path, case, suffix, size):
+    """Python's gzip raised EOFError (click: a bare "Aborted.", exit 1) on a truncated
+    file, BadGzipFile (a traceback) on text named .gz."""
+    text = write(frame(_log(size)), tmp_path / f"log{suffix[:-3]}").read_bytes()
+    data = gzip.compress(text)
+    data = {"truncated": data[:len(data) // 2], "not_gzip": text,
+            "corrupt": data[:20] + bytes(b ^ 0x55 for b in data[20:-20]) + data[-20:]}[case]
+    f = tmp_path / f"bad{suffix}"
+    f.write_bytes(data)
+    with pytest.raises(DataError) as e:
+        run([f], tmp_path / "out", chunk_rows=5_000, **BASE)
+    words = "truncated gzip" if case == "truncated" else "not a valid gzip file"
+    assert e.value.file == f and words in str(e.value), str(e.value)
+
+
+def test_an_empty_item_in_a_page_view_is_a_missing_id(tmp_path):
+    """ "-1" (MIND: item, "-", label) became an impression of the item ""."""
+    log = frame([{"user": "U1", "shown": "N1-0 N2-1"}, {"user": "U2", "shown": "N1-0 -1"}])
+    with pytest.raises(RowError) as e:
+        run([write(log, tmp_path / "b.tsv")], tmp_path / "out", explode="shown",
+            item="news", user="user")
+    assert (e.value.line, e.value.field) == (2, "shown"), str(e.value)
+    assert "missing id in '-1'" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv.gz", ".jsonl"])
+def test_a_column_named_twice_is_an_error(tmp_path, suffix):
+    """polars renames a header's second `clicked` clicked_duplicated_0 (and JSON keeps one
+    of a key's two values): the mapping read one of the two silently."""
+    df = frame(_log()).with_columns(pl.col("clicked").alias("clicked_duplicated_0"))
+    f = write(df, tmp_path / f"ok{suffix}")  # a column may be called that: no error
+    run([f], tmp_path / "o1", **BASE)
+    text = gzip.decompress(f.read_bytes()) if suffix.endswith(".gz") else f.read_bytes()
+    f = tmp_path / f"log{suffix}"
+    text = text.replace(b'"clicked_duplicated_0"', b'"clicked"').replace(
+        b"clicked_duplicated_0", b"clicked", 1)
+    f.write_bytes(gzip.compress(text) if suffix.endswith(".gz") else text)
+    with pytest.raises(DataError) as e:
+        run([f], tmp_path / "o2", **BASE)
+    assert e.value.file == f and e.value.field == "clicked", str(e.value)
+    assert "twice" in str(e.value), str(e.value)
+
+
+def test_a_float_among_integer_json_ids_names_its_line(tmp_path):
+    """One 1.0 among integer ids types the column Float64: the error named row 1 (its 0.0),
+    not the line that holds the float."""
+    rows = [{**r, "user": i} for i, r in enumerate(_log(12))]
+    rows[7]["user"] = 1.0
+    f = tmp_path / "log.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert (e.value.line, e.value.field) == (8, "user"), str(e.value)
+    assert "holds Float64: 1.0" in str(e.value), str(e.value)

@@ -153,9 +153,12 @@ def features(cfg: LogsConfig) -> dict[str, tuple[str, str]]:
 def _head_bytes(path: Path, n: int = 1 << 20) -> tuple[bytes, float]:
     """The first `n` bytes of the file's text and the ratio of text to file bytes."""
     if path.name.endswith(".gz"):
-        with open(path, "rb") as raw, gzip.open(raw) as f:
-            data = f.read(n)
-            used = max(raw.tell(), 1)
+        try:
+            with open(path, "rb") as raw, gzip.open(raw) as f:
+                data = f.read(n)
+                used = max(raw.tell(), 1)
+        except read.GZIP_ERRORS as e:  # not gzip, or cut short: exit 2, naming the file
+            raise read.gzip_error(path, e) from None
         return data, len(data) / used
     with open(path, "rb") as f:
         return f.read(n), 1.0

@@ -21,9 +21,12 @@ integers, a dense value a number, ...); a label that is not 0/1 (or a boolean, o
 text that is one); a dense value that is not finite; a CSV/TSV row with more fields than
 the header, a JSON line that does not parse, or whose field holds a value of another kind
 than the column's (polars' readers say neither row nor field: `_csv_culprit` and
-`_json_culprit` find them). A null dense value is missing (its
+`_json_culprit` find them; a list or object in a text column, which polars reads as its
+JSON text, `_json_nested`). A null dense value is missing (its
 feature reads 0); a null categorical is a missing id; a null label, user, item, session or
-time is an error.
+time is an error, and so is an empty user, item or session id. A column with no value at
+all is a column of missing values. Before any row: a column a header names twice (JSON
+lines: a key twice in the first line), a .gz that is not gzip or is cut short.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import gzip
 import io
 import itertools
 import json
+import re
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,7 +115,39 @@ def sources(files: Sequence[Path], fmt: str) -> list[Source]:
     return [Source(Path(f), i, file_format(Path(f), fmt)) for i, f in enumerate(files)]
 
 
+# what Python's gzip raises on a .gz that is not one (BadGzipFile) or is cut short (EOFError,
+# which click would turn into a bare "Aborted.")
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)
+
+
+def gzip_error(path: Path, e: BaseException) -> DataError:
+    """The DataError of a .gz input that does not read through (`GZIP_ERRORS`)."""
+    if isinstance(e, EOFError):
+        return DataError(path, None, None, "truncated gzip (the file ends inside its "
+                                           "compressed data)")
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return DataError(path, None, None, f"not a valid gzip file ({first})")
+
+
+def _gzip_check(path: Path) -> DataError | None:
+    """A .gz input's gzip error, read through to its end (only after a read failed: polars
+    says "unexpected end of file" without naming gzip)."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    except GZIP_ERRORS as e:
+        return gzip_error(path, e)
+    except OSError:
+        return None
+    return None
+
+
 def _polars_error(path: Path, e: Exception) -> DataError:
+    if isinstance(e, GZIP_ERRORS):
+        return gzip_error(path, e)
+    if path.name.endswith(".gz") and (broken := _gzip_check(path)) is not None:
+        return broken
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     return DataError(path, None, None, f"cannot read as {path.suffix.lstrip('.') or 'a log'}: "
                                        f"{first}")
@@ -141,12 +178,68 @@ def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, p
         if src.format == "jsonl" and (culprit := _json_typing_culprit(src.path)):
             raise culprit from None  # values of two kinds in one field: its row
         raise _polars_error(src.path, e) from None
+    twice = None
+    if src.format == "jsonl":
+        twice = _json_key_twice(src.path)
+    elif not cfg.columns and any(_DUPLICATED.search(c) for c in schema):
+        twice = _header_twice(src)
+    if twice is not None:
+        raise twice
     for role, col in cfg.roles():
         if col not in schema:
             have = ", ".join(c for c in schema if c != ROW)
             raise RowError(src.path, None, col, f"column missing (the {role} column; the file "
                                                 f"has: {have})")
     return schema
+
+
+# polars names a CSV header's second X `X_duplicated_0` (and reads on): the mapping's X would
+# be the first silently. (Parquet with a name twice fails its read.)
+_DUPLICATED = re.compile(r"_duplicated_\d+$")
+
+
+def _header_twice(src: Source) -> DataError | None:
+    """The first column a CSV/TSV header names twice (read from the header itself: a column
+    may be called X_duplicated_0)."""
+    try:
+        with _open(src.path) as fh:
+            line = fh.readline().decode("utf-8", errors="replace").lstrip("\ufeff")
+    except GZIP_ERRORS as e:
+        return gzip_error(src.path, e)
+    tsv = src.format == "tsv"
+    names = next(csv.reader([line], delimiter="\t" if tsv else ",",
+                            quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL), [])
+    first: dict[str, int] = {}
+    for k, name in enumerate(names, 1):
+        if name in first:
+            return RowError(src.path, None, name, f"the header names this column twice "
+                                                  f"(columns {first[name]} and {k})")
+        first[name] = k
+    return None
+
+
+def _json_key_twice(path: Path) -> DataError | None:
+    """A key twice in the file's first JSON object (polars keeps one of the two silently).
+    Only the first line: a writer that repeats a key repeats it on every line, and a
+    check of each line would cost ~100x polars' parse."""
+    twice: list[str] = []
+
+    def pairs(kv: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in kv]
+        twice[:] = [k for k in keys if keys.count(k) > 1]  # the outer object's, called last
+        return dict(kv)
+
+    try:
+        with _open(path) as fh:
+            line = next((ln for ln in fh if ln.strip()), b"")
+        json.loads(line, object_pairs_hook=pairs)
+    except GZIP_ERRORS as e:
+        return gzip_error(path, e)
+    except ValueError:  # not JSON: the read says where
+        return None
+    if twice:
+        return RowError(path, 1, twice[0], "the JSON object holds this key twice")
+    return None
 
 
 def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: int, *,
@@ -171,7 +264,7 @@ def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: in
         numbers = numeric_columns(src, types, cfg) if typed else []
         yield from ahead(_text_chunks(src, [c for c in types if c != ROW], types, cfg, rows,
                                       numbers))
-    except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as e:
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException, *GZIP_ERRORS) as e:
         raise _polars_error(src.path, e) from None
 
 
@@ -198,6 +291,7 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                  cfg: LogsConfig, rows: int, numbers: Sequence[str] = ()
                  ) -> Iterator[pl.DataFrame]:
     quoted = src.format == "csv"
+    texts = [c for c in dict.fromkeys(c for _, c in cfg.roles()) if types.get(c) == pl.String]
     n = 1
     with _open(src.path) as fh:
         if src.format != "jsonl" and not cfg.columns:
@@ -226,6 +320,8 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                     if culprit is None:
                         raise
                     raise culprit from None
+                if texts and (nested := _json_nested(src.path, df, data, n, texts)):
+                    raise nested
             else:
                 sep = "\t" if src.format == "tsv" else ","
                 df = None
@@ -320,11 +416,40 @@ def _json_culprit(path: Path, lines: Iterable[bytes], first_row: int,
     return None
 
 
-def _json_typing_culprit(path: Path) -> RowError | None:
+def _json_nested(path: Path, df: pl.DataFrame, data: bytes, first_row: int,
+                 cols: Sequence[str]) -> RowError | None:
+    """The first row of a JSON block (`df` read from `data`) whose text column `cols` holds
+    a list or an object: polars reads one as its JSON text ('["x", "z"]') without a word.
+    Only the rows whose text starts like one are parsed again."""
+    like = [pl.col(c).str.starts_with("[") | pl.col(c).str.starts_with("{") for c in cols]
+    hits = df.select(pl.any_horizontal(like).arg_true())[:, 0]
+    if hits.is_empty():
+        return None
+    lines = [ln for ln in data.splitlines() if ln.strip()]  # (blank lines are not rows)
+    for k in hits.to_list():
+        try:
+            obj = json.loads(lines[k])
+        except (ValueError, IndexError):
+            continue
+        for c in cols:
+            v = obj.get(c) if isinstance(obj, dict) else None
+            if isinstance(v, (list, dict)):
+                shown = json.dumps(v)
+                shown = shown if len(shown) <= 40 else shown[:37] + "..."
+                return RowError(path, first_row + k, c, f"{_JSON_KINDS[type(v)]} ({shown}) "
+                                                        f"in a column of text (a field's "
+                                                        f"values must all be of one kind)")
+    return None
+
+
+def _json_typing_culprit(path: Path) -> DataError | None:
     """The first value of another kind than its field's first among the rows polars types
     the columns by (`scan`'s JSON_INFER_ROWS)."""
-    with _open(path) as fh:
-        return _json_culprit(path, itertools.islice(fh, JSON_INFER_ROWS), 1)
+    try:
+        with _open(path) as fh:
+            return _json_culprit(path, itertools.islice(fh, JSON_INFER_ROWS), 1)
+    except GZIP_ERRORS as e:
+        return gzip_error(path, e)
 
 
 def _csv_culprit(path: Path, data: bytes, first_row: int, fields: int, sep: str,
@@ -366,7 +491,7 @@ class Check:
     column: str  # the source column named in an error
     value: pl.Expr
     bad: pl.Expr | None  # True where the row's value is bad
-    why: str  # the message, with {value} for the raw value
+    why: str  # the message, with {value} for the raw value (other braces doubled: _braces)
     shown: str = ""  # the column whose value the message shows ("": `column`)
     # columns `value` and `bad` both read, computed first (a parse shared, never run twice)
     pre: dict[str, pl.Expr] = field(default_factory=dict)
@@ -395,11 +520,42 @@ def _negative_text(s: pl.Series) -> pl.Series:
     return minus & s.str.to_integer(strict=False).is_not_null()
 
 
+def _braces(text: object) -> str:
+    """`text` as a literal in a `Check.why` template (a struct's type text has braces)."""
+    return str(text).replace("{", "{{").replace("}", "}}")
+
+
 def _wrong_type(col: str, dtype: pl.DataType, role: str, want: str,
-                value: pl.DataType) -> Check:
-    """A column whose type its role cannot take: bad at its first value."""
-    return Check(col, pl.lit(None, value), pl.col(col).is_not_null(),
-                 f"a {role} column must hold {want}, this one holds {dtype}: {{value}}")
+                value: pl.DataType, at: int | None = None) -> Check:
+    """A column whose type its role cannot take: bad at its first value (or at row `at`,
+    the row that gave it the type)."""
+    bad = pl.col(col).is_not_null()
+    if at is not None:
+        bad = bad & (pl.col(ROW) >= at)
+    return Check(col, pl.lit(None, value), bad, f"a {role} column must hold {_braces(want)}, "
+                                                f"this one holds {_braces(dtype)}: {{value}}")
+
+
+def _json_float_row(src: Source, col: str) -> int | None:
+    """The first JSON line whose `col` holds a float (or a list with one), among the rows
+    that type the columns: where a column of integer ids became Float64 (an error then
+    shows that line, not the first). None: not JSON lines, or none found."""
+    if src.format != "jsonl":
+        return None
+    row = 1
+    try:
+        with _open(src.path) as fh:
+            for line in itertools.islice(fh, JSON_INFER_ROWS):
+                if not line.strip():
+                    continue
+                v = json.loads(line).get(col)
+                if isinstance(v, float) or (isinstance(v, list) and
+                                            any(isinstance(x, float) for x in v)):
+                    return row
+                row += 1
+    except (ValueError, AttributeError, *GZIP_ERRORS):  # the read reports those
+        return None
+    return None
 
 
 def _is_int(dt: pl.DataType) -> bool:
@@ -410,18 +566,21 @@ def id_text(src: Source, col: str, dtype: pl.DataType, role: str,
             required: bool) -> Check:
     """An id column as text (the vocabulary's key); negative ids are bad."""
     c = pl.col(col)
+    empty = pl.lit(False)
     if dtype == pl.String:
         neg = c.map_batches(_negative_text, return_dtype=pl.Boolean)
         value = c
+        empty = c.str.len_bytes() == 0  # "" (JSON, Parquet, an exploded "-1"): missing too
     elif _is_int(dtype):
         neg = c < 0 if dtype.is_signed_integer() else pl.lit(False)
         value = c.cast(pl.String)
     else:
-        return _wrong_type(col, dtype, role, "ids (text or integers)", pl.String)
+        at = _json_float_row(src, col) if dtype.is_float() else None
+        return _wrong_type(col, dtype, role, "ids (text or integers)", pl.String, at)
     bad = neg.fill_null(False)
     why = "negative id {value}"
     if required:
-        bad = bad | c.is_null()
+        bad = bad | c.is_null() | empty
         why = "negative or missing id: {value}"
     return Check(col, value, bad, why)
 
@@ -434,8 +593,10 @@ def id_list(src: Source, col: str, dtype: pl.DataType, sep: str, role: str) -> C
     elif isinstance(dtype, pl.List) and (dtype.inner == pl.String or _is_int(dtype.inner)):
         items = c.list.eval(pl.element().cast(pl.String))
     else:
+        at = (_json_float_row(src, col) if isinstance(dtype, pl.List) and
+              dtype.inner.is_float() else None)
         return _wrong_type(col, dtype, role, f"lists of ids (or ids joined by {sep!r})",
-                           pl.List(pl.String))
+                           pl.List(pl.String), at)
     items = items.fill_null(pl.lit([], dtype=pl.List(pl.String)))
     neg = items.list.eval((pl.element().str.starts_with("-")
                            & pl.element().str.to_integer(strict=False).is_not_null())
@@ -626,6 +787,10 @@ class Parser:
     def __init__(self, src: Source, types: dict[str, pl.DataType], cfg: LogsConfig,
                  buckets: int) -> None:
         self.src, self.cfg, self.buckets = src, cfg, buckets
+        # a column with no value at all (Parquet's or JSON's null type) is read as text
+        # that is all missing: its role's check of a missing value holds (else the
+        # wrong-type check, bad where a value is, passed every row)
+        types = {c: pl.String() if t == pl.Null else t for c, t in types.items()}
         self.types = types
         self.typed: dict[tuple[Any, ...], Parser] = {}  # of chunks read with numbers
         need = [c for _, c in cfg.roles()]
@@ -671,6 +836,8 @@ class Parser:
     def parse(self, chunk: pl.DataFrame) -> Parsed:
         """The typed frame of a chunk; a RowError for its first bad row (TextNeeded for a
         chunk read with numbers)."""
+        if nulls := [c for c in self.columns[1:] if chunk.schema.get(c) == pl.Null]:
+            chunk = chunk.with_columns(pl.col(nulls).cast(pl.String))  # (see __init__)
         if all(chunk.schema.get(c) == self.types.get(c) for c in self.columns[1:]):
             return self._parse(chunk)
         key = tuple(chunk.schema.get(c) for c in self.columns)
@@ -730,8 +897,10 @@ class Parser:
         lab, self.label_kind = label(self.src, "_elabel", pl.String(), cfg.label_count)
         item = id_text(self.src, "_etext", pl.String(), "item", True)
         checks = [Check(col, pl.col("_e"), pl.col("_etext").is_null(),
-                        f"expected ITEM{cfg.label_sep}LABEL entries, got {{value}}", "_e"),
-                  Check(col, pl.col("_e"), item.bad, "negative id in {value}", "_e"),
+                        f"expected ITEM{_braces(cfg.label_sep)}LABEL entries, got {{value}}",
+                        "_e"),
+                  Check(col, pl.col("_e"), item.bad, "negative or missing id in {value}",
+                        "_e"),
                   Check(col, pl.col("_e"), lab.bad, "label must be 0 or 1 in {value}"
                         if not cfg.label_count else "a count label must be >= 0 in {value}",
                         "_e")]
