@@ -652,6 +652,8 @@ class EvalConfig:
                 day_range(self.days)
             except ValueError as e:
                 raise ConfigError(f"days: {e}") from None
+            _check(self.day == -1, "day", f"{self.day} with days {self.days!r}: give one of "
+                                          f"them (days: each of A..B, then pooled)")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.rows >= 0, "rows", "must be >= 0 (0: every row)")
         _check(self.bootstrap >= 0, "bootstrap", "must be >= 0 (0: no intervals)")

@@ -189,8 +189,9 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
         shown = f" (default: {default})" if not required and default not in (None, False) else ""
         anchor = next((o.flag for o in stage.args.values() if o.role in ("out", "state")
                        and o.flag), None)
-        if shown and anchor and isinstance(default, Path) and not stage.of_input(name) and (
-                a.role in ("metrics", "summary", "plot") or (a.role == "out" and a.file)):
+        if shown and anchor and anchor != a.flag and isinstance(default, Path) and \
+                not stage.of_input(name) and (a.role in ("metrics", "summary", "plot")
+                                              or (a.role == "out" and a.file)):
             # `Stage.beside_outputs`: a run with another output keeps its files beside it
             shown = f" (default: {default}; with another {anchor}: beside it, " \
                     f"OUT.{default.name})"

@@ -33,9 +33,13 @@ def optional_inner(tp: Any) -> Any:
 
 
 def split_named(value: str | Path) -> tuple[str | None, Path]:
-    """A `named` argument's value, NAME=PATH or PATH, as (NAME or None, PATH)."""
+    """A `named` argument's value, NAME=PATH or PATH, as (NAME or None, PATH). A value that
+    is a path as it stands (hive folders: `day=5/model`), or whose part before "=" holds a
+    "/" (`/stream/day=5`), is a PATH."""
     key, sep, path = str(value).partition("=")
-    return (key, Path(path)) if sep and key else (None, Path(value))
+    if not sep or not key or "/" in key or Path(value).exists():
+        return None, Path(value)
+    return key, Path(path)
 
 
 class _Off:

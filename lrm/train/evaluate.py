@@ -25,7 +25,7 @@ from torch import nn
 from lrm import metrics
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
-from lrm.data.schema import day_files, pick_day
+from lrm.data.schema import day_files, pick_day, read_schema
 from lrm.errors import ConfigError
 from lrm.progress import Reporter
 from lrm.dist import quiet_libraries
@@ -98,6 +98,9 @@ def pick_days(available: Sequence[int], lo: int, hi: int, key: str = "days") -> 
     if first < days[0] or last > days[-1]:  # a typo, not "to the end" (that is A..-1)
         raise ConfigError(f"{key}: {lo}..{hi} runs outside the data's days {days[0]}.."
                           f"{days[-1]} (-1 is the last day)")
+    if missing := sorted(set(range(first, last + 1)) - set(chosen)):  # scored, not skipped
+        raise ConfigError(f"{key}: the data has no day {', '.join(map(str, missing))} of "
+                          f"{lo}..{hi} (days: {days})")
     return chosen
 
 
@@ -125,13 +128,13 @@ def evaluate_days(model_dir: Path, data: Path, days: Sequence[int], *, batch_siz
 
 def _loader(data: Path, day: int, batch_size: int, card: Any,
             verticals: Sequence[int] | None = None) -> BatchLoader:
-    loader = BatchLoader(data, batch_size, days=[day], dedup=True, hash_sizes=card.hash_sizes,
-                         verticals=verticals)
-    if loader.schema.sparse_features != card.schema.sparse_features or \
-            loader.schema.dense != card.schema.dense:
-        raise ConfigError(f"evaluate: {data} has schema {loader.schema.name!r} with other "
+    schema, _ = read_schema(data)  # before the loader, which refuses the model's tables
+    if schema.sparse_features != card.schema.sparse_features or \
+            schema.dense != card.schema.dense:
+        raise ConfigError(f"evaluate: {data} has schema {schema.name!r} with other "
                           f"features than the model's ({card.schema.name!r})")
-    return loader
+    return BatchLoader(data, batch_size, days=[day], dedup=True, hash_sizes=card.hash_sizes,
+                       verticals=verticals)
 
 
 def evaluate(model_dir: Path, data: Path, *, day: int = -1, batch_size: int = 8192,

@@ -106,6 +106,14 @@ def test_the_help_says_where_a_run_with_another_out_puts_its_metrics(name):
     assert f"beside it, OUT.{moved.name[2:]}" in help_text, help_text
 
 
+def test_an_output_file_is_never_said_to_move_beside_itself():
+    """`lrm evaluate --out X.json` writes X.json: its help says no "beside it"."""
+    r = CliRunner().invoke(app(STAGES["evaluate"]), ["--help"], terminal_width=400)
+    text = " ".join(r.output.replace("│", " ").split())
+    entry = text[text.index("--out "):text.index("--name ")]  # the --out option's help
+    assert "metrics/eval.json" in entry and "beside" not in entry, entry
+
+
 @pytest.mark.parametrize("name", ["train", "generate", "evaluate"])
 def test_an_option_no_config_has_does_not_exist(name):
     stage = STAGES[name]

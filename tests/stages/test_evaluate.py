@@ -128,3 +128,48 @@ def test_days_are_scored_each_and_pooled_with_intervals(datasets, model_dir, tmp
             "--model-dir", str(model_dir), "--data", str(datasets["sessions"]), "--days", bad,
             "--out", str(tmp_path / "g.json")])
         assert r.exit_code == 2 and why in r.stderr, (bad, r.stderr)
+
+
+def test_a_range_with_a_day_the_data_lacks_or_a_day_beside_it_exits_2(datasets, model_dir,  # noqa: F811
+                                                                      tmp_path):
+    """--days 0..2 on data without day 1 names the day (it was skipped: "days 0, 2 pooled");
+    --day with --days is one too many. Red with the gap check dropped, or the pair
+    accepted (--day was ignored)."""
+    from tests.conftest import only_days
+
+    gap = only_days(datasets["sessions"], tmp_path / "gap", [0, 2])
+    for args, why in ((["--data", gap, "--days", "0..2"], "the data has no day 1 of 0..2"),
+                      (["--data", datasets["sessions"], "--day", "1", "--days", "1..2"],
+                       "give one of them")):
+        r = CliRunner().invoke(stage_app(stage.STAGE), [
+            "--model-dir", str(model_dir), *map(str, args), "--out", str(tmp_path / "e.json")])
+        assert r.exit_code == 2 and why in r.stderr, (args, r.stderr)
+        assert not (tmp_path / "e.json").exists()
+
+
+def test_a_model_folder_under_a_hive_path_and_data_of_other_features(datasets, model_dir,  # noqa: F811
+                                                                     tmp_path, monkeypatch):
+    """A model saved under `day=5/model` (the stream's checkpoints) is a path, not NAME=DIR;
+    data of other features than the model's is exit 2 naming both schemas, not a
+    traceback. Red with '=' always splitting, or the schema checked after the loader."""
+    import shutil
+
+    from lrm.config import LogsConfig
+    from lrm.data.logs.ingest import ingest
+    from tests.data._logs import clicks_log, write
+
+    hive = tmp_path / "stream" / "day=5" / "model"
+    shutil.copytree(model_dir, hive)
+    monkeypatch.chdir(tmp_path / "stream")
+    for arg in (str(hive), "day=5/model"):  # (relative: a path because it is one)
+        r = CliRunner().invoke(stage_app(stage.STAGE), [
+            "--model-dir", arg, "--data", str(datasets["sessions"]), "--day", "1",
+            "--out", str(tmp_path / "h.json")])
+        assert r.exit_code == 0, r.output
+    logs = tmp_path / "logs"
+    ingest([write(clicks_log(), tmp_path / "log.csv")], logs,
+           LogsConfig(label="clicked", user="user", item="item", time="ts"))
+    r = CliRunner().invoke(stage_app(stage.STAGE), [
+        "--model-dir", str(model_dir), "--data", str(logs), "--day", "0",
+        "--out", str(tmp_path / "l.json")])
+    assert r.exit_code == 2 and "has schema 'logs' with other features" in r.stderr, r.output
