@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import glob
 import inspect
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,30 +40,21 @@ NAME = "ingest"
 LOGS = "ingest_logs"
 
 
-def _in_order(files: Any) -> list[Path]:
-    """Paths with their numbers compared as numbers (day2 before day10): with days from
-    files, file k is day k. (A regex: the natsort package is a dependency for three lines.)"""
-    def key(p: Path) -> list[Any]:
-        return [(0, int(t), t) if t.isdigit() else (1, 0, t)
-                for t in re.split(r"(\d+)", str(p)) if t]
-    return sorted(map(Path, files), key=key)
-
-
 def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[Path]:
     """Files as given; a folder expands to its files whose names end with one of `names`,
     and (with `patterns`) a path with *, ? or ** (any folders below) that is not a file to
-    the files it matches, each in order (`_in_order`)."""
+    the files it matches, each in order (`lrm.io.in_order`)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = _in_order(f for f in p.iterdir() if f.is_file()
+            found = io.in_order(f for f in p.iterdir() if f.is_file()
                               and not f.name.startswith(".") and f.name.endswith(names))
             if not found:
                 raise ConfigError(f"{p}: no {' or '.join('*' + n for n in names)} files in "
                                   f"this folder")
             out += found
         elif patterns and not p.exists() and glob.has_magic(str(p)):
-            found = _in_order(f for f in glob.glob(str(p), recursive=True)
+            found = io.in_order(f for f in glob.glob(str(p), recursive=True)
                               if Path(f).is_file())
             if not found:
                 raise ConfigError(f"{p}: no file matches")
@@ -80,7 +70,7 @@ def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[P
 
 
 def input_files(paths: list[Path]) -> list[Path]:
-    """Files as given; a folder expands to its *.tsv files, in order (`_in_order`)."""
+    """Files as given; a folder expands to its *.tsv files, in order (`lrm.io.in_order`)."""
     return _expand(paths, (".tsv",), patterns=False)
 
 

@@ -153,8 +153,8 @@ def _dropped_table(path: Path, ingest: IngestConfig) -> pa.Table:
 
 def _inbox(watch: Path, ingest: IngestConfig) -> list[Path]:
     logs = maps_logs(ingest)
-    return sorted(p for p in watch.iterdir() if p.is_file() and not p.name.startswith(".")
-                  and (p.suffix in SUFFIXES or logs and p.name.endswith(LOG_SUFFIXES)))
+    return io.in_order(p for p in watch.iterdir() if p.is_file() and not p.name.startswith(".")
+                       and (p.suffix in SUFFIXES or logs and p.name.endswith(LOG_SUFFIXES)))
 
 
 def folder_days(watch: Path, raw: Path, ingest: IngestConfig,

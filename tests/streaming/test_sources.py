@@ -72,3 +72,15 @@ def test_inbox_logs_go_through_the_mapping_each_day_continuing_the_last(tmp_path
     assert schema.vocab == {} and schema.user_key == "user"  # hashed in the stream's tables
     assert (raw / "day=1" / "_ingest" / "state.json").is_file()
     assert sources.folder_days(inbox, raw, ingest) == []  # nothing new
+
+
+def test_inbox_files_become_days_with_their_numbers_read_as_numbers(tmp_path):
+    """day2.tsv before day10.tsv (plain sorting puts day10 first: a day out of order). Red
+    with the inbox sorted as text."""
+    inbox, raw = tmp_path / "inbox", tmp_path / "raw"
+    inbox.mkdir()
+    (inbox / "day10.tsv").write_text("\n".join(random_lines(10, seed=10)) + "\n")
+    (inbox / "day2.tsv").write_text("\n".join(random_lines(20, seed=2)) + "\n")
+    assert sources.folder_days(inbox, raw, IngestConfig()) == [0, 1]
+    assert [sources.read_source(raw, d)["origin"]["file"] for d in (0, 1)] == [
+        "day2.tsv", "day10.tsv"]
