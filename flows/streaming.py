@@ -256,17 +256,36 @@ def streaming(days: int | None = None, day: int | None = None,
             for run_id in tracking.close_dead_runs(cfg.tracking):  # a killed day's runs
                 print(f"closed MLflow run {run_id}: left RUNNING by a process that is gone")
             available = None
+            inbox = Path(cfg.streaming.watch) if cfg.streaming.watch else paths.incoming
             if cfg.streaming.source == "folder":
-                inbox = Path(cfg.streaming.watch) if cfg.streaming.watch else paths.incoming
+                if cfg.streaming.watch and not inbox.is_dir():  # else runs find nothing, ever
+                    raise ConfigError(f"streaming.watch: {inbox} is not a folder (the inbox "
+                                      f"is read, never made: a typo?)")
                 sources.folder_days(inbox, paths.raw, cfg.ingest)
                 available = sources.raw_days(paths.raw)
             todo = [day] if day is not None else ledger.next_days(
                 paths, first, cfg.streaming.days if days is None else days, available)
             if not todo:
-                print("no new day to process (the inbox holds no new file)")
+                print(no_new_day(cfg, inbox, available, first))
             return [stream_day(d, cfg, paths) for d in todo]
     except LrmError as e:
         return Failed(message=f"{e}")  # type: ignore[return-value]
+
+
+def no_new_day(cfg: ParamsConfig, inbox: Path, available: list[int] | None,
+               first: int) -> str:
+    """What a run with nothing to do says: where it looked, and what it left there."""
+    if cfg.streaming.source != "folder":
+        return "no new day to process"
+    line = f"no new day to process (the inbox {inbox} holds no new file"
+    if available and available[-1] < first:
+        line += f"; its days {available} are the first teacher's: the stream starts at day " \
+                f"{first}"
+    if skipped := sources.not_taken(inbox, cfg.ingest):
+        line += f"; no source reads {', '.join(skipped)}"
+        if not sources.maps_logs(cfg.ingest):
+            line += " (a click log needs the ingest.logs mapping: its label or explode)"
+    return line + ")"
 
 
 def main(days: int = typer.Option(None, "--days", help="new days to process now "

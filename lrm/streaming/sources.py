@@ -157,6 +157,15 @@ def _inbox(watch: Path, ingest: IngestConfig) -> list[Path]:
                        and (p.suffix in SUFFIXES or logs and p.name.endswith(LOG_SUFFIXES)))
 
 
+def not_taken(watch: Path, ingest: IngestConfig) -> list[str]:
+    """The names of the inbox's files that no source reads (said when no day is new)."""
+    if not Path(watch).is_dir():
+        return []
+    taken = set(_inbox(watch, ingest))
+    return sorted(p.name for p in Path(watch).iterdir() if p.is_file() and p not in taken
+                  and not p.name.startswith("."))
+
+
 def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
                 max_history: int = GenerateConfig().max_history) -> list[int]:
     """Make every inbox file no day holds yet the next raw day; the new days, in order.

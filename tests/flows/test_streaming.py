@@ -22,7 +22,7 @@ from prefect.testing.utilities import prefect_test_harness
 from typer.testing import CliRunner
 
 from flows.streaming import main as streaming_main
-from flows.streaming import streaming
+from flows.streaming import no_new_day, streaming
 from lrm import lock, registry
 from lrm.config import GenerateConfig, from_dict
 from lrm.data import synthetic
@@ -313,6 +313,36 @@ def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
     assert rec["students"]["small"]["decision"]["evaluated_on"] == "day 2 (the next day)"
     assert (tmp_path / "stream" / "augmented" / "day=2" / "_manifest.json").is_file()
     assert len(list(inbox.iterdir())) == 5  # the inbox is only read
+
+
+def test_an_inbox_that_is_not_there_or_holds_nothing_read_is_said(harness, tmp_path,
+                                                                   monkeypatch):
+    """`streaming.watch` naming no folder (a typo) is exit 2, not "no new day" on every run
+    forever; a run with nothing to do names the inbox and the files no source reads. Red
+    with the watch check dropped, or the old one-line message."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    app = typer.Typer()
+    app.command()(streaming_main)
+    typo = _write_params(tmp_path, streaming={"source": "folder",
+                                              "watch": str(tmp_path / "inbx")})
+    r = CliRunner().invoke(app, ["--days", "1", "--params", str(typo)])
+    assert r.exit_code == 2 and f"streaming.watch: {tmp_path / 'inbx'} is not a folder" in \
+        r.output, r.output
+    inbox = tmp_path / "stream" / "incoming"
+    inbox.mkdir(parents=True)
+    (inbox / "clicks.csv").write_text("uid,clicked\n1,0\n")
+    params = _write_params(tmp_path, streaming={"source": "folder"})
+    r = CliRunner().invoke(app, ["--days", "1", "--params", str(params)])
+    assert r.exit_code == 0, r.output  # (the flow prints its line where Prefect sends it)
+    from stagekit import load_params
+
+    cfg = load_params([str(params)])
+    line = no_new_day(cfg, inbox, [0], 2)
+    assert line == (f"no new day to process (the inbox {inbox} holds no new file; its days "
+                    f"[0] are the first teacher's: the stream starts at day 2; no source "
+                    f"reads clicks.csv (a click log needs the ingest.logs mapping: its label "
+                    f"or explode))")
 
 
 def test_bad_days_and_a_file_as_the_root_are_exit_2(harness, tmp_path, monkeypatch):
