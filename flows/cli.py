@@ -111,14 +111,17 @@ def models(ctx: typer.Context, params: list[Path] = PARAMS_OPT) -> None:
 
 @models_app.command("list")
 def list_models(params: list[Path] = PARAMS_OPT) -> None:
-    """Every registered lrm model: versions, aliases, NE, the decision and why."""
+    """Every registered lrm model (lrm-*, and the names params give: teacher.registry_name,
+    registry.student_prefix): versions, aliases, NE, the decision and why."""
     from rich.console import Console
     from rich.table import Table
 
     from lrm import registry
 
     try:
-        rows = registry.list_models("lrm-", _cfg(params).tracking)
+        cfg = _cfg(params)
+        rows = registry.list_models(("lrm-", cfg.teacher.registry_name,
+                                     cfg.registry.student_prefix), cfg.tracking)
     except LrmError as e:
         raise fail(e) from None
     if not rows:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -335,13 +335,15 @@ def rollback(name: str, version: str, cfg: TrackingConfig | None = None, *,
 
 # ------------------------------------------------------------------------- reading
 
-def list_models(prefix: str = "lrm-", cfg: TrackingConfig | None = None
+def list_models(prefixes: Sequence[str] = ("lrm-",), cfg: TrackingConfig | None = None
                 ) -> list[dict[str, Any]]:
-    """Every version of the registered models named PREFIX*: aliases, NE and decision."""
+    """Every version of the registered models whose names start with one of `prefixes`:
+    aliases, NE and decision."""
     c = client(cfg)
     rows: list[dict[str, Any]] = []
-    for rm in sorted(c.search_registered_models(f"name LIKE '{prefix}%'"),
-                     key=lambda m: m.name):
+    found = {rm.name: rm for p in dict.fromkeys(prefixes) if p
+             for rm in c.search_registered_models(f"name LIKE '{p}%'")}
+    for rm in sorted(found.values(), key=lambda m: m.name):
         aliases: dict[str, list[str]] = {}
         for alias, v in (rm.aliases or {}).items():
             aliases.setdefault(str(v), []).append(alias)

@@ -297,3 +297,18 @@ def _stop(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def test_models_list_shows_the_names_params_give(folders, tmp_path):
+    """A stream or pipeline registering under its own names (`registry.student_prefix`,
+    `teacher.registry_name`) is listed with its params; "lrm-" alone hid it ("no registered
+    lrm models yet"). Red with the prefix fixed to "lrm-"."""
+    from flows.cli import app
+
+    _challenge(folders, "good", name="probe-student-small")
+    params = tmp_path / "p.yaml"
+    params.write_text("registry: {student_prefix: probe-student-}\n")
+    r = CliRunner().invoke(app, ["models", "list", "--params", str(params)])
+    assert r.exit_code == 0 and "probe-student-small" in r.output, r.output
+    r = CliRunner().invoke(app, ["models", "list"])  # the defaults: lrm-* only
+    assert r.exit_code == 0 and "probe-student-small" not in r.output, r.output
