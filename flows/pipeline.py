@@ -23,6 +23,7 @@ from flows.tasks import stage_task
 from lrm import tracking
 from lrm.errors import LrmError
 from stagekit import load_params
+from stagekit.cli import terminated_as_exit
 
 SUMMARY = Path("metrics/summary.md")
 
@@ -98,8 +99,10 @@ def main(name: str = typer.Option("lrm", "--pipeline", help=f"one of {sorted(PIP
          force: bool = typer.Option(False, "--force", help="replace outputs lrm did not write"),
          ) -> None:
     """Run a pipeline of flows/dag.py as a Prefect flow."""
-    state = pipeline(name, [str(p) for p in params] if params else None, force,
-                     return_state=True)
+    with terminated_as_exit():  # SIGTERM exits through Prefect's teardown: its temporary
+        # server is stopped (Python's default ends the process and leaves it running)
+        state = pipeline(name, [str(p) for p in params] if params else None, force,
+                         return_state=True)
     if state.is_failed():
         print(f"error: {state.message}", file=sys.stderr)
         raise typer.Exit(2)

@@ -14,8 +14,10 @@ the steps, names them for the Prefect UI, publishes the day's report as a markdo
 
 A day already done (its record holds the same key: the content of its raw days and the
 params) is a no-op: no MLflow run, no artifact, nothing written. A failed day's next run
-goes on from where it stopped; the failure leaves the champions, the augmented days and
-the checkpoint chains as they were. One run of a stream at a time (its root is locked).
+goes on from where it stopped: the failure moves no champion and leaves the days before it
+as they were (the day's finished steps stay, to go on from). Days run in order. An inbox
+file that cannot be a day fails the run after the days before it. One run of a stream at a
+time (its root is locked).
 """
 
 # No `from __future__ import annotations` here: `lrm serve` runs a flow in a spawned process
@@ -25,6 +27,7 @@ the checkpoint chains as they were. One run of a stream at a time (its root is l
 import dataclasses
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +39,14 @@ from prefect.states import Failed
 
 from lrm import io, lock, registry, tracking
 from lrm.config import ParamsConfig
-from lrm.errors import ConfigError, LrmError
+from lrm.errors import ConfigError, DataError, LrmError
 from lrm.data.schema import read_schema
 from lrm.exfm.students import vertical_models
 from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
 from lrm.streaming.layout import STAGE, StreamPaths
 from stagekit import OFF, PARAMS, Stage, execute, load_params
+from stagekit.cli import terminated_as_exit
 from stages import augment, dedup, register
 from stages import student as student_stage
 from stages import teacher as teacher_stage
@@ -231,6 +235,7 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         promote(cfg, day, ([t["decision"]] if t.get("due") else [])
                 + [s["decision"] for s in students.values()])
     ledger.write(paths, day, record)  # last: the day is done
+    sdays.prune_work(paths, ledger.recorded_days(paths))
     for name, s in students.items():
         d = s["decision"]
         print(f"day {day}: {d['name']} v{d['version']} "
@@ -253,21 +258,32 @@ def streaming(days: int | None = None, day: int | None = None,
                               "the first teacher's; the stream's first day is T")
         with lock.exclusive(paths.root, purpose="lrm streaming"):
             ledger.claim(paths)
+            if day is not None:
+                ledger.check_in_order(paths, first, day)
             for run_id in tracking.close_dead_runs(cfg.tracking):  # a killed day's runs
                 print(f"closed MLflow run {run_id}: left RUNNING by a process that is gone")
-            available = None
+            available, refused = None, None
             inbox = Path(cfg.streaming.watch) if cfg.streaming.watch else paths.incoming
             if cfg.streaming.source == "folder":
                 if cfg.streaming.watch and not inbox.is_dir():  # else runs find nothing, ever
                     raise ConfigError(f"streaming.watch: {inbox} is not a folder (the inbox "
                                       f"is read, never made: a typo?)")
-                sources.folder_days(inbox, paths.raw, cfg.ingest)
+                try:
+                    sources.folder_days(inbox, paths.raw, cfg.ingest,
+                                        cfg.generate.max_history,
+                                        unfit=partial(sdays.unfit, cfg=cfg))
+                except DataError as e:  # the days before the file run; the run fails after
+                    refused = e
                 available = sources.raw_days(paths.raw)
             todo = [day] if day is not None else ledger.next_days(
                 paths, first, cfg.streaming.days if days is None else days, available)
-            if not todo:
+            if not todo and refused is None:
                 print(no_new_day(cfg, inbox, available, first))
-            return [stream_day(d, cfg, paths) for d in todo]
+            done = [stream_day(d, cfg, paths) for d in todo]
+            if refused is not None:
+                ran = f" (the days before it ran: {todo})" if todo else ""
+                return Failed(message=f"{refused}{ran}")  # type: ignore[return-value]
+            return done
     except LrmError as e:
         return Failed(message=f"{e}")  # type: ignore[return-value]
 
@@ -299,8 +315,10 @@ def main(days: int = typer.Option(None, "--days", help="new days to process now 
     from lrm.progress import setup_logging
 
     setup_logging()
-    state = streaming(days, day, [str(p) for p in params] if params else None, root,
-                      return_state=True)
+    with terminated_as_exit():  # SIGTERM exits through Prefect's teardown: its temporary
+        # server is stopped (Python's default ends the process and leaves it running)
+        state = streaming(days, day, [str(p) for p in params] if params else None, root,
+                          return_state=True)
     if state.is_failed():
         print(f"error: {state.message}", file=sys.stderr)
         raise typer.Exit(2)

@@ -636,6 +636,10 @@ def day_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+# the fewest bootstrap resamples of a 95% interval: each 2.5% tail holds one (1 / 0.025)
+MIN_RESAMPLES = 40
+
+
 @dataclass(kw_only=True)
 class EvalConfig:
     """Offline evaluation of a saved model on a held-out day (lrm.train.evaluate)."""
@@ -644,7 +648,7 @@ class EvalConfig:
     days: str = ""  # held-out days A..B (inclusive; -1: the last): each scored, then pooled
     batch_size: int = 8192  # impressions per forward
     rows: int = 0  # score the day's first N rows (0: every row)
-    bootstrap: int = 200  # resamples for the 95% confidence intervals (0: none)
+    bootstrap: int = 200  # resamples for the 95% confidence intervals (0: none; else >= 40)
 
     def __post_init__(self) -> None:
         if self.days:
@@ -656,7 +660,9 @@ class EvalConfig:
                                           f"them (days: each of A..B, then pooled)")
         _check(self.batch_size >= 1, "batch_size", "must be >= 1")
         _check(self.rows >= 0, "rows", "must be >= 0 (0: every row)")
-        _check(self.bootstrap >= 0, "bootstrap", "must be >= 0 (0: no intervals)")
+        _check(self.bootstrap == 0 or self.bootstrap >= MIN_RESAMPLES, "bootstrap",
+               f"must be 0 (no intervals) or >= {MIN_RESAMPLES} (fewer resamples leave the "
+               f"95% interval's 2.5% tails without one each; it would be printed as one)")
 
 
 @dataclass(kw_only=True)

@@ -86,3 +86,13 @@ def test_overrides_inherit_what_they_do_not_set():
     assert (merged.lr, merged.batch_size) == (0.25, 64)
     with pytest.raises(ConfigError, match=r"teacher.train: unknown keys \['lrr'\]"):
         from_dict(TrainOverrides, {"lrr": 1}, "teacher.train")
+
+
+def test_a_bootstrap_too_small_for_a_95_percent_interval_is_refused():
+    """`--bootstrap 1` printed [x, x] as a "95%" interval. Red with the floor dropped."""
+    from lrm.config import EvalConfig
+
+    for n in (1, 39):
+        with pytest.raises(ConfigError, match=r"bootstrap: must be 0 \(no intervals\) or >= 40"):
+            EvalConfig(bootstrap=n)
+    assert EvalConfig(bootstrap=0).bootstrap == 0 and EvalConfig(bootstrap=40).bootstrap == 40

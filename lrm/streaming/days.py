@@ -12,6 +12,7 @@ whole users' sessions of the day.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -21,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from lrm import io
-from lrm.config import DedupConfig, TableConfig
+from lrm.config import DedupConfig, ParamsConfig, TableConfig, TrainConfig, with_overrides
 from lrm.data import collisions, parquet
-from lrm.data.schema import day_files, part_path, read_schema
+from lrm.data.schema import META_KEY, FeatureSchema, day_files, part_path, read_schema
 from lrm.errors import DataError
 from lrm.exfm.augment import read_manifest
 from lrm.streaming import sources
@@ -86,6 +88,41 @@ def plan(paths: StreamPaths, day: int, holdout: float) -> EvalPlan:
                     f"day {day + 1} is not there yet)", False)
 
 
+def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
+    """Why a new day's impressions (`table`, lrm schema) cannot be a stream day, in words;
+    None when they can. The day's models must each take a step: a student trains on its
+    vertical's rows of the day's fit part (the first 1 - `streaming.holdout`, as `split_day`
+    cuts it, while the next day is not there), the teacher on the whole day at the least,
+    each at the smallest batch its schedule takes (lrm.train.schedule; a model's first day
+    and the days it is carried over alike). Checked when the day is made, where its file
+    can still be named and left out; found by training, the day would fail every run."""
+    from lrm.exfm.students import vertical_models
+    from lrm.train import schedule
+
+    def steps(train: TrainConfig, rows: int) -> bool:
+        return all(schedule.plan(t, rows, 1).epoch_batches >= 1
+                   for t in (train, dataclasses.replace(train, fit_steps=0)))
+
+    schema = FeatureSchema.from_json(table.schema.metadata[META_KEY].decode())
+    n = table.num_rows
+    teacher = with_overrides(cfg.train, cfg.teacher.train, "teacher.train")
+    if not steps(teacher, n):
+        return (f"its {n} impressions are too few for one teacher step at the smallest "
+                f"batch (train.min_batch_size)")
+    student = with_overrides(cfg.train, cfg.students.train, "students.train")
+    verticals = table.column(schema.vertical) if schema.vertical else None
+    for vm in vertical_models(schema, list(cfg.students.models)):
+        rows = n if vm.vertical is None or verticals is None else \
+            int(pc.sum(pc.equal(verticals, vm.vertical)).as_py() or 0)
+        fit = rows - max(1, math.ceil(cfg.streaming.holdout * rows))
+        if not steps(student, max(fit, 0)):
+            return (f"student {vm.name} would train on {max(fit, 0)} of its {rows} "
+                    f"impressions (the first {1 - cfg.streaming.holdout:.0%}; the rest is "
+                    f"held out), too few for one step of the smallest batch "
+                    f"(train.min_batch_size)")
+    return None
+
+
 def split_day(paths: StreamPaths, day: int, holdout: float) -> dict[str, Any]:
     """Cut augmented day D by session into fit (first) and held-out (last) datasets.
 
@@ -113,6 +150,25 @@ def split_day(paths: StreamPaths, day: int, holdout: float) -> dict[str, Any]:
             io.write_parquet(part.cast(schema), part_path(tmp, day))
             io.write_json(stamp, tmp / FROM)
     return {"sessions": n, "fit_sessions": cut, "held_out_sessions": n - cut}
+
+
+def prune_work(paths: StreamPaths, done: list[int]) -> list[int]:
+    """Remove the fit and held-out parts (`work/day=d/`, copies of augmented day d) of the
+    done days but the newest: a done day is never trained or scored again (its record makes
+    a run of it a no-op), so they only fill the disk, a day's size each day. Only folders
+    holding nothing but the stream's own parts go; the removed days."""
+    import shutil
+
+    gone = []
+    for d in sorted(done)[:-1]:
+        folder = paths.work / f"day={d}"
+        parts = set(paths.split(d))
+        if not folder.is_dir() or any(p not in parts or io.owned_by_lrm(p) != STAGE
+                                      for p in folder.iterdir()):
+            continue
+        shutil.rmtree(folder)
+        gone.append(d)
+    return gone
 
 
 def run_boundary(table: pa.Table, sequences: list[str], want: int) -> int:

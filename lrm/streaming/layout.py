@@ -4,6 +4,7 @@
     ROOT/sessions/day=D/     the same deduplicated (RecD)
     ROOT/augmented/day=D/    + the teacher champion's logit (stage augment's folder)
     ROOT/work/day=D/         D's fit and held-out parts, when D + 1 is not there yet
+                             (those of the newest done day only: older ones are removed)
     ROOT/checkpoints/        one chain per model: teacher/, students/NAME/
     ROOT/models/             teacher/until=D/, students/day=D/NAME/VARIANT/, registry/NAME/vN/
     ROOT/reports/day=D.md    the day's report (also the Prefect artifact)

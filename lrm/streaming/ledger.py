@@ -115,6 +115,18 @@ def next_days(paths: StreamPaths, first: int, n: int, available: list[int] | Non
     return out
 
 
+def check_in_order(paths: StreamPaths, first: int, day: int) -> None:
+    """A ConfigError when day `day` may not run now: a day runs once the days before it
+    are done (from `first` on), since it goes on from their models and is scored against
+    their champions; a day ahead of them would train the champions on a day the earlier
+    ones are then scored on. A done day (a no-op, or its key differs) may be asked for."""
+    pending = next_days(paths, first, 1, None)[0]
+    if day > pending and day not in recorded_days(paths):
+        raise ConfigError(f"--day {day}: day {pending} is not done yet, and the stream's days "
+                          f"run in order (each goes on from the day before's models): run "
+                          f"--day {pending}, or --days N for the next N")
+
+
 def claim(paths: StreamPaths) -> None:
     """Create (or check) the stream's own folders: lrm's, marked as the stream's."""
     root = Path(paths.root)

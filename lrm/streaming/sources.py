@@ -16,7 +16,9 @@ ledger), so a day is the same day whatever path it was read from.
 
 A log day continues the one before it: its ids come from the vocabularies of the days
 before (a value keeps its id; new ones are appended), its dense columns are scaled as day
-0's were, and its histories reach back over every earlier day's clicks. That state lives
+0's were, and its histories reach back over every earlier day's clicks, so its times come
+after theirs (lrm.data.logs.ingest.check_continues: a recompressed copy of a day is refused
+there, though its bytes differ). That state lives
 in each raw day's folder (``raw/day=D/_ingest/``: as it stands after day D). In the stream
 the schema names no vocabulary (the tables keep `model.tables`' rows day after day, so an
 id space that grows is hashed into them like Criteo's, not cut at day 0's size).
@@ -29,6 +31,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +170,12 @@ def not_taken(watch: Path, ingest: IngestConfig) -> list[str]:
 
 
 def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
-                max_history: int = GenerateConfig().max_history) -> list[int]:
+                max_history: int = GenerateConfig().max_history,
+                unfit: Callable[[pa.Table], str | None] | None = None) -> list[int]:
     """Make every inbox file no day holds yet the next raw day; the new days, in order.
-    max_history: a log's histories' longest (generate.max_history)."""
+    max_history: a log's histories' longest (generate.max_history); unfit: why a file's
+    impressions cannot be a day (None: they can), a DataError naming the file (it is no day;
+    the days after it wait until it is removed or replaced)."""
     watch = Path(watch)
     if not watch.is_dir():
         return []
@@ -193,6 +199,11 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
                 raise DataError(f, None, None, f"its features differ from the stream's "
                                                f"({first.name!r} schema); one stream, one "
                                                f"schema")
+            why = unfit(table) if unfit is not None else None
+            if why is not None:
+                raise DataError(f, None, None, f"cannot be the stream's day {nxt}: {why}. "
+                                               f"Join it to a bigger file, or remove it from "
+                                               f"the inbox (no day is made of it)")
             first = first or schema
             i = table.schema.get_field_index(DAY)
             table = table.set_column(i, table.schema.field(i),

@@ -188,6 +188,9 @@ def test_students_start_each_day_from_the_day_before(world):
         assert (world["root"] / now["checkpoint"]).parent == chain / f"day={d}"
     # the two newest finished days are kept, older ones removed
     assert sorted(p.name for p in chain.glob("day=*")) == ["day=2", "day=3"]
+    # the fit and held-out parts of the newest done day only (each a copy of its day)
+    work = world["root"] / "stream" / "work"
+    assert sorted(p.name for p in work.glob("day=*")) == ["day=3"]
 
 
 def test_the_champion_changes_only_when_ne_improves(world):
@@ -288,12 +291,16 @@ def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(
 
 
 def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
-    """Files dropped in the inbox become days by content; day D + 1 there: scored on it."""
+    """Files dropped in the inbox become days by content; day D + 1 there: scored on it. A
+    file too small for a step of every model (a partial export) is no day: the run does
+    the days before it, then fails naming it (exit 2). Red with the check dropped: it was
+    day 3, and that day and every day after it failed in training, run after run."""
     inbox = tmp_path / "stream" / "incoming"
     inbox.mkdir(parents=True)
     cfg = from_dict(GenerateConfig, {**WORLD, "seed": 11}, "generate")
     for d in range(3):  # days 0 (the teacher's), 1 and 2
         pq.write_table(synthetic.generate_day(cfg, d), inbox / f"export-{d}.parquet")
+    pq.write_table(synthetic.generate_day(cfg, 3).slice(0, 40), inbox / "export-3.parquet")
     (inbox / "zz-copy-of-day-1.parquet").write_bytes((inbox / "export-1.parquet").read_bytes())
     (inbox / "notes.txt").write_text("not data")
     params = _write_params(tmp_path, streaming={"source": "folder"})
@@ -302,8 +309,10 @@ def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
     app = typer.Typer()
     app.command()(streaming_main)
     r = CliRunner().invoke(app, ["--days", "1", "--params", str(params)])
-    assert r.exit_code == 0, r.output
-    assert "day 1: report stream/reports/day=1.md" in r.output
+    assert r.exit_code == 2, r.output
+    assert "export-3.parquet: cannot be the stream's day 3: its 40 impressions are too few " \
+        "for one teacher step" in r.output and "(the days before it ran: [1])" in r.output
+    assert (tmp_path / "stream" / "reports" / "day=1.md").is_file()
     raw = sorted(p.name for p in (tmp_path / "stream" / "raw").glob("day=*"))
     assert raw == ["day=0", "day=1", "day=2"]  # the copy is not a day of its own
     src = json.loads((tmp_path / "stream" / "raw" / "day=2" / "_source.json").read_text())
@@ -312,7 +321,7 @@ def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
     assert rec["next_day"] and rec["evaluated_on"] == "day 2 (the next day)"
     assert rec["students"]["small"]["decision"]["evaluated_on"] == "day 2 (the next day)"
     assert (tmp_path / "stream" / "augmented" / "day=2" / "_manifest.json").is_file()
-    assert len(list(inbox.iterdir())) == 5  # the inbox is only read
+    assert len(list(inbox.iterdir())) == 6  # the inbox is only read
 
 
 def test_an_inbox_that_is_not_there_or_holds_nothing_read_is_said(harness, tmp_path,
@@ -360,6 +369,9 @@ def test_bad_days_and_a_file_as_the_root_are_exit_2(harness, tmp_path, monkeypat
     assert r.exit_code == 2 and "the stream's folder is a file" in r.output, r.output
     assert afile.read_text() == "mine"
     assert not (tmp_path / "stream").exists()  # nothing made where it was not asked
+    r = CliRunner().invoke(app, ["--day", "99", "--params", str(params)])
+    assert r.exit_code == 2 and "--day 99: day 1 is not done yet" in r.output, r.output
+    assert not list((tmp_path / "stream" / "raw").glob("day=*"))  # no day made before it
 
 
 def test_a_stream_day_honours_train_fp8_and_the_streaming_plan(harness, tmp_path, monkeypatch):
@@ -480,3 +492,59 @@ def test_a_failed_day_moves_no_champion_and_its_rerun_moves_them_once(harness, t
     assert rec["day"] == 2 and rec["teacher"]["decision"]["version"] == "2"
     assert registry.alias_version(TEACHER, registry.CHAMPION) == "2"  # now the day is done
     assert rec["augmented_by"] == f"{TEACHER} v2"  # and the day was logged by it
+
+
+@pytest.mark.parametrize("command", [["flows.streaming", "--days", "3"],
+                                     ["flows.pipeline", "--pipeline", "lrm"]])
+def test_sigterm_stops_the_run_and_its_temporary_prefect_server(tmp_path, command):
+    """`kill` (a scheduler, a CI timeout) of `python -m flows.streaming` (or of the pipeline
+    flow, `make run`'s) exits 143 through Prefect's teardown, which stops the temporary
+    server it started. Red with SIGTERM left to Python's default (each flow's, tried): the
+    process died at once and its uvicorn server ran on, orphaned."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.conftest import REPO
+
+    if command[0] == "flows.pipeline":  # a clone's folder, with its tiny params (make run's)
+        from tests.flows.test_dvc_repro import fresh_clone, tiny_params
+
+        cwd = fresh_clone(tmp_path)
+        tiny_params(cwd)
+        params = cwd / "params.yaml"
+    else:
+        cwd, params = tmp_path, _write_params(tmp_path)
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db", "PYTHONPATH": str(REPO)}
+    env.pop("PREFECT_API_URL", None)  # its own temporary server, as a user's first run
+    log = tmp_path / "out.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", *command, "--params", str(params)],
+                                cwd=cwd, env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        children: list[psutil.Process] = []
+        deadline = time.monotonic() + 240
+        server = "prefect.server.api.server:create_app"
+        while not any(server in " ".join(c.cmdline())
+                      for c in psutil.Process(proc.pid).children(recursive=True)):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        time.sleep(5)  # the flow is under way
+        assert proc.poll() is None, log.read_text()
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"left running: {[c.cmdline() for c in alive]}"
+    finally:
+        for p in [proc, *children]:
+            try:
+                p.kill()
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass

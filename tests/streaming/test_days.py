@@ -67,3 +67,53 @@ def test_a_day_of_files_with_item_tables_splits_into_the_same_rows(tmp_path):
     assert pa.concat_tables(parts).equals(whole)
     for p in paths.split(0):  # and the loader takes each part
         assert sum(b.size for b in BatchLoader(p, 64)) > 0
+
+
+def test_a_day_too_small_for_a_step_of_every_model_is_said_unfit():
+    """`unfit` is the schedule's own answer (lrm.train.schedule), per student vertical, on
+    the fit part a day without its next day trains on. Red with the holdout ignored (a
+    day of 150 rows), with the verticals ignored (the video surface's rows), and with the
+    first-run schedule alone (min_steps 0: a carried day takes the full batch)."""
+    import dataclasses
+
+    from lrm.config import ParamsConfig, VerticalConfig, from_dict
+    from lrm.streaming.days import unfit
+
+    cfg = ParamsConfig()
+    world = GenerateConfig(users=500, ads=100, advertisers=10, categories=4,
+                           sessions_per_day=400, max_history=5,
+                           verticals=[VerticalConfig(name="all")])
+    day = synthetic.generate_day(world, 0)
+    assert day.num_rows > 400
+    assert unfit(day, cfg) is None
+    assert unfit(day.slice(0, 160), cfg) is None  # 128 of 160 train: one step of 128
+    why = unfit(day.slice(0, 150), cfg)  # 150 - 30 held out = 120 < 128
+    assert why is not None and "student small would train on 120 of its 150" in why
+    assert "teacher" in unfit(day.slice(0, 100), dataclasses.replace(
+        cfg, teacher=from_dict(type(cfg.teacher), {"train": {"min_batch_size": 101}},
+                               "teacher")))
+    carried = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, min_steps=0))
+    assert unfit(day.slice(0, 1000), carried) is not None  # at fit_steps 0: batch 2048
+    three = dataclasses.replace(world, verticals=[
+        VerticalConfig(name="feed", share=10), VerticalConfig(name="video", share=0.1)])
+    both = synthetic.generate_day(three, 0)
+    why = unfit(both, cfg)
+    assert why is not None and why.startswith("student video-small would train on")
+
+
+def test_the_work_parts_of_done_days_but_the_newest_are_removed_and_only_lrm_s(tmp_path):
+    """Red with the ownership check dropped (a user's file in work/day=1 went too), or with
+    every done day's parts removed (the newest's are what a user inspects)."""
+    from lrm import io
+    from lrm.streaming.days import prune_work
+    from lrm.streaming.layout import STAGE
+
+    paths = StreamPaths(tmp_path / "s")
+    for d in (1, 2, 3, 4):
+        for part in paths.split(d):
+            with io.atomic_dir(part, stage=STAGE) as tmp:
+                (tmp / "part-00000.parquet").write_bytes(b"x")
+    (paths.work / "day=1" / "mine.txt").write_text("a user's")
+    assert prune_work(paths, [1, 2, 3]) == [2]  # 3: the newest done; 4: not done
+    assert sorted(p.name for p in paths.work.iterdir()) == ["day=1", "day=3", "day=4"]
+    assert (paths.work / "day=1" / "mine.txt").read_text() == "a user's"

@@ -66,3 +66,19 @@ def test_next_days(tmp_path):
     assert ledger.next_days(paths, 3, 2, None) == [5, 6]
     assert ledger.next_days(paths, 3, 3, [0, 1, 2, 3, 4, 5, 7]) == [5]  # folder: in a row
     assert ledger.next_days(paths, 3, 1, [0, 1, 2, 3, 4]) == []
+
+
+def test_a_day_runs_only_after_the_days_before_it(tmp_path):
+    """`--day 5` before day 4 trained the champions on day 5, and day 4 was then scored with
+    them; `--day 99` generated 95 days and failed in tracebacks. Red with the check gone."""
+    paths = StreamPaths(tmp_path / "s")
+    ledger.claim(paths)
+    ledger.check_in_order(paths, 3, 3)  # the first day
+    with pytest.raises(ConfigError, match=r"--day 99: day 3 is not done yet.*run --day 3"):
+        ledger.check_in_order(paths, 3, 99)
+    for d in (3, 4):
+        ledger.write(paths, d, {"day": d})
+    for d in (3, 4, 5):  # done days (a no-op, or refused by their key), and the next
+        ledger.check_in_order(paths, 3, d)
+    with pytest.raises(ConfigError, match="--day 6: day 5 is not done yet"):
+        ledger.check_in_order(paths, 3, 6)

@@ -74,6 +74,43 @@ def test_inbox_logs_go_through_the_mapping_each_day_continuing_the_last(tmp_path
     assert sources.folder_days(inbox, raw, ingest) == []  # nothing new
 
 
+def test_an_inbox_log_that_does_not_come_after_the_days_before_is_no_day(tmp_path):
+    """A recompressed copy of day 0 (other bytes, the same rows) and a log of times before
+    the day before's are exit 2 naming the file, its first row and the time column, and
+    no day: their sessions would take the later days' clicks as their history. Red with
+    the check dropped (each became day 2, promoted on in the stream)."""
+    import dataclasses
+    import gzip
+
+    import polars as pl
+
+    from lrm.config import LogsConfig
+    from tests.data._logs import MIN, T0, clicks_log, write
+
+    inbox, raw = tmp_path / "inbox", tmp_path / "raw"
+    inbox.mkdir()
+    log = clicks_log()
+    write(log.filter(pl.col("ts") < T0 + 86_400), inbox / "a.csv")
+    write(log.filter(pl.col("ts") >= T0 + 86_400), inbox / "b.csv")
+    ingest = dataclasses.replace(IngestConfig(), logs=LogsConfig(
+        label="clicked", user="user", item="item", time="ts", session_gap="30m"))
+    assert sources.folder_days(inbox, raw, ingest) == [0, 1]
+    (inbox / "c.csv.gz").write_bytes(gzip.compress((inbox / "a.csv").read_bytes()))
+    with pytest.raises(DataError, match=r"c\.csv\.gz, row 1, column ts: time 2019-11-09 "
+                                        r"00:00:00 precedes 2019-11-10 00:05:00"):
+        sources.folder_days(inbox, raw, ingest)
+    assert sources.raw_days(raw) == [0, 1]  # nothing half-written
+    (inbox / "c.csv.gz").unlink()
+    late = log.filter(pl.col("ts") >= T0 + 86_400).with_columns(
+        pl.Series("ts", [T0 + 24 * 60 * MIN]))  # before day 1's last time
+    write(pl.concat([late.with_columns(pl.Series("ts", [T0 + 2 * 86_400])), late]),
+          inbox / "d.csv")
+    with pytest.raises(DataError, match=r"d\.csv, row 2, column ts: time 2019-11-10 00:00:00"):
+        sources.folder_days(inbox, raw, ingest)
+    write(late.with_columns(pl.Series("ts", [T0 + 2 * 86_400])), inbox / "d.csv")
+    assert sources.folder_days(inbox, raw, ingest) == [2]  # after them: the next day
+
+
 def test_inbox_files_become_days_with_their_numbers_read_as_numbers(tmp_path):
     """day2.tsv before day10.tsv (plain sorting puts day10 first: a day out of order). Red
     with the inbox sorted as text."""

@@ -277,6 +277,9 @@ class State:
     # history auto: each user's last max_history clicks (user, item: ids; time: us), the
     # history a later day continues from
     clicks: pl.DataFrame | None = None
+    # the latest time read (us since the epoch) by this ingest and those it continues: a
+    # later ingest's rows come after it (None: no time column, or a state written before)
+    last_time: int | None = None
 
     def save(self, folder: Path) -> None:
         names = sorted(self.vocabs)
@@ -288,7 +291,8 @@ class State:
                        "vocab": {n: {"file": files[n], "size": self.vocabs[n].height}
                                  for n in names},
                        "dense": self.dense, "first_day": self.first_day,
-                       "label": self.label_kind}, folder / "state.json")
+                       "label": self.label_kind, "last_time": self.last_time},
+                      folder / "state.json")
 
     @classmethod
     def load(cls, folder: Path) -> State:
@@ -299,8 +303,10 @@ class State:
             raise DataError(f, None, None, f"cannot read the ingest state: {e}") from None
         vocabs = {n: pl.read_parquet(Path(folder) / v["file"]) for n, v in doc["vocab"].items()}
         clicks = Path(folder) / CLICKS
+        last = doc.get("last_time")
         return cls(doc["mapping"], vocabs, doc["dense"], int(doc["first_day"]), doc["label"],
-                   pl.read_parquet(clicks) if clicks.exists() else None)
+                   pl.read_parquet(clicks) if clicks.exists() else None,
+                   None if last is None else int(last))
 
 
 def mapping_of(cfg: LogsConfig) -> dict[str, Any]:
@@ -337,7 +343,11 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
             dense[c] = (st or Stats.of(pl.Series([], dtype=pl.Float64))).decide()
     kinds = {r.label_kind for r in reads if r.impressions}
     label_kind = "bool" if "bool" in kinds else ("count" if "count" in kinds else "binary")
-    state = State(mapping, vocabs, dense, first_day, label_kind)
+    ends = [r.times[1] for r in reads if r.times is not None]
+    if prior is not None and prior.last_time is not None:
+        ends.append(prior.last_time)
+    state = State(mapping, vocabs, dense, first_day, label_kind,
+                  last_time=max(ends) if ends else None)
     feats = features(cfg)
     sizes = {f: vocabs[v].height for f, (_, v) in feats.items()}
     schema = schema_of(cfg, sizes)
@@ -531,6 +541,8 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
         if impressions == 0:
             raise DataError(srcs[0].path, None, None, "no impressions to ingest")
         check_time_units(reads, cfg)
+        if prior_state is not None:
+            check_continues(reads, prior_state, cfg)
         state, p = plan(reads, cfg, max_history, prior_state)
         if cfg.history == "auto":
             if prior_state is not None and prior_state.clicks is not None:
@@ -596,6 +608,22 @@ def check_time_units(reads: list[FileRead], cfg: LogsConfig) -> None:
             f"time {read.iso_time(hi)} is {hi / lo:.0f}x as far from 1970 as the first, "
             f"{read.iso_time(lo)} ({first}): does the column mix units (s, ms, us)? It is "
             f"read with --time-unit {cfg.time_unit}"))
+
+
+def check_continues(reads: list[FileRead], prior: State, cfg: LogsConfig) -> None:
+    """A RowError at a continued ingest's first time that precedes the last time of the
+    days it continues. Those days' clicks are every new session's past (their histories
+    read them all), so a row before them would see later clicks as its history: an
+    earlier, repeated or overlapping export (a recompressed copy of a day, too)."""
+    if prior.last_time is None:
+        return
+    for r in reads:
+        if r.times is not None and r.times[0] < prior.last_time:
+            raise read.RowError(r.source.path, r.time_rows[0], cfg.time, (
+                f"time {read.iso_time(r.times[0])} precedes "
+                f"{read.iso_time(prior.last_time)}, the last time of the days this ingest "
+                f"continues: its rows must come after them (an earlier, repeated or "
+                f"overlapping export?)"))
 
 
 def check_time_span(times: tuple[int, int], cfg: LogsConfig) -> None:
