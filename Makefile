@@ -65,11 +65,13 @@ lock: $(STAMP)
 	  grep -vE '^(torchrec|fbgemm-gpu)'; } > $(CONSTRAINTS).new
 	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
-# MLflow's UI opens on GenAI traces until its top-left switch says "Model training": this
-# address opens on the training runs (lrm.tracking.ui_url).
+# MLflow's UI opens on GenAI traces until its top-left switch says "Model training": the
+# address printed opens on the training runs (lrm.tracking.ui_url). Printed once the server
+# is warm: `mlflow ui` on ./mlflow.db, 127.0.0.1:5000, one worker, whose first requests are
+# made alone, past MLflow 3.17's race (a first page's registry request answered 500,
+# "expression 'SqlUserRoleAssignment.user_id' failed to locate a name"): lrm/mlflow_ui.py
 ui: $(STAMP)
-	@echo "MLflow UI: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///mlflow.db --host 127.0.0.1
+	$(BIN)/python -m lrm.mlflow_ui --store sqlite:///mlflow.db --port 5000
 
 clean:
 	rm -rf $(VENV) .pytest_cache
