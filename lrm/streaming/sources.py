@@ -6,7 +6,8 @@ ledger), so a day is the same day whatever path it was read from.
 
 * synthetic: `lrm.data.synthetic.generate_day(generate, D)`: any day of the world the
   `generate` params describe, deterministic (the same params give the same bytes).
-* folder: every file in the inbox that no day holds yet (by content, not by name), in
+* folder: every file in the inbox that no day holds yet (by content, not by name: a .gz
+  file's decompressed bytes count too, so a gzipped copy of a day's file is that day), in
   name order, becomes the next day: an impressions-layout Parquet file written by lrm
   (`lrm generate`, or an export with the lrm schema); or, where `ingest.logs` maps a click
   log (a label or an exploded column is named), a log file of any kind `lrm ingest logs`
@@ -160,6 +161,24 @@ def _inbox(watch: Path, ingest: IngestConfig) -> list[Path]:
                        and (p.suffix in SUFFIXES or logs and p.name.endswith(LOG_SUFFIXES)))
 
 
+def _content_sha256(path: Path) -> str | None:
+    """The sha256 of a .gz file's decompressed bytes (None for other files): a compressed
+    copy of a day's file, or the plain copy of a compressed one, is the same day."""
+    if not path.name.endswith(".gz"):
+        return None
+    import gzip
+    import hashlib
+
+    h = hashlib.sha256()
+    try:
+        with gzip.open(path, "rb") as z:
+            while block := z.read(1 << 20):
+                h.update(block)
+    except (OSError, EOFError):  # broken: the reader says so, naming the file
+        return None
+    return h.hexdigest()
+
+
 def not_taken(watch: Path, ingest: IngestConfig) -> list[str]:
     """The names of the inbox's files that no source reads (said when no day is new)."""
     if not Path(watch).is_dir():
@@ -180,13 +199,17 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
     if not watch.is_dir():
         return []
     days = raw_days(raw)
-    held = {(read_source(raw, d) or {}).get("origin", {}).get("sha256") for d in days}
+    held = {(read_source(raw, d) or {}).get("origin", {}).get(k) for d in days
+            for k in ("sha256", "content_sha256")} - {None}
     first = read_schema(raw)[0] if days else None
     nxt = days[-1] + 1 if days else 0
     new = []
     for f in _inbox(watch, ingest):
         sha = io.sha256_file(f)
         if sha in held:
+            continue
+        content = _content_sha256(f)  # read again only when the bytes are new
+        if content in held:
             continue
         with tempfile.TemporaryDirectory(prefix="lrm-inbox-") as tmp:
             state = None
@@ -209,10 +232,11 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
             table = table.set_column(i, table.schema.field(i),
                                      pa.array([nxt] * table.num_rows,
                                               table.schema.field(i).type))
-            _write_day(table, raw, nxt, {"source": "folder", "file": f.name, "sha256": sha},
-                       state)
+            origin = {"source": "folder", "file": f.name, "sha256": sha}
+            _write_day(table, raw, nxt, origin | ({"content_sha256": content} if content
+                                                  else {}), state)
         log.info("stream: %s is day %d (%d impressions)", f, nxt, table.num_rows)
-        held.add(sha)
+        held |= {sha, content} - {None}
         new.append(nxt)
         nxt += 1
     return new

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
+from lrm import io
 from lrm.config import GenerateConfig, IngestConfig
 from lrm.data import synthetic
 from lrm.data.schema import DAY, read_schema
@@ -75,12 +76,11 @@ def test_inbox_logs_go_through_the_mapping_each_day_continuing_the_last(tmp_path
 
 
 def test_an_inbox_log_that_does_not_come_after_the_days_before_is_no_day(tmp_path):
-    """A recompressed copy of day 0 (other bytes, the same rows) and a log of times before
-    the day before's are exit 2 naming the file, its first row and the time column, and
-    no day: their sessions would take the later days' clicks as their history. Red with
-    the check dropped (each became day 2, promoted on in the stream)."""
+    """An earlier export (day 0's rows, but its last) and a log of times before the day
+    before's are exit 2 naming the file, its first row and the time column, and no day:
+    their sessions would take the later days' clicks as their history. Red with the check
+    dropped (each became day 2, promoted on in the stream)."""
     import dataclasses
-    import gzip
 
     import polars as pl
 
@@ -95,7 +95,7 @@ def test_an_inbox_log_that_does_not_come_after_the_days_before_is_no_day(tmp_pat
     ingest = dataclasses.replace(IngestConfig(), logs=LogsConfig(
         label="clicked", user="user", item="item", time="ts", session_gap="30m"))
     assert sources.folder_days(inbox, raw, ingest) == [0, 1]
-    (inbox / "c.csv.gz").write_bytes(gzip.compress((inbox / "a.csv").read_bytes()))
+    write(log.filter(pl.col("ts") < T0 + 86_400).head(5), inbox / "c.csv.gz")
     with pytest.raises(DataError, match=r"c\.csv\.gz, row 1, column ts: time 2019-11-09 "
                                         r"00:00:00 precedes 2019-11-10 00:05:00"):
         sources.folder_days(inbox, raw, ingest)
@@ -109,6 +109,36 @@ def test_an_inbox_log_that_does_not_come_after_the_days_before_is_no_day(tmp_pat
         sources.folder_days(inbox, raw, ingest)
     write(late.with_columns(pl.Series("ts", [T0 + 2 * 86_400])), inbox / "d.csv")
     assert sources.folder_days(inbox, raw, ingest) == [2]  # after them: the next day
+
+
+def test_a_compressed_copy_of_a_day_s_file_is_that_day_without_a_time_to_tell(tmp_path):
+    """A log mapped without a time (one file, one day) cannot be told by its times: a gzip
+    copy of a day's file, or the plain copy of a gzipped one, is found by the decompressed
+    content. Red with the bytes alone compared (each became a day, the models promoted
+    on a day they had seen)."""
+    import dataclasses
+    import gzip
+
+    import polars as pl
+
+    from lrm.config import LogsConfig
+    from tests.data._logs import clicks_log, write
+
+    inbox, raw = tmp_path / "inbox", tmp_path / "raw"
+    inbox.mkdir()
+    log = clicks_log().with_columns(sess=pl.col("ts") // 3600)
+    write(log.head(4), inbox / "a.csv")
+    write(log.tail(3), inbox / "b.csv.gz")
+    ingest = dataclasses.replace(IngestConfig(), logs=LogsConfig(
+        label="clicked", user="user", item="item", session="sess"))
+    assert sources.folder_days(inbox, raw, ingest) == [0, 1]
+    (inbox / "c.csv.gz").write_bytes(gzip.compress((inbox / "a.csv").read_bytes(), 1))
+    (inbox / "d.csv").write_bytes(gzip.decompress((inbox / "b.csv.gz").read_bytes()))
+    assert sources.folder_days(inbox, raw, ingest) == []
+    assert sources.read_source(raw, 1)["origin"]["content_sha256"] == \
+        io.sha256_file(inbox / "d.csv")
+    write(log.tail(2), inbox / "e.csv.gz")  # other content: the next day
+    assert sources.folder_days(inbox, raw, ingest) == [2]
 
 
 def test_inbox_files_become_days_with_their_numbers_read_as_numbers(tmp_path):
