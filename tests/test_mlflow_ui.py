@@ -195,7 +195,8 @@ def test_make_ui_prints_the_address_when_ready_and_stops_on_ctrl_c(tmp_path):
                 except subprocess.TimeoutExpired:
                     ui.kill()
                     ui.wait()
-            left = [p for p in server if _alive(p)]
+            # killed processes take a moment to go (status running, cmdline empty): wait
+            left = [p for p in psutil.wait_procs(server, timeout=30)[1] if _alive(p)]
             for p in left:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     p.kill()
