@@ -88,6 +88,12 @@ def plan(paths: StreamPaths, day: int, holdout: float) -> EvalPlan:
                     f"day {day + 1} is not there yet)", False)
 
 
+def fit_rows(n: int, holdout: float) -> int:
+    """Of a day's `n` rows, how many its fit part aims at (the cut then moves to where the
+    histories' runs start, `run_boundary`): all but the last `holdout`, at least one held."""
+    return n - max(1, math.ceil(holdout * n)) if n > 1 else n
+
+
 def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
     """Why a new day's impressions (`table`, lrm schema) cannot be a stream day, in words;
     None when they can. The day's models must each take a step: a student trains on its
@@ -114,9 +120,9 @@ def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
     for vm in vertical_models(schema, list(cfg.students.models)):
         rows = n if vm.vertical is None or verticals is None else \
             int(pc.sum(pc.equal(verticals, vm.vertical)).as_py() or 0)
-        fit = rows - max(1, math.ceil(cfg.streaming.holdout * rows))
-        if not steps(student, max(fit, 0)):
-            return (f"student {vm.name} would train on {max(fit, 0)} of its {rows} "
+        fit = fit_rows(rows, cfg.streaming.holdout)
+        if not steps(student, fit):
+            return (f"student {vm.name} would train on {fit} of its {rows} "
                     f"impressions (the first {1 - cfg.streaming.holdout:.0%}; the rest is "
                     f"held out), too few for one step of the smallest batch "
                     f"(train.min_batch_size)")
@@ -142,7 +148,7 @@ def split_day(paths: StreamPaths, day: int, holdout: float) -> dict[str, Any]:
     tables = [parquet.read_table(f) for f in files]
     table = pa.concat_tables(tables)
     n = table.num_rows
-    want = n - max(1, math.ceil(holdout * n)) if n > 1 else n
+    want = fit_rows(n, holdout)
     cut = run_boundary(table, read_schema(files[0])[0].user_seq, want)
     schema = tables[0].schema  # keeps the lrm schema and teacher metadata
     for out, part in ((fit, table.slice(0, cut)), (held, table.slice(cut))):
