@@ -307,7 +307,7 @@ def no_new_day(cfg: ParamsConfig, inbox: Path, available: list[int] | None,
 def main(days: int = typer.Option(None, "--days", help="new days to process now "
                                                       "(default: streaming.days)"),
          day: int = typer.Option(None, "--day", help="process this day only (a no-op when "
-                                                    "it is done)"),
+                                                    "it is done; the days before it must be)"),
          params: list[Path] = typer.Option(None, "--params", help="params files, later win"),
          root: str = typer.Option(None, "--root", help="the stream's folder "
                                                       "(default: streaming.root)")) -> None:
