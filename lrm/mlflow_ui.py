@@ -49,7 +49,7 @@ HOST = "127.0.0.1"
 STORE = "sqlite:///mlflow.db"  # the local store (lrm.config.TrackingConfig's default)
 PORT = 5000
 START_TIMEOUT_S = 180.0  # a first start migrates a new store: seconds on a loaded machine
-STOP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 90.0  # a clean stop takes ~4 s idle; past 30 s under a loaded 2-core suite
 # what the warm-up asks, in this order, one at a time: the GraphQL endpoint (its handler
 # imports mlflow.server.auth, so the auth models), then the model registry (its store's
 # import configures SQLAlchemy's mappers)
@@ -131,7 +131,7 @@ def running(store: str = STORE, port: int = PORT, timeout: float = START_TIMEOUT
 
 def _stop(proc: subprocess.Popen) -> None:
     """SIGINT to `mlflow ui`, as a Ctrl-C (it stops its uvicorn worker and job runner, and
-    exits 0); SIGKILL to what is left of its process group 30 s later, or at once on a
+    exits 0); SIGKILL to what is left of its process group STOP_TIMEOUT_S later, or at once on a
     second Ctrl-C. Not SIGINT to the whole group: the uvicorn worker, signalled twice (by the
     group and by `mlflow ui`), stops with a traceback."""
     try:

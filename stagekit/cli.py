@@ -175,6 +175,9 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
     hints = typing.get_type_hints(stage.run)
     sig = stage.signature()
     params: list[inspect.Parameter] = []
+    # the output the other outputs go beside when it is given (`Stage.beside_outputs`)
+    anchor = next((o.flag for o in stage.args.values() if o.role in ("out", "state")
+                   and o.flag), None)
     for name, a in stage.args.items():
         tp = optional_inner(hints[name])
         default = sig.parameters[name].default
@@ -187,8 +190,6 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
         else:
             opt = typer.Option(None, a.flag, *a.aliases, help=a.help, show_default=False)
         shown = f" (default: {default})" if not required and default not in (None, False) else ""
-        anchor = next((o.flag for o in stage.args.values() if o.role in ("out", "state")
-                       and o.flag), None)
         if shown and anchor and anchor != a.flag and isinstance(default, Path) and \
                 not stage.of_input(name) and (a.role in ("metrics", "summary", "plot")
                                               or (a.role == "out" and a.file)):

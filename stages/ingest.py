@@ -48,14 +48,14 @@ def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[P
     for p in map(Path, paths):
         if p.is_dir():
             found = io.in_order(f for f in p.iterdir() if f.is_file()
-                              and not f.name.startswith(".") and f.name.endswith(names))
+                                and not f.name.startswith(".") and f.name.endswith(names))
             if not found:
                 raise ConfigError(f"{p}: no {' or '.join('*' + n for n in names)} files in "
                                   f"this folder")
             out += found
         elif patterns and not p.exists() and glob.has_magic(str(p)):
             found = io.in_order(f for f in glob.glob(str(p), recursive=True)
-                              if Path(f).is_file())
+                                if Path(f).is_file())
             if not found:
                 raise ConfigError(f"{p}: no file matches")
             out += found

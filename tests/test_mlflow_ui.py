@@ -23,6 +23,7 @@ import pytest
 
 from lrm import mlflow_ui, tracking
 from tests.conftest import REPO
+from tests.flows.test_deployments import _free_port
 
 pytestmark = pytest.mark.slow
 
@@ -65,12 +66,6 @@ class _Finder:
 
 sys.meta_path.insert(0, _Finder())
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _ask(base: str, what: str) -> int | str:
@@ -186,7 +181,7 @@ def test_make_ui_prints_the_address_when_ready_and_stops_on_ctrl_c(tmp_path):
             assert _ask(base, "registry") == 200  # ready when it says so
             assert server, "no server process"
             ui.send_signal(signal.SIGINT)
-            rc = ui.wait(90)
+            rc = ui.wait(mlflow_ui.STOP_TIMEOUT_S + 60)
         finally:  # on a failure, nothing left behind either (the server has its own session)
             if ui.poll() is None:
                 ui.send_signal(signal.SIGINT)

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,8 +164,6 @@ def prune_work(paths: StreamPaths, done: list[int]) -> list[int]:
     done days but the newest: a done day is never trained or scored again (its record makes
     a run of it a no-op), so they only fill the disk, a day's size each day. Only folders
     holding nothing but the stream's own parts go; the removed days."""
-    import shutil
-
     gone = []
     for d in sorted(done)[:-1]:
         folder = paths.work / f"day={d}"

@@ -28,6 +28,8 @@ id space that grows is hashed into them like Criteo's, not cut at day 0's size).
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import hashlib
 import json
 import logging
 import shutil
@@ -166,17 +168,11 @@ def _content_sha256(path: Path) -> str | None:
     copy of a day's file, or the plain copy of a compressed one, is the same day."""
     if not path.name.endswith(".gz"):
         return None
-    import gzip
-    import hashlib
-
-    h = hashlib.sha256()
     try:
         with gzip.open(path, "rb") as z:
-            while block := z.read(1 << 20):
-                h.update(block)
+            return hashlib.file_digest(z, "sha256").hexdigest()  # type: ignore[arg-type]
     except (OSError, EOFError):  # broken: the reader says so, naming the file
         return None
-    return h.hexdigest()
 
 
 def not_taken(watch: Path, ingest: IngestConfig) -> list[str]:

@@ -11,9 +11,15 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import mlflow
+import psutil
 import pyarrow.parquet as pq
 import pytest
 import typer
@@ -27,7 +33,7 @@ from lrm import lock, registry
 from lrm.config import GenerateConfig, from_dict
 from lrm.data import synthetic
 from lrm.train import days as chains
-from tests.conftest import HARNESS_STARTUP_S
+from tests.conftest import HARNESS_STARTUP_S, REPO
 from tests.test_registry import _scrambled
 
 pytestmark = pytest.mark.slow
@@ -383,7 +389,6 @@ def test_a_stream_day_honours_train_fp8_and_the_streaming_plan(harness, tmp_path
     from lrm.fp8.dispatch import FORMAT
     from stagekit import execute, load_params
     from stages import shard_plan
-    from tests.conftest import REPO
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.chdir(tmp_path)
@@ -501,16 +506,6 @@ def test_sigterm_stops_the_run_and_its_temporary_prefect_server(tmp_path, comman
     flow, `make run`'s) exits 143 through Prefect's teardown, which stops the temporary
     server it started. Red with SIGTERM left to Python's default (each flow's, tried): the
     process died at once and its uvicorn server ran on, orphaned."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    import psutil
-
-    from tests.conftest import REPO
-
     if command[0] == "flows.pipeline":  # a clone's folder, with its tiny params (make run's)
         from tests.flows.test_dvc_repro import fresh_clone, tiny_params
 
