@@ -71,7 +71,7 @@ lock: $(STAMP)
 # made alone, past MLflow 3.17's race (a first page's registry request answered 500,
 # "expression 'SqlUserRoleAssignment.user_id' failed to locate a name"): lrm/mlflow_ui.py
 ui: $(STAMP)
-	$(BIN)/python -m lrm.mlflow_ui --store sqlite:///mlflow.db --port 5000
+	$(BIN)/python -m lrm.mlflow_ui
 
 clean:
 	rm -rf $(VENV) .pytest_cache

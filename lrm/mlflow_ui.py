@@ -43,10 +43,11 @@ from typing import Any
 import typer
 
 from lrm import tracking
+from lrm.config import TrackingConfig
 from lrm.errors import LrmError
 
 HOST = "127.0.0.1"
-STORE = "sqlite:///mlflow.db"  # the local store (lrm.config.TrackingConfig's default)
+STORE = TrackingConfig().uri  # the local store the stages track to by default
 PORT = 5000
 START_TIMEOUT_S = 180.0  # a first start migrates a new store: seconds on a loaded machine
 STOP_TIMEOUT_S = 90.0  # a clean stop takes ~4 s idle; past 30 s under a loaded 2-core suite

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from lrm.config import (
+    EvalConfig,
     GenerateConfig,
     IngestConfig,
     LoaderConfig,
@@ -90,8 +91,6 @@ def test_overrides_inherit_what_they_do_not_set():
 
 def test_a_bootstrap_too_small_for_a_95_percent_interval_is_refused():
     """`--bootstrap 1` printed [x, x] as a "95%" interval. Red with the floor dropped."""
-    from lrm.config import EvalConfig
-
     for n in (1, 39):
         with pytest.raises(ConfigError, match=r"bootstrap: must be 0 \(no intervals\) or >= 40"):
             EvalConfig(bootstrap=n)

@@ -31,8 +31,10 @@ from lrm.data import collisions, parquet
 from lrm.data.schema import META_KEY, FeatureSchema, day_files, part_path, read_schema
 from lrm.errors import DataError
 from lrm.exfm.augment import read_manifest
+from lrm.exfm.students import vertical_models
 from lrm.streaming import sources
 from lrm.streaming.layout import STAGE, StreamPaths
+from lrm.train import schedule
 
 FROM = "_from.json"  # what a derived folder was made from: redone when that changes
 
@@ -103,9 +105,6 @@ def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
     each at the smallest batch its schedule takes (lrm.train.schedule; a model's first day
     and the days it is carried over alike). Checked when the day is made, where its file
     can still be named and left out; found by training, the day would fail every run."""
-    from lrm.exfm.students import vertical_models
-    from lrm.train import schedule
-
     def steps(train: TrainConfig, rows: int) -> bool:
         return all(schedule.plan(t, rows, 1).epoch_batches >= 1
                    for t in (train, dataclasses.replace(train, fit_steps=0)))
@@ -117,10 +116,11 @@ def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
         return (f"its {n} impressions are too few for one teacher step at the smallest "
                 f"batch (train.min_batch_size)")
     student = with_overrides(cfg.train, cfg.students.train, "students.train")
-    verticals = table.column(schema.vertical) if schema.vertical else None
+    counts = ({} if not schema.vertical else  # a vertical's rows, once for all its sizes
+              {c["values"].as_py(): c["counts"].as_py()
+               for c in pc.value_counts(table.column(schema.vertical))})
     for vm in vertical_models(schema, list(cfg.students.models)):
-        rows = n if vm.vertical is None or verticals is None else \
-            int(pc.sum(pc.equal(verticals, vm.vertical)).as_py() or 0)
+        rows = n if vm.vertical is None or not schema.vertical else counts.get(vm.vertical, 0)
         fit = fit_rows(rows, cfg.streaming.holdout)
         if not steps(student, fit):
             return (f"student {vm.name} would train on {fit} of its {rows} "

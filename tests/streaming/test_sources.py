@@ -3,15 +3,20 @@ with the lrm schema, Criteo TSV), each the next day, by content; one schema per 
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
 from lrm import io
-from lrm.config import GenerateConfig, IngestConfig
+from lrm.config import GenerateConfig, IngestConfig, LogsConfig
 from lrm.data import synthetic
 from lrm.data.schema import DAY, read_schema
 from lrm.errors import DataError
 from lrm.streaming import sources
+from tests.data._logs import MIN, T0, clicks_log, write
 from tests.data.test_criteo import random_lines
 
 WORLD = GenerateConfig(users=500, ads=100, advertisers=10, categories=4, sessions_per_day=20,
@@ -49,13 +54,6 @@ def test_inbox_files_become_days_by_content_and_keep_one_schema(tmp_path):
 def test_inbox_logs_go_through_the_mapping_each_day_continuing_the_last(tmp_path):
     """Planted bugs that turn this red (each tried): a log day started without the day
     before's state (ids restart, histories forget), the session ids left at day 0's."""
-    import dataclasses
-
-    import polars as pl
-
-    from lrm.config import LogsConfig
-    from tests.data._logs import T0, clicks_log, write
-
     inbox, raw = tmp_path / "inbox", tmp_path / "raw"
     inbox.mkdir()
     log = clicks_log()
@@ -80,13 +78,6 @@ def test_an_inbox_log_that_does_not_come_after_the_days_before_is_no_day(tmp_pat
     before's are exit 2 naming the file, its first row and the time column, and no day:
     their sessions would take the later days' clicks as their history. Red with the check
     dropped (each became day 2, promoted on in the stream)."""
-    import dataclasses
-
-    import polars as pl
-
-    from lrm.config import LogsConfig
-    from tests.data._logs import MIN, T0, clicks_log, write
-
     inbox, raw = tmp_path / "inbox", tmp_path / "raw"
     inbox.mkdir()
     log = clicks_log()
@@ -116,14 +107,6 @@ def test_a_compressed_copy_of_a_day_s_file_is_that_day_without_a_time_to_tell(tm
     copy of a day's file, or the plain copy of a gzipped one, is found by the decompressed
     content. Red with the bytes alone compared (each became a day, the models promoted
     on a day they had seen)."""
-    import dataclasses
-    import gzip
-
-    import polars as pl
-
-    from lrm.config import LogsConfig
-    from tests.data._logs import clicks_log, write
-
     inbox, raw = tmp_path / "inbox", tmp_path / "raw"
     inbox.mkdir()
     log = clicks_log().with_columns(sess=pl.col("ts") // 3600)
