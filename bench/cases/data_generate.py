@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from bench.common import emit
 from lrm.config import GenerateConfig
 from lrm.data import synthetic
+from lrm.data.synthetic.world import World
 from lrm.data.schema import DAY, LABEL, POSITION, SESSION, part_path
 from lrm.io import dir_bytes, write_parquet
 
@@ -37,7 +38,7 @@ NAIVE_SESSIONS = 1_000
 
 def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
     """The same structure, one session at a time, rows as dicts (the baseline)."""
-    w = synthetic._World(cfg)
+    w = World(cfg)
     rng = np.random.default_rng([cfg.seed, day])
     sch = w.schema
     intercept = float(np.log(cfg.base_ctr / (1 - cfg.base_ctr))) - 0.5  # ~ the calibrated one

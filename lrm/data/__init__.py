@@ -5,7 +5,7 @@
     dataset.py     a dataset folder looked at once: schema, layout, day files
     parquet.py     every Parquet read goes through here (damage named by file and row
                    group); lrm's writer settings
-    synthetic.py   the synthetic world: session-level ads logs with a hidden click model,
+    synthetic/     the synthetic world: session-level ads logs with a hidden click model,
                    days of drift, arrivals, churn
     values.py      the values a column may hold (labels 0/1, ids in range, finite dense),
                    checked by every reader as it reads

@@ -52,7 +52,7 @@ import polars as pl
 
 from lrm import io
 from lrm.config import IngestConfig
-from lrm.data.logs.read import check_files
+from lrm.data.logs.files import check_files
 from lrm.data.schema import (
     CRITEO_CAT,
     CRITEO_INT,

@@ -152,7 +152,7 @@ def test_a_continued_ingest_names_the_row_its_scaling_cannot_reach(tmp_path):
     1e300 on the next day would standardize past float32, to infinity: an error naming its
     file, row and column, before anything is kept. Red with the check dropped (inf
     written)."""
-    from lrm.data.logs.read import RowError
+    from lrm.data.logs.culprits import RowError
     from tests.data._logs import write
 
     def day(prices: list[float], d: int, name: str) -> Path:

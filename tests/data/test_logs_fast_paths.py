@@ -8,8 +8,8 @@ first day is its earliest in a chunk; days on two threads build one cell at a ti
 calls run behind in order, and a spill's error neither hides a bad row's nor is lost.
 
 Planted bugs that turn these red (each tried): the bucket left out of the gap sessions'
-sort (cells.sessions); numbers read as float32 (read._read_text); a CSV block with quotes
-read with numbers (read._text_chunks); the one-key sort without its tie-order check
+sort (cells.sessions); numbers read as float32 (blocks._read_text); a CSV block with quotes
+read with numbers (blocks._text_chunks); the one-key sort without its tie-order check
 (order.arg_sort); the sort in runs unstable, without its order check, or without each
 run's offset (order._sort_runs); an error of the maker dropped (ahead); the session text
 bucketed unhashed (read.Parser._bucket, as before); the vocabulary map's ids in hash
@@ -32,8 +32,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lrm.data.logs import ahead, ingest, order, read, vocab
-from lrm.data.logs.read import RowError
+from lrm.data.logs import ahead, blocks, ingest, order, vocab
+from lrm.data.logs.culprits import RowError
+from lrm.data.logs.frame import SEED
 from tests.data._logs import T0, frame, run, write
 
 GAP = dict(label="clicked", user="user", item="item", time="ts", session_gap="30m")
@@ -78,7 +79,7 @@ def test_packed_cells_write_the_files_one_bucket_per_cell_writes(tmp_path, monke
 def test_numbers_the_csv_reader_parses_give_the_rows_their_text_gives(tmp_path, monkeypatch):
     f = write(_log(), tmp_path / "l.csv")
     m1, typed = run([f], tmp_path / "typed", chunk_rows=300, dense=["price"], **GAP)
-    monkeypatch.setattr(read, "numeric_columns", lambda *a: [])
+    monkeypatch.setattr(blocks, "numeric_columns", lambda *a: [])
     m2, text = run([f], tmp_path / "text", chunk_rows=300, dense=["price"], **GAP)
     assert m1 == m2 and typed.equals(text)
     assert _files(tmp_path / "typed") == _files(tmp_path / "text")
@@ -150,10 +151,10 @@ def test_each_way_of_looking_up_ids_gives_the_vocabularys_row():
         lookup = vocab.Lookup(v)
         for n in (10, 400, 20_000):  # fewer values than SMALL, fewer than the vocabulary, more
             rows = rng.integers(0, size, n)
-            got = lookup(v["s"].gather(rows).hash(read.SEED).to_numpy())
+            got = lookup(v["s"].gather(rows).hash(SEED).to_numpy())
             assert np.array_equal(got, rows), (size, n)
-            bad = np.r_[v["s"].gather(rows).hash(read.SEED).to_numpy(),
-                        pl.Series(["absent"]).hash(read.SEED).to_numpy()]
+            bad = np.r_[v["s"].gather(rows).hash(SEED).to_numpy(),
+                        pl.Series(["absent"]).hash(SEED).to_numpy()]
             with pytest.raises(KeyError):
                 lookup(bad)
 

@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from lrm.data.logs.read import RowError
+from lrm.data.logs.culprits import RowError
 from lrm.data.schema import day_files, read_schema
 from tests.data._logs import MIN, T0, clicks_log, frame, run, write
 

@@ -14,7 +14,7 @@ import json
 import polars as pl
 import pytest
 
-from lrm.data.logs.read import RowError
+from lrm.data.logs.culprits import RowError
 from lrm.errors import DataError
 from tests.data._logs import T0, frame, run, write
 
@@ -109,9 +109,9 @@ def test_a_json_line_of_another_kind_names_its_row_and_column(tmp_path, monkeypa
     """polars' JSON reader fails a block without saying where: the row and column are found.
     Planted bugs that turn this red (each tried): blank lines counted as rows; the block's
     first row not passed on; the inferred schema's types not checked."""
-    from lrm.data.logs import read
+    from lrm.data.logs import files
 
-    monkeypatch.setattr(read, "JSON_INFER_ROWS", infer_rows)
+    monkeypatch.setattr(files, "JSON_INFER_ROWS", infer_rows)
     bad, column, words = JSON_LINES[case]
     rows = _log(2000)  # ~200 kB: blocks of 64 kB, then of `chunk_rows` rows
     rows[at - 1] = {**rows[at - 1], **(bad or {})}
@@ -168,12 +168,12 @@ def test_a_text_time_that_does_not_parse(tmp_path, unit):
 
 
 def test_every_file_is_checked_before_any_is_read(tmp_path, monkeypatch):
-    from lrm.data.logs import read
+    from lrm.data.logs import blocks
 
     good = write(frame(_log()), tmp_path / "a.csv")
     bad = write(frame(_log()).drop("cat"), tmp_path / "b.csv")
     chunks = []
-    monkeypatch.setattr(read, "chunks", lambda *a, **k: chunks.append(a) or iter(()))
+    monkeypatch.setattr(blocks, "chunks", lambda *a, **k: chunks.append(a) or iter(()))
     with pytest.raises(DataError) as e:
         run([good, bad], tmp_path / "out", **BASE)
     assert e.value.file == bad and e.value.field == "cat" and chunks == []
@@ -203,16 +203,16 @@ def test_chunks_are_bounded_and_a_quoted_newline_never_splits_a_row(tmp_path):
     """Planted bugs that turn this red (each tried): a block cut inside a quoted field;
     the first block not cut to the chunk's rows."""
     from lrm.config import LogsConfig
-    from lrm.data.logs import read
+    from lrm.data.logs import blocks, files
 
     rows = _log(4000)  # ~240 kB: blocks of 64 kB, then of ~3 rows
     for r in rows:  # quoted fields across line breaks: block ends fall inside some
         r["cat"] = f'two\nlines, "{r["item"]}"'
     f = write(frame(rows), tmp_path / "log.csv")
     cfg = LogsConfig(**BASE)
-    src = read.sources([f], "auto")[0]
-    types = read.check_columns(src, read.scan(src, cfg), cfg)
-    got = list(read.chunks(src, types, cfg, 3))
+    src = files.sources([f], "auto")[0]
+    types = blocks.check_columns(src, blocks.scan(src, cfg), cfg)
+    got = list(blocks.chunks(src, types, cfg, 3))
     assert max(c.height for c in got) <= 3 and sum(c.height for c in got) == 4000
     whole = pl.concat(got)
     assert whole["_row"].to_list() == list(range(1, 4001))

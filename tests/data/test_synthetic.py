@@ -16,7 +16,10 @@ from lrm import io
 from lrm.config import GenerateConfig, VerticalConfig, from_dict
 from lrm.errors import ConfigError
 from lrm.data import synthetic
-from lrm.data.schema import day_files, read_schema, synthetic_schema
+from lrm.data.synthetic import days as simulation
+from lrm.data.synthetic.days import chunks
+from lrm.data.synthetic.world import World
+from lrm.data.schema import day_files, read_schema
 
 USER_SIDE = ("user_id", "user_age", "user_gender", "user_geo", "user_device", "session_hour",
              "vertical")
@@ -243,7 +246,7 @@ def test_user_and_ad_popularity_is_skewed() -> None:
 def test_churn_replaces_a_fraction_of_ids_per_day() -> None:
     ranks = np.arange(20_000)
     for churn in (0.0, 0.1, 0.3):
-        pop = synthetic._World(tiny(users=10**6, churn=churn)).users
+        pop = World(tiny(users=10**6, churn=churn)).users
         changed = (pop.ids(ranks, 0) != pop.ids(ranks, 1)).mean()
         assert changed == pytest.approx(churn, abs=0.02)
         assert (pop.ids(ranks, 3) != pop.ids(ranks, 0)).mean() == pytest.approx(
@@ -267,9 +270,9 @@ def test_churn_replaces_a_fraction_of_ids_per_day() -> None:
 def test_arrivals_are_new_ids_and_ramp_up() -> None:
     """No two live ids are equal, an arrival's id was held by nobody in the days before it,
     an ad's age is a function of its id, and an arrival gets a fraction of its rank's
-    traffic on its first day (synthetic.RAMP_DAYS)."""
+    traffic on its first day (synthetic.population.RAMP_DAYS)."""
     cfg = tiny(users=10**6, ads=20_000, churn=0.3)
-    w, ranks = synthetic._World(cfg), np.arange(cfg.ads)
+    w, ranks = World(cfg), np.arange(cfg.ads)
     ids = [w.ads.ids(ranks, d) for d in range(8)]  # generations 0-3
     space, rest = synthetic.vocab(cfg)["ad_id"], int(1 / cfg.churn)
     for d in range(8):
@@ -293,7 +296,7 @@ def test_arrivals_are_new_ids_and_ramp_up() -> None:
     expected = weight[w.ads.age_days(ranks, 3) < 1].sum() / weight.sum()
     assert plain > 0.2 and ramped < 0.55 * plain, (plain, ramped)
     assert ramped == pytest.approx(expected, rel=0.05)
-    still = synthetic._World(tiny(churn=0.0)).ads  # without churn nothing arrives
+    still = World(tiny(churn=0.0)).ads  # without churn nothing arrives
     assert (still.sample(np.random.default_rng(0), 100, 3)
             == still.law.sample(np.random.default_rng(0), 100)).all()
 
@@ -418,10 +421,10 @@ def test_a_day_does_not_depend_on_the_days_generated_before():
     """The world caches drifted tables and pools across days; a day generated after later
     ones (or in a fresh world) is the same, histories reaching back a week included."""
     cfg = tiny(days=1, sessions_per_day=200)
-    fresh = next(synthetic._chunks(synthetic._World(cfg), 9))
-    w = synthetic._World(cfg)
+    fresh = next(chunks(World(cfg), 9))
+    w = World(cfg)
     for d in (30, 2, 9):
-        got = next(synthetic._chunks(w, d))
+        got = next(chunks(w, d))
     np.testing.assert_array_equal(got.hist, fresh.hist)
     np.testing.assert_array_equal(got.imps["label"], fresh.imps["label"])
     np.testing.assert_array_equal(got.intercepts, fresh.intercepts)
@@ -433,7 +436,7 @@ def test_a_day_of_several_chunks_is_whole_in_time_order_and_calibrated(tmp_path:
     session once, in time order across the chunks, ids 0..S-1 in order, parts within a
     chunk; the same bytes run after run; the CTR and the oracle NE as the hidden model
     says (its intercept calibrated on a sample of the day)."""
-    monkeypatch.setattr(synthetic, "CHUNK_SESSIONS", 250)
+    monkeypatch.setattr(simulation, "CHUNK_SESSIONS", 250)
     cfg = tiny(days=2, sessions_per_day=1_000, users=5_000, rows_per_file=1_500)
     metrics = synthetic.generate(cfg, tmp_path / "a")
     synthetic.generate(cfg, tmp_path / "b")

@@ -34,7 +34,7 @@ import pyarrow as pa
 from lrm.config import LogsConfig, duration_seconds
 from lrm.data.logs import dense as dense_mod
 from lrm.data.logs import order as order_mod
-from lrm.data.logs.read import BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, SESSION, TIME, USER
+from lrm.data.logs.frame import BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, SESSION, TIME, USER
 from lrm.data.logs.vocab import Lookup
 from lrm.data.schema import DAY as DAY_COL
 from lrm.data.schema import LABEL as LABEL_COL

@@ -48,9 +48,10 @@ import pyarrow.parquet as pq
 from lrm import fanout, io
 from lrm.config import LogsConfig
 from lrm.data import parquet
-from lrm.data.logs import cells, read, spill, vocab
+from lrm.data.logs import blocks, cells, checks, culprits, frame, read, spill, vocab
 from lrm.data.logs.ahead import Behind
 from lrm.data.logs.dense import Stats
+from lrm.data.logs.files import GZIP_ERRORS, Source, gzip_error, sources
 from lrm.data.schema import SESSION as SESSION_COL
 from lrm.data.schema import FeatureSchema, part_path
 from lrm.errors import ConfigError, DataError
@@ -80,10 +81,10 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
                           "(ITEM-LABEL); leave label out")
     if not cfg.explode and not cfg.label:
         raise ConfigError("ingest.logs.label: name the click column (--label COL)")
-    if not read.item_name(cfg) and not cfg.categorical and not cfg.item_attributes:
+    if not frame.item_name(cfg) and not cfg.categorical and not cfg.item_attributes:
         raise ConfigError("ingest.logs: a log needs an item (--item) or categorical "
                           "columns: the model has nothing per impression otherwise")
-    if cfg.item_attributes and not read.item_name(cfg):
+    if cfg.item_attributes and not frame.item_name(cfg):
         raise ConfigError("ingest.logs.item_attributes: they are a function of the item; "
                           "name it (--item)")
     if cfg.session_gap and not (cfg.user and cfg.time):
@@ -91,10 +92,10 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
     if cfg.days == "time" and not cfg.time:
         raise ConfigError("ingest.logs.days: days from the data's time need --time "
                           "(or --days file | one)")
-    if cfg.history == "auto" and not (cfg.user and cfg.time and read.item_name(cfg)):
+    if cfg.history == "auto" and not (cfg.user and cfg.time and frame.item_name(cfg)):
         log.info("ingest logs: no history (history auto needs a user, an item and a time)")
         cfg = dataclasses.replace(cfg, history="none")
-    if cfg.history not in ("auto", "none") and not read.item_name(cfg):
+    if cfg.history not in ("auto", "none") and not frame.item_name(cfg):
         raise ConfigError("ingest.logs.history: a history column holds items; name the "
                           "item (--item)")
     reserved = {"day", "session_id", "position", "label"}
@@ -107,14 +108,14 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
 
 
 def feature_names(cfg: LogsConfig) -> list[str]:
-    return [n for n in (cfg.user, cfg.vertical, *cfg.sequence, read.history_name(cfg),
-                        read.item_name(cfg), *cfg.item_attributes, *cfg.categorical,
+    return [n for n in (cfg.user, cfg.vertical, *cfg.sequence, frame.history_name(cfg),
+                        frame.item_name(cfg), *cfg.item_attributes, *cfg.categorical,
                         *cfg.dense) if n]
 
 
 def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
-    hist = read.history_name(cfg)
-    item = read.item_name(cfg)
+    hist = frame.history_name(cfg)
+    item = frame.item_name(cfg)
     return FeatureSchema(
         name="logs",
         user_sparse=tuple(c for c in (cfg.user, cfg.vertical) if c),
@@ -130,10 +131,10 @@ def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
 
 def features(cfg: LogsConfig) -> dict[str, tuple[str, str]]:
     """feature -> (its typed column, its vocabulary); the history shares the item's."""
-    item = read.item_name(cfg)
+    item = frame.item_name(cfg)
     out = {}
     if cfg.user:
-        out[cfg.user] = (read.USER, cfg.user)
+        out[cfg.user] = (frame.USER, cfg.user)
     for c in ([cfg.vertical] if cfg.vertical else []) + cfg.item_attributes + cfg.categorical:
         out[c] = (f"c:{c}", c)
     for c in cfg.sequence:
@@ -143,7 +144,7 @@ def features(cfg: LogsConfig) -> dict[str, tuple[str, str]]:
     elif cfg.history != "none":
         out[cfg.history] = (f"q:{cfg.history}", item)
     if item:
-        out[item] = (read.ITEM, item)
+        out[item] = (frame.ITEM, item)
     return out
 
 
@@ -157,19 +158,19 @@ def _head_bytes(path: Path, n: int = 1 << 20) -> tuple[bytes, float]:
             with open(path, "rb") as raw, gzip.open(raw) as f:
                 data = f.read(n)
                 used = max(raw.tell(), 1)
-        except read.GZIP_ERRORS as e:  # not gzip, or cut short: exit 2, naming the file
-            raise read.gzip_error(path, e) from None
+        except GZIP_ERRORS as e:  # not gzip, or cut short: exit 2, naming the file
+            raise gzip_error(path, e) from None
         return data, len(data) / used
     with open(path, "rb") as f:
         return f.read(n), 1.0
 
 
-def estimate_rows(src: read.Source, lf: pl.LazyFrame, cfg: LogsConfig) -> int:
+def estimate_rows(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> int:
     """About how many impressions the file holds (for the cell size only)."""
     per_row = 1.0
     head = lf.head(2_000).collect() if cfg.explode else None  # (reading it costs)
     if head is not None and head.height:
-        p = read.id_list(src, cfg.explode, head.schema[cfg.explode], cfg.item_sep, "explode")
+        p = checks.id_list(src, cfg.explode, head.schema[cfg.explode], cfg.item_sep, "explode")
         per_row = max(1.0, float(head.select(p.value.list.len().mean()).item() or 1.0))
     if src.format == "parquet":
         rows = lf.select(pl.len()).collect().item()
@@ -187,7 +188,7 @@ def estimate_rows(src: read.Source, lf: pl.LazyFrame, cfg: LogsConfig) -> int:
 class FileRead:
     """What reading one file gave: its spilled chunks, vocabularies' values, dense moments."""
 
-    source: read.Source
+    source: Source
     spilled: list[spill.Spilled] = field(default_factory=list)
     values: dict[str, pl.DataFrame] = field(default_factory=dict)
     dense: dict[str, Stats] = field(default_factory=dict)
@@ -200,18 +201,18 @@ class FileRead:
     time_rows: tuple[int, int] = (0, 0)  # the rows (1-based) that hold them
 
 
-def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
+def read_file(src: Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
               chunk_rows: int) -> FileRead:
     """Step 1 for one file (a unit of `fanout`)."""
-    lf = read.scan(src, cfg)
-    types = read.check_columns(src, lf, cfg)
+    lf = blocks.scan(src, cfg)
+    types = blocks.check_columns(src, lf, cfg)
     parser = read.Parser(src, types, cfg, buckets)
     out = FileRead(src)
     values: dict[str, vocab.Values] = {}
     auto = cfg.history == "auto"
     spilling = Behind("lrm-ingest-spill")  # a chunk spilled while the next is parsed
     try:
-        for k, chunk in enumerate(read.chunks(src, types, cfg, chunk_rows)):
+        for k, chunk in enumerate(blocks.chunks(src, types, cfg, chunk_rows)):
             try:
                 p = parser.parse(chunk)
             except read.TextNeeded:  # its error as the text shows it
@@ -219,11 +220,11 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
                 p = parser.parse(chunk)
             out.rows += chunk.height
             out.impressions += p.frame.height
-            out.clicks += int(p.frame[read.LABEL].sum())
+            out.clicks += int(p.frame[frame.LABEL].sum())
             out.label_kind = p.label_kind
-            out.days |= set(p.frame[read.DAY].unique().to_list())
-            if read.TIME in p.frame.columns and p.frame.height:
-                t, r = p.frame[read.TIME], p.frame[read.ROW]
+            out.days |= set(p.frame[frame.DAY].unique().to_list())
+            if frame.TIME in p.frame.columns and p.frame.height:
+                t, r = p.frame[frame.TIME], p.frame[frame.ROW]
                 i, j = t.arg_min(), t.arg_max()
                 (lo, hi), rows = out.times or (int(t[i]), int(t[j])), out.time_rows
                 if out.times is None or t[i] < lo:
@@ -250,11 +251,11 @@ def read_file(src: read.Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
     return out
 
 
-def _text_chunk(src: read.Source, types: dict[str, pl.DataType], cfg: LogsConfig,
+def _text_chunk(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig,
                 chunk_rows: int, k: int) -> pl.DataFrame:
     """Chunk `k` of the file again, every column as text (the same rows: chunks are cut
     alike)."""
-    again = read.chunks(src, types, cfg, chunk_rows, typed=False)
+    again = blocks.chunks(src, types, cfg, chunk_rows, typed=False)
     try:
         return next(itertools.islice(again, k, None))
     finally:
@@ -360,28 +361,28 @@ def prior_clicks(state: State, cfg: LogsConfig, buckets: int, path: Path) -> Fil
     the histories of a continued ingest's first sessions reach back over earlier days."""
     c = state.clicks
     assert c is not None
-    users = state.vocabs[cfg.user]["s"].gather(c["user"]).hash(read.SEED)
-    items = state.vocabs[read.item_name(cfg)]["s"].gather(c["item"]).hash(read.SEED)
-    frame = pl.DataFrame({read.USER: users, read.TIME: c["time"], read.ITEM: items}).select(
-        *spill.CLICK_COLUMNS[:3], pl.lit(-1, pl.Int32).alias(read.FILE),
-        pl.int_range(pl.len(), dtype=pl.UInt32).alias(read.ROW),
-        pl.lit(0, pl.Int32).alias(read.POS), pl.lit(1, pl.Int8).alias(read.LABEL),
-        pl.lit(PRIOR_DAY, pl.Int32).alias(read.DAY),  # before every day of this ingest
-        read.bucket_of(pl.col(read.USER), buckets).alias(read.BUCKET))
-    return FileRead(read.Source(path, -1, "parquet"),
-                    spilled=[spill.write(frame, path, clicks=True, cells=False)])
+    users = state.vocabs[cfg.user]["s"].gather(c["user"]).hash(frame.SEED)
+    items = state.vocabs[frame.item_name(cfg)]["s"].gather(c["item"]).hash(frame.SEED)
+    clicks = pl.DataFrame({frame.USER: users, frame.TIME: c["time"], frame.ITEM: items}).select(
+        *spill.CLICK_COLUMNS[:3], pl.lit(-1, pl.Int32).alias(frame.FILE),
+        pl.int_range(pl.len(), dtype=pl.UInt32).alias(frame.ROW),
+        pl.lit(0, pl.Int32).alias(frame.POS), pl.lit(1, pl.Int8).alias(frame.LABEL),
+        pl.lit(PRIOR_DAY, pl.Int32).alias(frame.DAY),  # before every day of this ingest
+        frame.bucket_of(pl.col(frame.USER), buckets).alias(frame.BUCKET))
+    return FileRead(Source(path, -1, "parquet"),
+                    spilled=[spill.write(clicks, path, clicks=True, cells=False)])
 
 
 def recent_clicks(reads: list[FileRead], p: cells.Plan, k: int) -> pl.DataFrame:
     """Each user's last `k` clicks (user, item: ids; time) over every read (the prior's too)."""
     c = spill.read_clicks([s for r in reads for s in r.spilled])
-    user = p.lookups[p.cfg.user](c[read.USER].to_numpy())
-    item = p.lookups[read.item_name(p.cfg)](c[read.ITEM].to_numpy())
-    df = c.select(read.TIME, read.FILE, read.ROW, read.POS).with_columns(
+    user = p.lookups[p.cfg.user](c[frame.USER].to_numpy())
+    item = p.lookups[frame.item_name(p.cfg)](c[frame.ITEM].to_numpy())
+    df = c.select(frame.TIME, frame.FILE, frame.ROW, frame.POS).with_columns(
         pl.Series("user", user), pl.Series("item", item))
-    return (df.sort(["user", read.TIME, read.FILE, read.ROW, read.POS])
+    return (df.sort(["user", frame.TIME, frame.FILE, frame.ROW, frame.POS])
             .group_by("user", maintain_order=True).tail(k)
-            .select("user", "item", pl.col(read.TIME).alias("time")))
+            .select("user", "item", pl.col(frame.TIME).alias("time")))
 
 
 def _field_metadata(schema: FeatureSchema, p: cells.Plan) -> Any:
@@ -503,12 +504,12 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
     return {**totals, "parts": parts.parts, "bytes": parts.bytes}
 
 
-def unscalable(e: cells.Unscalable, reads: list[FileRead], p: cells.Plan) -> read.RowError:
+def unscalable(e: cells.Unscalable, reads: list[FileRead], p: cells.Plan) -> culprits.RowError:
     """The error for a dense value its column's scaling (a continued ingest's, decided on
     the days before) takes past float32."""
     path = next(r.source.path for r in reads if r.source.index == e.file)
     how = p.dense[e.column]
-    return read.RowError(path, e.row, e.column, (
+    return culprits.RowError(path, e.row, e.column, (
         f"{e.value:g} is beyond the scaling of the dataset this ingest continues "
         f"({how['transform']}, mean {how['mean']:g}, std {how['std']:g}): it would be "
         f"written as infinite; rescale the column, or ingest from the first day again"))
@@ -525,10 +526,10 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
     grow, its scalings and day numbers hold), e.g. the stream's previous day.
     """
     cfg = check_mapping(cfg)
-    srcs = read.sources(files, cfg.format)
-    scans = [read.scan(s, cfg) for s in srcs]
+    srcs = sources(files, cfg.format)
+    scans = [blocks.scan(s, cfg) for s in srcs]
     for s, lf in zip(srcs, scans, strict=True):  # every file's columns, before any rows
-        read.check_columns(s, lf, cfg)
+        blocks.check_columns(s, lf, cfg)
     rows = sum(estimate_rows(s, lf, cfg) for s, lf in zip(srcs, scans, strict=True))
     buckets = max(1, math.ceil(rows / chunk_rows))
     prior_state = State.load(Path(prior) / STATE) if prior is not None else None
@@ -573,7 +574,7 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
         "rows": total["rows"], "input_rows": sum(r.rows for r in reads),
         "sessions": total["sessions"], "files": len(srcs),
         "days": len(units), "ctr": total["clicks"] / max(1, total["rows"]),
-        "time_span": [read.iso_time(t) for t in times] if times else None,
+        "time_span": [checks.iso_time(t) for t in times] if times else None,
         "label_mapping": state.label_kind, "buckets": buckets,
         "impressions_per_session": total["rows"] / max(1, total["sessions"]),
         "history_mean": total["history_values"] / max(1, total["sessions"]),
@@ -598,15 +599,15 @@ def check_time_units(reads: list[FileRead], cfg: LogsConfig) -> None:
     (`MIXED_UNITS`) that they must mix units: else their days would be cut centuries
     apart."""
     spans = [(r.times, r.time_rows, r.source.path) for r in reads if r.times is not None]
-    if not spans or cfg.time_unit not in read.UNIT_US or cfg.time_format:
+    if not spans or cfg.time_unit not in checks.UNIT_US or cfg.time_format:
         return
     (lo, lo_row, lo_path) = min((t[0], rows[0], p) for t, rows, p in spans)
     (hi, hi_row, hi_path) = max((t[1], rows[1], p) for t, rows, p in spans)
     if lo > 0 and hi / lo >= MIXED_UNITS:
         first = f"row {lo_row}" + (f" of {lo_path}" if lo_path != hi_path else "")
-        raise read.RowError(hi_path, hi_row, cfg.time, (
-            f"time {read.iso_time(hi)} is {hi / lo:.0f}x as far from 1970 as the first, "
-            f"{read.iso_time(lo)} ({first}): does the column mix units (s, ms, us)? It is "
+        raise culprits.RowError(hi_path, hi_row, cfg.time, (
+            f"time {checks.iso_time(hi)} is {hi / lo:.0f}x as far from 1970 as the first, "
+            f"{checks.iso_time(lo)} ({first}): does the column mix units (s, ms, us)? It is "
             f"read with --time-unit {cfg.time_unit}"))
 
 
@@ -619,9 +620,9 @@ def check_continues(reads: list[FileRead], prior: State, cfg: LogsConfig) -> Non
         return
     for r in reads:
         if r.times is not None and r.times[0] < prior.last_time:
-            raise read.RowError(r.source.path, r.time_rows[0], cfg.time, (
-                f"time {read.iso_time(r.times[0])} precedes "
-                f"{read.iso_time(prior.last_time)}, the last time of the days this ingest "
+            raise culprits.RowError(r.source.path, r.time_rows[0], cfg.time, (
+                f"time {checks.iso_time(r.times[0])} precedes "
+                f"{checks.iso_time(prior.last_time)}, the last time of the days this ingest "
                 f"continues: its rows must come after them (an earlier, repeated or "
                 f"overlapping export?)"))
 
@@ -632,19 +633,19 @@ def check_time_span(times: tuple[int, int], cfg: LogsConfig) -> None:
     lo, hi = PLAUSIBLE_US
     if lo <= times[0] and times[1] < hi:
         return
-    span = " to ".join(read.iso_time(t) for t in times)
+    span = " to ".join(checks.iso_time(t) for t in times)
     other = []
-    if cfg.time_unit in read.UNIT_US and not cfg.time_format:
-        per = read.UNIT_US[cfg.time_unit]
-        for unit, us in read.UNIT_US.items():
+    if cfg.time_unit in checks.UNIT_US and not cfg.time_format:
+        per = checks.UNIT_US[cfg.time_unit]
+        for unit, us in checks.UNIT_US.items():
             a, b = (t // per * us for t in times)
             if unit != cfg.time_unit and lo <= a and b < hi:
-                other.append(f"as {unit}: {read.iso_time(a)} to {read.iso_time(b)}")
+                other.append(f"as {unit}: {checks.iso_time(a)} to {checks.iso_time(b)}")
     log.warning("ingest logs: column %s's times run from %s (UTC, read with --time-unit %s)"
                 "%s; the days are cut from them", cfg.time, span, cfg.time_unit,
                 f": are they in other units? ({'; '.join(other)})" if other else "")
 
 
-def _read_unit(src: read.Source, *, cfg: LogsConfig, buckets: int, spill_dir: Path,
+def _read_unit(src: Source, *, cfg: LogsConfig, buckets: int, spill_dir: Path,
                chunk_rows: int) -> FileRead:
     return read_file(src, cfg, buckets, spill_dir, chunk_rows)

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from lrm.data.logs.read import BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, TIME, USER
+from lrm.data.logs.frame import BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, TIME, USER
 
 # a click's day too: with days from files (or a prior ingest's), a later day may hold an
 # earlier time, and a day's histories must not depend on later days

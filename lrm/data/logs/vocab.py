@@ -13,7 +13,7 @@ stored with the dataset (``_ingest/vocab/NAME.parquet``: value, first day; the i
 and a later ingest that continues it (`prior`) keeps every id and appends the new values.
 
 Values are carried from the read to the write as 64-bit hashes of their text (lrm.data.logs.
-read); `Lookup` maps a hash to its id by binary search. Two distinct values with the same hash
+frame); `Lookup` maps a hash to its id by binary search. Two distinct values with the same hash
 would share an id (at a million values the chance is about 3e-8).
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 import polars as pl
 
 from lrm import io
-from lrm.data.logs.read import SEED
+from lrm.data.logs.frame import SEED
 
 SMALL = 256  # a lookup this small: a binary search per value is as fast
 

@@ -1,0 +1,212 @@
+"""A log file read in chunks: its columns and their types (`scan`, `check_columns`), then
+its rows about `rows` at a time (`chunks`): text files in blocks of whole lines, Parquet a
+row group at a time, memory holding a chunk and not the file. A read that fails says so in
+one line naming the file (and, through lrm.data.logs.culprits, the row and column)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lrm.config import LogsConfig
+from lrm.data.logs import culprits, files
+from lrm.data.logs.ahead import ahead
+from lrm.data.logs.culprits import RowError
+from lrm.data.logs.files import GZIP_ERRORS, Source, gzip_error, open_file
+from lrm.data.logs.frame import ROW
+from lrm.errors import DataError
+
+
+def _gzip_check(path: Path) -> DataError | None:
+    """A .gz input's gzip error, read through to its end (only after a read failed: polars
+    says "unexpected end of file" without naming gzip)."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    except GZIP_ERRORS as e:
+        return gzip_error(path, e)
+    except OSError:
+        return None
+    return None
+
+
+def _polars_error(path: Path, e: Exception) -> DataError:
+    if isinstance(e, GZIP_ERRORS):
+        return gzip_error(path, e)
+    if path.name.endswith(".gz") and (broken := _gzip_check(path)) is not None:
+        return broken
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return DataError(path, None, None, f"cannot read as {path.suffix.lstrip('.') or 'a log'}: "
+                                       f"{first}")
+
+
+
+def scan(src: Source, cfg: LogsConfig) -> pl.LazyFrame:
+    """The file's raw columns, lazily, with `_row`; CSV/TSV columns are all text (each role
+    parses its own, so a bad value names its row instead of failing the whole read)."""
+    p = src.path
+    if src.format == "parquet":
+        lf = pl.scan_parquet(p)
+    elif src.format == "jsonl":
+        lf = pl.scan_ndjson(p, infer_schema_length=files.JSON_INFER_ROWS)
+    else:
+        header = not cfg.columns
+        lf = pl.scan_csv(p, separator="\t" if src.format == "tsv" else ",",
+                         has_header=header, new_columns=None if header else list(cfg.columns),
+                         infer_schema=False, quote_char=None if src.format == "tsv" else '"',
+                         encoding="utf8-lossy")
+    return lf.with_row_index(ROW, offset=1)
+
+
+def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, pl.DataType]:
+    """The file's column types; a DataError for the first mapped column it lacks."""
+    try:
+        schema = dict(lf.collect_schema())
+    except (pl.exceptions.PolarsError, OSError) as e:
+        if src.format == "jsonl" and (culprit := culprits.json_typing_culprit(src.path)):
+            raise culprit from None  # values of two kinds in one field: its row
+        raise _polars_error(src.path, e) from None
+    twice = None
+    if src.format == "jsonl":
+        twice = culprits.json_key_twice(src.path)
+    elif not cfg.columns and any(culprits.DUPLICATED.search(c) for c in schema):
+        twice = culprits.header_twice(src)
+    if twice is not None:
+        raise twice
+    for role, col in cfg.roles():
+        if col not in schema:
+            have = ", ".join(c for c in schema if c != ROW)
+            raise RowError(src.path, None, col, f"column missing (the {role} column; the file "
+                                                f"has: {have})")
+    return schema
+
+
+
+def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: int, *,
+           typed: bool = True) -> Iterator[pl.DataFrame]:
+    """The file's rows, about `rows` at a time, with `_row`, streamed: memory holds a chunk,
+    not the file. Text files are read in blocks of whole lines (a CSV block never ends
+    inside a quoted field), each parsed on its own with the file's column names (JSON
+    lines: its column types); Parquet a row group at a time. (polars' and pyarrow's own
+    streaming readers read ahead: measured on a 10M-row CSV, ~400 MB of buffers.) The next
+    chunk is read while the caller works on this one (lrm.data.logs.ahead: one ahead).
+
+    typed: a CSV/TSV block's numeric columns (`numeric_columns`) come as float64 where the
+    CSV reader parses every value of the block as a number: the values parsing their text
+    gives, for less work (a block where one is not a number, or a CSV block with a quote,
+    whose quoted empty value is text and not a missing number, is read as text). Chunks
+    are cut at the same rows either way: `Parser` reads a bad chunk again as text
+    (`TextNeeded`) so that its error shows the value as written."""
+    try:
+        if src.format == "parquet":
+            yield from ahead(_parquet_chunks(src, rows))
+            return
+        numbers = numeric_columns(src, types, cfg) if typed else []
+        yield from ahead(_text_chunks(src, [c for c in types if c != ROW], types, cfg, rows,
+                                      numbers))
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException, *GZIP_ERRORS) as e:
+        raise _polars_error(src.path, e) from None
+
+
+def _parquet_chunks(src: Source, rows: int) -> Iterator[pl.DataFrame]:
+    f = pq.ParquetFile(src.path)
+    n = 1
+    for batch in f.iter_batches(batch_size=rows):
+        df = pl.from_arrow(batch)
+        yield df.with_row_index(ROW, offset=n)  # type: ignore[union-attr]
+        n += batch.num_rows
+
+
+def numeric_columns(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig
+                    ) -> list[str]:
+    """The text columns of a CSV/TSV file that a chunk may carry as float64: the time when
+    it is a number of units, and the dense columns."""
+    if src.format not in ("csv", "tsv"):
+        return []
+    time = [cfg.time] if cfg.time and cfg.time_unit != "iso" and not cfg.time_format else []
+    return [c for c in dict.fromkeys([*time, *cfg.dense]) if types.get(c) == pl.String]
+
+
+def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
+                 cfg: LogsConfig, rows: int, numbers: Sequence[str] = ()
+                 ) -> Iterator[pl.DataFrame]:
+    quoted = src.format == "csv"
+    texts = [c for c in dict.fromkeys(c for _, c in cfg.roles()) if types.get(c) == pl.String]
+    n = 1
+    with open_file(src.path) as fh:
+        if src.format != "jsonl" and not cfg.columns:
+            fh.readline()  # the header: `names` already holds it
+        block = 1 << 16  # bytes; fitted to `rows` lines after the first block
+        while True:
+            data = fh.read(block)
+            if not data:
+                return
+            data += fh.readline()
+            quotes = quoted and b'"' in data
+            while quotes and data.count(b'"') % 2:  # inside a quoted field: read on
+                more = fh.readline()
+                if not more:
+                    break
+                data += more
+            if src.format == "jsonl":
+                schema = {c: types[c] for c in names}
+                try:
+                    df = pl.read_ndjson(io.BytesIO(data), schema=schema)
+                except pl.exceptions.PolarsError:
+                    # a value of another kind among the rows that typed the columns
+                    # (polars may type a column by the odd one), else in the block
+                    culprit = (culprits.json_typing_culprit(src.path)
+                               or culprits.json_culprit(src.path, data.splitlines(), n, schema))
+                    if culprit is None:
+                        raise
+                    raise culprit from None
+                if texts and (nested := culprits.json_nested(src.path, df, data, n, texts)):
+                    raise nested
+            else:
+                sep = "\t" if src.format == "tsv" else ","
+                df = None
+                if numbers and not quotes:
+                    try:
+                        df = _read_text(data, names, sep, quoted, numbers)
+                    except pl.exceptions.ComputeError:
+                        pass  # a value that is not a number: read as text, checked there
+                if df is None:
+                    try:
+                        df = _read_text(data, names, sep, quoted)
+                    except pl.exceptions.PolarsError:
+                        culprit = culprits.csv_culprit(src.path, data, n, len(names), sep, quoted)
+                        if culprit is None:
+                            raise
+                        raise culprit from None
+            if df.height:
+                block = max(1 << 12, len(data) * rows // df.height)
+            # contiguous columns: the readers' come in pieces, and each query on a frame
+            # whose columns are cut apart copies them all first (a third of the parse)
+            df = df.rechunk().with_row_index(ROW, offset=n)
+            n += df.height
+            for start in range(0, df.height, rows):  # the first block may hold more
+                yield df.slice(start, rows)
+
+
+
+def _read_text(data: bytes, names: list[str], sep: str, quoted: bool,
+               numbers: Sequence[str] = ()) -> pl.DataFrame:
+    """A block of CSV/TSV lines, every column as text but `numbers` (float64); bytes that
+    are not UTF-8 replaced (checking for them costs a sixth of the parse: only a block that
+    fails reads again)."""
+    opts: dict[str, Any] = dict(has_header=False, new_columns=names, separator=sep,
+                                infer_schema=False, quote_char='"' if quoted else None,
+                                schema_overrides={c: pl.Float64 for c in numbers} or None)
+    try:
+        return pl.read_csv(data, encoding="utf8", **opts)
+    except pl.exceptions.ComputeError:
+        return pl.read_csv(data, encoding="utf8-lossy", **opts)
+
