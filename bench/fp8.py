@@ -67,9 +67,9 @@ from lrm.fp8.mods import bf16_residual, fuse_norm  # noqa: E402
 from lrm.fp8.norm import fused_bytes_saved, ln_bound  # noqa: E402
 from lrm.fp8.probe import error_metrics  # noqa: E402
 from lrm.fp8.speed import bytes_moved, median_ms  # noqa: E402
+from lrm.models.saved import load_model  # noqa: E402
 from lrm.train import TrainJob, train  # noqa: E402
 from lrm.train.data import model_hash_sizes  # noqa: E402
-from lrm.train.export import load_model  # noqa: E402
 from stagekit import load_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +153,7 @@ def bench_models(data: Path, root: Path, params: Any, quick: bool, large: bool) 
             with_fp8 = _train(kind, mcfg, data, tcfg, None, fp8=str(path))
             ne0, ne1 = base.eval["ne"], with_fp8.eval["ne"]
             model, _ = load_model(root / name, dev)
-            fp8_model = transform(str(path), kind)(copy.deepcopy(model))  # type: ignore[misc]
+            fp8_model, _ = transform(str(path), kind)(copy.deepcopy(model))  # type: ignore[misc]
             batches = [b.to(dev) for b in islice(BatchLoader(
                 data, batch, days=[0], hash_sizes=model_hash_sizes(model), prefetch=0), 2)]
             t0, t1 = paired_throughput(model, fp8_model, batches, dev, params.train.amp,

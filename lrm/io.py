@@ -40,16 +40,19 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 import lrm
 from lrm.errors import OutputError
+
+if TYPE_CHECKING:  # torch only where tensors are written (save_tensors)
+    import torch
 
 MARKER = ".lrm-output.json"
 LEDGER = ".lrm-written.json"
@@ -345,6 +348,47 @@ def sha256_file(path: Path) -> str:
     """The file's sha256 (hex), read in blocks."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class _Hashing:
+    """A write-only file that hashes and counts what goes through it."""
+
+    def __init__(self, f: Any) -> None:
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+        self.error: OSError | None = None  # the first failed write (torch hides it)
+
+    def write(self, b: bytes) -> int:
+        self.sha.update(b)
+        self.size += len(b)
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, Any]:
+    """torch.save a flat {name: tensor} to `path`, fsynced; its {"bytes", "sha256"}.
+
+    A write that fails (a full disk) raises the OSError itself: torch's zip writer would
+    report it as `[enforce fail at inline_container.cc] unexpected pos`, which never says
+    why."""
+    import torch
+
+    with open(path, "wb") as f:
+        w = _Hashing(f)
+        try:
+            torch.save(dict(tensors), w)
+        except RuntimeError:
+            if w.error is not None:
+                raise w.error from None
+            raise
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": w.size, "sha256": w.sha.hexdigest()}
 
 
 def source_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:

@@ -169,7 +169,7 @@ def register(model_dir: Path, name: str, *, example_data: Path, example_day: int
     """
     import mlflow
 
-    from lrm.train.export import model_hash  # the content hash of a saved model folder
+    from lrm.models.saved import model_hash  # the content hash of a saved model folder
     from lrm.serving import pyfunc
 
     content = model_hash(model_dir)
@@ -212,7 +212,7 @@ def scores(model_dir: Path, data: Path, day: int, batch_size: int = 8192) -> dic
     """NE, AUC, calibration and rows of a model folder on one day of `data`: the rows of the
     verticals it was trained on (a vertical model's card says which), else every row."""
     from lrm.train.evaluate import evaluate
-    from lrm.train.export import read_card
+    from lrm.models.saved import read_card
 
     verticals = read_card(model_dir).info.get("verticals") or None
     m = evaluate(model_dir, data, day=day, batch_size=batch_size, verticals=verticals)

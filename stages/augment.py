@@ -35,7 +35,7 @@ def run(*, cfg: AugmentConfig, registry_name: str, tracking: TrackingConfig,
     from lrm.data.schema import day_files
     from lrm.exfm import fm
     from lrm.exfm.augment import augment_dataset
-    from lrm.train.export import CARD
+    from lrm.models.saved import CARD
 
     def registered(content: str) -> str | None:
         if not registry_name:

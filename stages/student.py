@@ -67,6 +67,8 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
     from lrm.data.schema import day_files, read_schema
     from lrm.errors import ConfigError
     from lrm.exfm import students as S
+    from lrm.exfm.distill import distillation
+    from lrm.fp8.dispatch import transform
     from lrm.train import build_job
 
     if serving != "auto" and serving not in cfg.variants:
@@ -77,11 +79,14 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
     schema, _ = read_schema(sessions if day is None else data)
     vms = S.vertical_models(schema, list(cfg.models))
 
+    fp8 = transform(train_cfg.fp8, "student")
+
     def job_for(vm: S.VerticalModel, variant: DistillConfig, dataset: Path) -> Any:
-        return build_job("student", train=train_cfg,
-                         model=ModelConfig(tables=tables, student=cfg.models[vm.size]),
-                         data=dataset, loader=loader, checkpoint=checkpoint, plan=plan,
-                         plan_entry=f"students.{vm.size}", distill=variant,
+        d = distillation(ModelConfig(tables=tables, student=cfg.models[vm.size]), variant)
+        return build_job("student", train=train_cfg, model=d.model, data=dataset,
+                         loader=loader, checkpoint=checkpoint, plan=plan,
+                         plan_entry=f"students.{vm.size}", transform=fp8, loss=d.loss,
+                         teacher_column=d.teacher_column, growth=d.growth,
                          eval_data=eval_data if day is not None else None)
 
     if day is not None:

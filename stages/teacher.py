@@ -59,12 +59,13 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
     from lrm.data.schema import day_files
     from lrm.exfm import fm
     from lrm.exfm.schedule import schedule
+    from lrm.fp8.dispatch import transform
     from lrm.train import build_job
-    from lrm.train import days as carried
 
-    job = build_job("teacher", train=with_overrides(base, cfg.train, "teacher.train"),
-                    model=ModelConfig(tables=tables, teacher=model), data=data,
-                    loader=loader, checkpoint=checkpoint, plan=plan)
+    train = with_overrides(base, cfg.train, "teacher.train")
+    job = build_job("teacher", train=train, model=ModelConfig(tables=tables, teacher=model),
+                    data=data, loader=loader, checkpoint=checkpoint, plan=plan,
+                    transform=transform(train.fp8, "teacher"))
     log_fn = tracking.log_metrics if tracking.active() else None
     if carry:  # one version, as the stream trains it
         if not days or eval_day is None:
@@ -98,7 +99,7 @@ def _one_version(cfg: TeacherStageConfig, job: Any, data: Path, days: list[int],
                  tracking_cfg: TrackingConfig, log_fn: Any, defer: bool) -> dict[str, Any]:
     from lrm.config import SplitConfig as Split
     from lrm.train import days as carried
-    from lrm.train.export import CARD, model_hash
+    from lrm.models.saved import CARD, model_hash
 
     if eval_day in carried.finished(checkpoints) and (out / CARD).is_file():
         m: dict[str, Any] = {"kind": "teacher", "train": {"skipped": True}}  # a run that

@@ -46,6 +46,7 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> dict[str, Any]:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
+    from lrm.fp8.dispatch import transform
     from lrm.train import build_job
     from lrm.train import train as train_model
 
@@ -54,7 +55,8 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
     job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
                     data=data, split=split, loader=loader, checkpoint=checkpoint,
                     checkpoints=checkpoints, start="resume" if resume else "fresh",
-                    eval_data=eval_data, out=out, plan=plan, force=force)
+                    eval_data=eval_data, out=out, plan=plan,
+                    transform=transform(train.fp8, kind), force=force)
     result = train_model(job, log_fn=tracking.log_metrics if tracking.active() else None)
     if out is not None and tracking.active():
         from lrm.serving import pyfunc

@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 from lrm import registry
 from lrm.config import SplitConfig
 from lrm.errors import ConfigError
+from lrm.models.saved import WEIGHTS, load_model, read_card, save_model
 from lrm.serving import pyfunc
 from lrm.train import TrainJob, train
-from lrm.train.export import WEIGHTS, load_model, read_card, save_model
 from tests.conftest import LOADER, SMALL_MODEL, tiny_train
 
 pytestmark = pytest.mark.slow

@@ -38,10 +38,11 @@ from lrm.dist import quiet_libraries
 from lrm.exfm import fm
 from lrm.exfm import students as S
 from lrm.exfm.augment import augment_dataset, teacher_logits
+from lrm.exfm.distill import distillation
 from lrm.exfm.schedule import schedule
 from lrm.models.flops import flops_per_example
+from lrm.models.saved import load_model
 from lrm.train import build_job
-from lrm.train.export import load_model
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = {
@@ -162,11 +163,12 @@ def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
         cfg = dataclasses.replace(with_overrides(pc.train, pc.students.train), seed=seed)
 
         def job_for(vm: S.VerticalModel, variant: DistillConfig, data: Path) -> Any:
+            d = distillation(ModelConfig(tables=pc.model.tables,
+                                         student=pc.students.models[vm.size]), variant)
             return build_job("student", train=cfg,  # noqa: B023 (this seed's)
-                             model=ModelConfig(tables=pc.model.tables,
-                                               student=pc.students.models[vm.size]),
-                             data=data, loader=pc.loader, checkpoint=pc.checkpoint,
-                             distill=variant)
+                             model=d.model, data=data, loader=pc.loader,
+                             checkpoint=pc.checkpoint, loss=d.loss,
+                             teacher_column=d.teacher_column, growth=d.growth)
 
         results = {vm.name: S.train_vm(vm, pc.students.variants, job_for, sessions=sessions,
                                        augmented=augmented, days=days, first_served=served[0],

@@ -32,11 +32,11 @@ from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import read_schema
 from lrm.models import build_model
+from lrm.models.precision import autocast
 from lrm.sharding import parallel
 from lrm.dist import Dist, process_group, quiet_libraries
 from lrm.train.data import model_hash_sizes
 from lrm.train.graphs import graph_mlps
-from lrm.train.precision import autocast
 from lrm.train.guard import NonFiniteGuard
 from lrm.train.job import bce_loss
 from lrm.train.meter import Meter

@@ -57,8 +57,9 @@ from lrm.data.logs import ingest as logs
 from lrm.data.schema import day_files, read_schema
 from lrm.dist import process_group, quiet_libraries
 from lrm.models import embedding_tables, hash_sizes
+from lrm.models.saved import load_model
 from lrm import metrics
-from lrm.train import TrainJob, load_model, train
+from lrm.train import TrainJob, train
 from lrm.train.evaluate import predict
 
 ROOT = Path(__file__).resolve().parents[2]

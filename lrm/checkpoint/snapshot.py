@@ -39,8 +39,9 @@ import numpy as np
 import torch
 
 from lrm.checkpoint import compress, quantize
-from lrm.checkpoint.store import CheckpointError, Entry, load_tensors, save_tensors
+from lrm.checkpoint.store import CheckpointError, Entry, load_tensors
 from lrm.checkpoint.tables import TableShard, is_sharded
+from lrm.io import save_tensors
 
 ROWS_FILE = "rows-{rank}.pt"
 DENSE_FILE = "state.pt"

@@ -81,45 +81,6 @@ def temp_name(seq: int, step: int, nonce: str) -> str:
     return f".tmp-{final_name(seq, step)}-{nonce}"
 
 
-class _Hashing:
-    """A write-only file that hashes and counts what goes through it."""
-
-    def __init__(self, f: Any) -> None:
-        self.f, self.sha, self.size = f, hashlib.sha256(), 0
-        self.error: OSError | None = None  # the first failed write (torch hides it)
-
-    def write(self, b: bytes) -> int:
-        self.sha.update(b)
-        self.size += len(b)
-        try:
-            return self.f.write(b)
-        except OSError as e:
-            self.error = self.error or e
-            raise
-
-    def flush(self) -> None:
-        self.f.flush()
-
-
-def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, Any]:
-    """torch.save a flat {name: tensor} to `path`, fsynced; its {"bytes", "sha256"}.
-
-    A write that fails (a full disk) raises the OSError itself: torch's zip writer would
-    report it as `[enforce fail at inline_container.cc] unexpected pos`, which never says
-    why."""
-    with open(path, "wb") as f:
-        w = _Hashing(f)
-        try:
-            torch.save(dict(tensors), w)
-        except RuntimeError:
-            if w.error is not None:
-                raise w.error from None
-            raise
-        f.flush()
-        os.fsync(f.fileno())
-    return {"bytes": w.size, "sha256": w.sha.hexdigest()}
-
-
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """A file of save_tensors: weights-only (no pickle of objects), memory-mapped."""
     try:

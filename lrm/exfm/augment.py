@@ -2,7 +2,7 @@
 
     augment_dataset(teachers, src, dst, days)    data/sessions -> data/augmented
 
-For each requested day its teacher (a saved model folder, lrm.train.export: the one model
+For each requested day its teacher (a saved model folder, lrm.models.saved: the one model
 given, or per day the foundation model's version that served it, lrm.exfm.schedule) scores
 every impression of `src/day=D` and `dst/day=D/` receives the same files (same names, same
 session rows in the same order, every column as it was) plus `teacher_logit`, a
@@ -55,8 +55,8 @@ from lrm.data.dataset import Dataset
 from lrm.data.schema import LABEL, day_files, read_schema
 from lrm.errors import ConfigError, DataError
 from lrm.metrics import StreamingMetrics
+from lrm.models.saved import ModelCard, load_model, model_hash, read_card
 from lrm.progress import Reporter
-from lrm.train.export import ModelCard, load_model, model_hash, read_card
 
 log = logging.getLogger("lrm")
 
@@ -69,7 +69,7 @@ META_VERSION = b"lrm.teacher_version"
 class TeacherVersion:
     """Which teacher produced the logits: its content hash, and its registry version."""
 
-    hash: str  # "sha256:<hex>" of the saved model (lrm.train.export.model_hash)
+    hash: str  # "sha256:<hex>" of the saved model (lrm.models.saved.model_hash)
     registry: str | None = None  # e.g. "lrm-teacher/3" when known
 
     @property

@@ -13,8 +13,11 @@ Each part switches off in `DistillConfig` for ablation: `distill: false` is the 
 student (loss == serving BCE), `aux_head: false` distills into the serving head,
 `adapter: false` distills toward the raw teacher logit.
 
-`ExFMLoss` is a `loss_fn` for `lrm.train.loop.train`: (model, batch) -> (loss, serving
-log loss); the second is what the loop's meters report as the training NE.
+`ExFMLoss` is a training job's loss (lrm.train.job): (model, batch) -> (loss, serving log
+loss); the second is what the loop's meters report as the training NE. `distillation(model,
+cfg)` is everything a student of a variant hands `lrm.train.build_job`: its shape, its
+loss, the teacher's column and the parts it grows on a warm start (training knows nothing
+of ExFM).
 """
 
 from __future__ import annotations
@@ -26,9 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lrm.config import DistillConfig, StudentModelConfig
+from lrm.config import DistillConfig, ModelConfig, StudentModelConfig
 from lrm.data.batch import Batch
+from lrm.exfm.augment import TEACHER_COLUMN
 from lrm.models.exfm import ExFMStudent, StudentOutputs
+from lrm.train.job import Growth
+
+# the parts a student grows for its variant (lrm.models.exfm's module names): on a model
+# without them (the labels-only days before) they start fresh, everything else from it
+GROWN = ("aux_head.", "adapter.")
 
 
 @dataclass
@@ -45,6 +54,27 @@ def student_config(size: StudentModelConfig, cfg: DistillConfig) -> StudentModel
     """`size` with the parts `cfg` trains: an auxiliary head and/or an adapter."""
     return dataclasses.replace(size, aux_head=cfg.distill and cfg.aux_head,
                                adapter=cfg.distill and cfg.adapter)
+
+
+@dataclass(frozen=True)
+class Distillation:
+    """What a student of one variant hands lrm.train.build_job."""
+
+    model: ModelConfig  # the student's shape with the variant's heads and adapter
+    loss: ExFMLoss
+    teacher_column: str | None  # the teacher's logits in the data (None: labels only)
+    growth: Growth  # a warm start from the model without those parts grows them
+
+
+def distillation(model: ModelConfig, cfg: DistillConfig) -> Distillation:
+    """The student `model` trained as variant `cfg` (module docstring)."""
+
+    def grow(saved: ModelConfig) -> ModelConfig:
+        return dataclasses.replace(saved, student=student_config(saved.student, cfg))
+
+    return Distillation(model=grow(model), loss=ExFMLoss(cfg),
+                        teacher_column=TEACHER_COLUMN if cfg.distill else None,
+                        growth=Growth(GROWN, grow))
 
 
 def distill_target(out: StudentOutputs, batch: Batch, cfg: DistillConfig) -> torch.Tensor:
@@ -81,7 +111,7 @@ def exfm_loss(out: StudentOutputs, batch: Batch, cfg: DistillConfig) -> LossPart
 
 
 class ExFMLoss:
-    """`loss_fn` for lrm.train.loop.train: (model, batch) -> (loss, serving log loss).
+    """A training job's loss (lrm.train.job): (model, batch) -> (loss, serving log loss).
 
     Labels only and distillation on the serving head call the model plainly (any student
     works); with an auxiliary head or an adapter it calls `model(batch, all_heads=True)`

@@ -1,7 +1,7 @@
 """The foundation model's versions: trained one after another, each logging its days.
 
     FM/until=C/        version C: the FM trained on days [0, C) of every vertical
-                       (lrm.train.export's model folder)
+                       (lrm.models.saved's model folder)
     FM/versions.json   {"cuts": [...], "lag": L}: which version logs which day
                        (lrm.exfm.schedule)
 

@@ -4,9 +4,11 @@ A report (stage fp8_probe, lrm.fp8.report) lists per model a `plan`: the layers 
 GEMMs were safe (error) and faster (timed on the probing device), already checked as a
 whole not to make the model's training step slower. `dispatch(model, plan)` swaps exactly
 those layers (matched by name and shape) for FP8 ones sharing their parameters
-(lrm.fp8.linear.to_fp8); `transform(report, kind)` is the model transform lrm.train runs
-between building the model and sharding it (`train.fp8`); it also applies the model mods
-the report's settings switch on (lrm.fp8.mods: fp8.fuse_norm, fp8.bf16_residual).
+(lrm.fp8.linear.to_fp8); `transform(report, kind)` is the model transform (a model converter,
+as torchtitan's Float8) that whoever builds a training job hands it for `train.fp8`; the job
+runs it between building the model and sharding it. It also applies the model mods the
+report's settings switch on (lrm.fp8.mods: fp8.fuse_norm, fp8.bf16_residual), and names the
+layers that then run in FP8 (the run's card records them).
 """
 
 from __future__ import annotations
@@ -80,8 +82,15 @@ def dispatch(model: nn.Module, plan: Mapping[str, Mapping[str, Any]], *,
     return swapped
 
 
-def transform(report_path: Path | str, kind: str) -> Callable[[nn.Module], nn.Module] | None:
-    """lrm.train's `transform` for `train.fp8` ("" -> None: no FP8)."""
+def fp8_layers(model: nn.Module) -> list[str]:
+    """The layers of `model` that run in FP8, in module order."""
+    return [n for n, m in model.named_modules() if is_fp8(m)]
+
+
+def transform(report_path: Path | str, kind: str
+              ) -> Callable[[nn.Module], tuple[nn.Module, list[str]]] | None:
+    """A training job's transform for `train.fp8` (lrm.train.job; "" -> None: no FP8): the
+    model with its planned layers in FP8 and the report's mods, and its FP8 layers."""
     if not str(report_path):
         return None
     report = read_report(Path(report_path))
@@ -91,7 +100,7 @@ def transform(report_path: Path | str, kind: str) -> Callable[[nn.Module], nn.Mo
                  report_path, kind, report.get("device", "the probing device"))
     backend = resolve_backend(settings.get("backend", "auto"))
 
-    def apply(model: nn.Module) -> nn.Module:
+    def apply(model: nn.Module) -> tuple[nn.Module, list[str]]:
         swapped = dispatch(model, plan, recipe=settings.get("recipe", "tensorwise"),
                            backend=backend, compile=settings.get("compile", True))
         log.info("fp8: %d layer(s) of the %s in FP8 (%s)%s", len(swapped), kind, backend,
@@ -99,9 +108,9 @@ def transform(report_path: Path | str, kind: str) -> Callable[[nn.Module], nn.Mo
         modded = apply_mods(model, settings)
         if modded:
             log.info("fp8: mods on the %s: %s", kind, ", ".join(modded))
-        return model
+        return model, fp8_layers(model)
 
     return apply
 
 
-__all__ = ["FORMAT", "dispatch", "plan_for", "read_report", "transform"]
+__all__ = ["FORMAT", "dispatch", "fp8_layers", "plan_for", "read_report", "transform"]

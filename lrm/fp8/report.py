@@ -41,9 +41,9 @@ from lrm.fp8.formats import RECIPES
 from lrm.fp8.linear import resolve_backend
 from lrm.fp8.probe import Probe, safety
 from lrm.fp8.speed import fast_fp8, median_ms, precision, time_linear
+from lrm.models.precision import autocast
+from lrm.models.saved import load_model
 from lrm.progress import Reporter
-from lrm.train.precision import autocast
-from lrm.train.export import load_model
 
 log = logging.getLogger("lrm")
 CHECK_BATCHES = 3  # real batches a whole-model step is timed on

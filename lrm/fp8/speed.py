@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from lrm.fp8.linear import to_fp8
-from lrm.train.precision import autocast
+from lrm.models.precision import autocast
 
 WARMUP = 3  # untimed calls first (a compiled quantization compiles in the first)
 

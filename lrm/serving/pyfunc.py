@@ -1,7 +1,7 @@
 """The final model as an MLflow pyfunc: impressions in (a DataFrame), click probabilities out.
 
 A model fed KeyedJaggedTensors does not torch.export cleanly, so what MLflow logs is this
-wrapper over the plain model folder (lrm.train.export, artifact "model"), logged as code
+wrapper over the plain model folder (lrm.models.saved, artifact "model"), logged as code
 (`mlflow_model.py`, MLflow's models-from-code: nothing is pickled). Its input is the
 impressions layout's columns (session id, user-side ids and sequences, item-side ids,
 dense floats), each optional: a missing value is null and a missing column is missing
@@ -41,7 +41,7 @@ from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import DAY, LABEL, POSITION, SESSION, FeatureSchema, day_files, read_schema
 from lrm.errors import DataError
-from lrm.train.export import ModelCard, load_model, read_card
+from lrm.models.saved import ModelCard, load_model, read_card
 
 OUTPUT = "probability"
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")

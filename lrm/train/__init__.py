@@ -15,18 +15,17 @@
     early_stop.py  the best validated state kept, and restored at the end
     meter.py       loss, windowed NE, samples/s over every rank
     state.py       the train state a checkpoint carries, and per-step seeding
-    precision.py   bf16 autocast where the device has it
     evaluate.py    scoring a model on a held-out day
-    export.py      the final model folder (config JSON + plain state dict), its content hash
 
-The process group is lrm.dist's, sharding lrm.sharding's, checkpoints lrm.checkpoint's,
-the MLflow pyfunc lrm.serving's.
+The process group is lrm.dist's, sharding lrm.sharding's, checkpoints lrm.checkpoint's, the
+saved model folder and bf16 autocast lrm.models' (saved, precision), the MLflow pyfunc
+lrm.serving's. Training knows nothing of its callers: the ExFM students hand a job their
+loss, teacher column and grown parts, FP8 its layer transform (lrm.exfm.distill,
+lrm.fp8.dispatch).
 """
 
 from lrm.train.evaluate import evaluate
-from lrm.train.export import ModelCard, load_model, save_model
 from lrm.train.job import TrainJob, build_job
 from lrm.train.loop import NonFiniteLossError, TrainResult, train
 
-__all__ = ["ModelCard", "NonFiniteLossError", "TrainJob", "TrainResult", "build_job",
-           "evaluate", "load_model", "save_model", "train"]
+__all__ = ["NonFiniteLossError", "TrainJob", "TrainResult", "build_job", "evaluate", "train"]

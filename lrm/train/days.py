@@ -4,7 +4,7 @@ student) and the stream's models (teacher and students) alike.
 
     CHAIN/day=D/          day D's checkpoints (lrm.checkpoint's chain format): a run of D
                           that stopped goes on from them, bit for bit
-    CHAIN/day=D/model/    day D's model (lrm.train.export): what day D + 1 starts from
+    CHAIN/day=D/model/    day D's model (lrm.models.saved): what day D + 1 starts from
     CHAIN/day=D/_done.json   written once the model is saved: the day is over
 
 Day D is a warm start (lrm.train.job) from the model of the newest finished day before it:

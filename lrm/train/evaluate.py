@@ -26,10 +26,10 @@ from lrm import metrics
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import day_files, pick_day, read_schema
-from lrm.errors import ConfigError
-from lrm.progress import Reporter
 from lrm.dist import quiet_libraries
-from lrm.train.export import load_model
+from lrm.errors import ConfigError
+from lrm.models.saved import load_model
+from lrm.progress import Reporter
 
 
 @torch.no_grad()

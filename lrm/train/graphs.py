@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lrm.train.precision import autocast
+from lrm.models.precision import autocast
 
 _PLAIN = (nn.Linear, nn.ReLU)
 

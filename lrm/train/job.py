@@ -4,9 +4,15 @@ Every place that trains (the train, teacher and student stages, the ExFM student
 the stream's models) builds a `TrainJob` with `build_job` and runs it with
 `lrm.train.train(job)`. The job holds everything the run needs: the model's kind and shape,
 the training, split, loader and checkpoint configs, the data and the held-out data, the loss,
-how the run starts, and the sharding plan and FP8 dispatch, both resolved from their files
-by `build_job` (so `train.fp8` and a plan are honoured wherever a model trains: no caller
-can forget either).
+how the run starts, the sharding plan (resolved from its file by `build_job`) and the
+model's transform.
+
+Training knows nothing of its callers: what a kind of run adds, its caller hands the job.
+FP8 is a transform applied between building the model and sharding it (lrm.fp8.dispatch,
+like torchtitan's Float8 model converter, which no trainer component resolves); a job whose
+`train.fp8` names a report is refused without one, so no caller can forget it. An ExFM
+student (lrm.exfm.distill) hands its model shape, its loss, the teacher's column and the
+parts it grows on a warm start.
 
 How a run starts (`Start`):
 
@@ -32,7 +38,6 @@ from torch import nn
 from lrm.config import (
     MODEL_KINDS,
     CheckpointConfig,
-    DistillConfig,
     LoaderConfig,
     ModelConfig,
     SplitConfig,
@@ -43,10 +48,21 @@ from lrm.errors import ConfigError
 
 # (model, batch) -> (loss to minimize, serving-head log loss: what the meters report)
 LossFn = Callable[[nn.Module, Batch], tuple[torch.Tensor, torch.Tensor]]
-# model -> model, between building it and sharding it (lrm.fp8's dispatch)
-Transform = Callable[[nn.Module], nn.Module]
+# model -> (the model, the names of the layers it converted), between building the model and
+# sharding it (lrm.fp8.dispatch's FP8 transform)
+Transform = Callable[[nn.Module], tuple[nn.Module, list[str]]]
 Start = Literal["fresh", "warm", "resume"]
 STARTS: tuple[Start, ...] = ("fresh", "warm", "resume")
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What a warm start may add to the model it starts from (an ExFM student's auxiliary head
+    and adapter: lrm.exfm.distill): a saved model whose config `grow` turns into the job's
+    starts it, its parameters under `prefixes` starting fresh."""
+
+    prefixes: tuple[str, ...]
+    grow: Callable[[ModelConfig], ModelConfig]
 
 
 def bce_loss(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,9 +88,10 @@ class TrainJob:
     eval_data: Path | None = None  # read the held-out day from here instead of `data`
     out: Path | None = None  # the final model folder (rank 0 writes it)
     plan: Any = None  # a torchrec ShardingPlan (None: lrm.sharding's default)
-    transform: Transform | None = None  # FP8 dispatch (None: no FP8)
+    transform: Transform | None = None  # the FP8 transform (lrm.fp8.dispatch; None: none)
     loss: LossFn = bce_loss
     teacher_column: str | None = None  # read into batch.teacher_logits (augmented data)
+    growth: Growth | None = None  # what a warm start may add to its model (None: nothing)
     info: Mapping[str, Any] = field(default_factory=dict)  # more for the model card
     force: bool = False  # a fresh start may remove another run's checkpoints
 
@@ -89,6 +106,10 @@ class TrainJob:
         if self.start == "resume" and self.checkpoints is None:
             raise ConfigError("train: a resume start needs the checkpoint folder it starts "
                               "from")
+        if self.train.fp8 and self.transform is None:
+            raise ConfigError(f"train.fp8: {self.train.fp8} names a probe report, but the job "
+                              f"has no transform to apply it (hand build_job "
+                              f"lrm.fp8.dispatch.transform(train.fp8, kind))")
 
     def but(self, **changes: Any) -> TrainJob:
         """This job with some fields changed (e.g. the next day's split and out)."""
@@ -101,29 +122,18 @@ def build_job(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
               start: Start = "fresh", init_from: Path | None = None,
               eval_data: Path | None = None, out: Path | None = None,
               plan: Path | None = None, plan_entry: str | None = None,
-              distill: DistillConfig | None = None,
+              transform: Transform | None = None, loss: LossFn = bce_loss,
+              teacher_column: str | None = None, growth: Growth | None = None,
               info: Mapping[str, Any] | None = None, force: bool = False) -> TrainJob:
     """The one way a training job is made.
 
     plan: a sharding plan file (stage shard_plan), its entry `plan_entry` (default: the
-    kind) resolved to a torchrec plan for this model, data and device. `train.fp8`: a probe
-    report whose safe-and-fast layers the model runs in FP8 (lrm.fp8.dispatch).
-    distill: an ExFM student's variant (lrm.exfm.distill): its heads, its loss and the
-    teacher's logits as a column of the data.
+    kind) resolved to a torchrec plan for this model, data and device. transform: the FP8
+    transform of `train.fp8` (lrm.fp8.dispatch.transform). loss, teacher_column, growth:
+    what an ExFM student's variant trains with (lrm.exfm.distill.Distillation.job_args).
     """
-    from lrm.exfm.augment import TEACHER_COLUMN
-    from lrm.exfm.distill import ExFMLoss, student_config
-    from lrm.fp8.dispatch import transform
     from lrm.sharding.plan import training_plan
 
-    loss: LossFn = bce_loss
-    column = None
-    if distill is not None:
-        if kind != "student":
-            raise ConfigError(f"train: only a student distills (got a {kind})")
-        model = dataclasses.replace(model, student=student_config(model.student, distill))
-        loss = ExFMLoss(distill)
-        column = TEACHER_COLUMN if distill.distill else None
     sharding = None if plan is None else training_plan(
         Path(plan), plan_entry or kind, kind=kind, model_cfg=model, data=Path(data),
         device=train.device)
@@ -131,8 +141,10 @@ def build_job(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
                     split=split or SplitConfig(), loader=loader or LoaderConfig(),
                     checkpoint=checkpoint or CheckpointConfig(), checkpoints=checkpoints,
                     start=start, init_from=init_from, eval_data=eval_data, out=out,
-                    plan=sharding, transform=transform(train.fp8, kind), loss=loss,
-                    teacher_column=column, info=dict(info or {}), force=force)
+                    plan=sharding, transform=transform, loss=loss,
+                    teacher_column=teacher_column, growth=growth, info=dict(info or {}),
+                    force=force)
 
 
-__all__ = ["STARTS", "LossFn", "Start", "TrainJob", "Transform", "bce_loss", "build_job"]
+__all__ = ["STARTS", "Growth", "LossFn", "Start", "TrainJob", "Transform", "bce_loss",
+           "build_job"]

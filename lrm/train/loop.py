@@ -5,7 +5,7 @@ three parts, read top to bottom:
 
     build    look at the data once (rows and CTR, distinct hashed ids, the split) -> fit the
              schedule and hashed tables -> the model (tables on meta), head bias at
-             logit(train CTR) -> [FP8 dispatch] -> shard it (DMP, the job's plan) -> fused
+             logit(train CTR) -> [the job's transform: FP8] -> shard it (DMP, the job's plan) -> fused
              Adagrad (tables) + fused AdamW (dense) [+ the dense weights' moving average,
              lrm.train.average] -> the loaders -> [the checkpoint it starts from: a resume]
     run      steps (torchrec's TrainPipelineSparseDist; one process on a GPU: each step one
@@ -21,7 +21,7 @@ is what every evaluation scores, what validation copies as a best state and what
 saves; the steps and the checkpoints' model part are the trained weights.
 
 The loss is `job.loss(model, batch)` (default: log loss of the logits; an ExFM student's is
-its distillation loss, lrm.exfm.distill). A step consumes the same impressions whatever the
+its distillation loss, handed by lrm.exfm.distill). A step consumes the same impressions whatever the
 number of processes (lrm.train.data). Inside a step the host never waits for the device:
 the loss and the meters stay there, and a non-finite loss is caught on the device, its
 update skipped (lrm.train.guard); the run stops with NonFiniteLossError at the next log
@@ -34,7 +34,6 @@ checkpointed position, so it reproduces the uninterrupted run bit for bit.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -54,6 +53,8 @@ from lrm.data.batch import Batch
 from lrm.dist import Dist, intra_op_threads, loader_workers, process_group, quiet_libraries
 from lrm.errors import ConfigError, DataError
 from lrm.models import build_model
+from lrm.models.precision import autocast
+from lrm.models.saved import ModelCard, load_weights, read_card, save_model
 from lrm.progress import Reporter
 from lrm.sharding import parallel
 from lrm.train import schedule as schedules
@@ -62,12 +63,10 @@ from lrm.train.data import EpochStream, TrainData, fit_tables, loaders, model_ha
     per_rank_batch, run_identity
 from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import scored
-from lrm.train.export import ModelCard, load_weights, read_card, save_model
 from lrm.train.graphs import graph_mlps
 from lrm.train.guard import NonFiniteGuard, NonFiniteLossError
 from lrm.train.job import TrainJob
 from lrm.train.meter import Meter
-from lrm.train.precision import autocast
 from lrm.train.state import TrainState, seed_step
 from lrm.train.step_graph import EAGER_STEPS, GraphSteps, unsupported
 from lrm.train.steps import LrSchedule, StepRunner, Steps, compile_dense, dense_optimizer, \
@@ -159,9 +158,9 @@ class _Run:
                             device="meta", dense_device=env.device)
         model.init_output_bias(data.stats.ctr)  # type: ignore[operator]
         self.sizes = model_hash_sizes(model)
+        self.fp8: list[str] = []  # the layers the job's transform converted (to FP8)
         if job.transform is not None:
-            model = job.transform(model)
-        self.fp8 = _fp8_layers(model)
+            model, self.fp8 = job.transform(model)
         if cfg.compile:
             log.info("train %s: compiled %s", kind, compile_dense(model, env.device))
         elif cfg.cuda_graphs and (graphed := graph_mlps(
@@ -170,7 +169,7 @@ class _Run:
         self.dmp = parallel.shard(model, env, embedding_lr=cfg.embedding_lr, seed=cfg.seed,
                                   plan=job.plan)
         if job.init_from is not None:
-            _warm_start(self.dmp, job.init_from, kind, job.model, self.sizes)
+            _warm_start(self.dmp, job, self.sizes)
         # the dense weights' average (train.ema_decay), from the weights the run starts with
         self.average = DenseAverage(dense_parameters(self.dmp), cfg.ema_decay) \
             if cfg.ema_decay else None
@@ -431,46 +430,36 @@ def _scalar(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _fp8_layers(model: nn.Module) -> list[str]:
-    """The layers of `model` that run in FP8 (what the job's transform dispatched)."""
-    from lrm.fp8.linear import is_fp8
-
-    return [n for n, m in model.named_modules() if is_fp8(m)]
-
-
-# an ExFM student may grow the parts its distillation trains (lrm.models.exfm) on a model
-# without them: they start fresh, everything else from the model (lrm.exfm.students)
-_GROWN = ("aux_head.", "adapter.")
+def _grows(then: ModelConfig, job: TrainJob) -> bool:
+    """Whether the job's model is a saved model's (`then`) with the parts its growth adds
+    (an ExFM student's auxiliary head or adapter: lrm.exfm.distill)."""
+    return job.growth is not None and then != job.model and job.growth.grow(then) == job.model
 
 
-def _grows(then: ModelConfig, now: ModelConfig) -> bool:
-    """Whether `now` is `then` with an ExFM student's auxiliary head or adapter added."""
-    plain = {"aux_head": False, "adapter": False}
-    return (then.student.aux_head <= now.student.aux_head
-            and then.student.adapter <= now.student.adapter and then != now
-            and dataclasses.replace(then, student=dataclasses.replace(then.student, **plain))
-            == dataclasses.replace(now, student=dataclasses.replace(now.student, **plain)))
-
-
-def _warm_start(dmp: nn.Module, path: Path, kind: str, model_cfg: ModelConfig,
-                sizes: dict[str, int]) -> None:
+def _warm_start(dmp: nn.Module, job: TrainJob, sizes: dict[str, int]) -> None:
     """Load a saved model's weights (plain tensors) into the sharded model."""
+    path, kind = job.init_from, job.kind
+    assert path is not None
     card = read_card(path)
-    grown = kind == "student" and card.kind == kind and _grows(card.model, model_cfg)
-    if card.kind != kind or card.hash_sizes != sizes or (card.model != model_cfg
+    grown = card.kind == kind and _grows(card.model, job)
+    if card.kind != kind or card.hash_sizes != sizes or (card.model != job.model
                                                           and not grown):
         raise ConfigError(f"init_from {path}: a {card.kind} with another config or table "
                           f"sizes than this {kind}; it cannot start this run")
     weights = load_weights(path)
-    # DMP renames the keys of the dict it is given
-    missing, unexpected = dmp.load_state_dict(dict(weights), strict=not grown)
-    fresh = [k for k in missing if not any(p in k for p in _GROWN)]
+    # the keys compared here: a load that is not strict reports none (torch's
+    # _load_from_state_dict lists missing and unexpected keys only when strict)
+    have = set(dmp.state_dict())
+    missing = [k for k in have if k not in weights]
+    unexpected = [k for k in weights if k not in have]
+    prefixes = job.growth.prefixes if job.growth is not None and grown else ()
+    fresh = [k for k in missing if not k.startswith(prefixes)]
     if fresh or unexpected:
         raise ConfigError(f"init_from {path}: its weights do not fit this {kind} (missing "
-                          f"{fresh[:3]}, unexpected {list(unexpected)[:3]})")
+                          f"{sorted(fresh)[:3]}, unexpected {unexpected[:3]})")
+    dmp.load_state_dict(dict(weights), strict=not grown)  # DMP renames the keys it is given
     log.info("started from the weights of %s%s", path,
-             f" (the ExFM parts it grows start fresh: {len(missing)} tensors)" if missing
-             else "")
+             f" (the parts it grows start fresh: {len(missing)} tensors)" if missing else "")
 
 
 def _evaluate(model: nn.Module, batches: Iterable[Batch], env: Dist, *,

@@ -18,8 +18,8 @@ from flows.cli import app
 
 from lrm.checkpoint import CheckpointManager, compress, quantize
 from lrm.checkpoint.snapshot import Snapshot, restore_dense, write_dense
-from lrm.checkpoint.store import CheckpointError, Entry, Store, load_tensors, manifest_digest, \
-    save_tensors
+from lrm.checkpoint.store import CheckpointError, Entry, Store, load_tensors, manifest_digest
+from lrm.io import save_tensors
 from tests.checkpoint.conftest import CFG, ID, NAMES, build, tables_and_state
 
 

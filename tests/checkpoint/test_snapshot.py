@@ -11,8 +11,9 @@ import torch
 from lrm.checkpoint import quantize
 from lrm.checkpoint.snapshot import Piece, _decode_ids, _encode_ids, piece_bytes, \
     restore_tables
-from lrm.checkpoint.store import CheckpointError, Entry, save_tensors
+from lrm.checkpoint.store import CheckpointError, Entry
 from lrm.checkpoint.tables import TableShard
+from lrm.io import save_tensors
 
 
 def _piece(r0: int, r1: int, ids: list[int]) -> Piece:

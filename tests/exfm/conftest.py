@@ -9,8 +9,8 @@ import torch
 from lrm.config import ModelConfig, TableConfig, TeacherModelConfig
 from lrm.data.schema import read_schema
 from lrm.models import build_model
+from lrm.models.saved import ModelCard, save_model
 from lrm.train.data import model_hash_sizes
-from lrm.train.export import ModelCard, save_model
 
 TINY_TEACHER = ModelConfig(
     tables=TableConfig(max_rows=5000),

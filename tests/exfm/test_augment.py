@@ -20,9 +20,8 @@ from lrm.data.schema import day_files
 from lrm.errors import ConfigError, DataError
 from lrm.exfm import augment
 from lrm.exfm.augment import MANIFEST, META_VERSION, TEACHER_COLUMN, augment_dataset
-from lrm.train.export import model_hash
+from lrm.models.saved import load_model, model_hash
 from lrm.train.evaluate import predict
-from lrm.train.export import load_model
 from lrm.data import parquet
 from tests.data.test_parquet import assert_names, corrupt
 from tests.exfm.conftest import random_teacher

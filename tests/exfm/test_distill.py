@@ -12,7 +12,8 @@ from lrm.config import DistillConfig, ModelConfig, StudentModelConfig
 from lrm.data.batch import Batch
 from lrm.models import build_model
 from lrm.models.exfm import StudentOutputs
-from lrm.exfm.distill import ExFMLoss, distill_target, exfm_loss, student_config
+from lrm.exfm.distill import ExFMLoss, distill_target, distillation, exfm_loss, \
+    student_config
 from tests.models.conftest import VOCAB, make_batches
 
 SIZE = StudentModelConfig(embedding_dim=8, bottom_mlp=[16], top_mlp=[32, 16])
@@ -122,3 +123,42 @@ def test_config_validation():
         DistillConfig(weight=-1.0)
     off = DistillConfig(distill=False)  # labels only: no part is built or trained
     assert not off.aux_head and not off.adapter
+
+
+def test_a_variant_grows_its_parts_on_the_labels_only_model(datasets, student_dir, tmp_path):
+    """A variant's job goes on from the labels-only model (lrm.exfm.students): the weights it
+    shares carried over, only its auxiliary head and adapter fresh. Plant: growth=None in
+    `distillation` (refused), or no GROWN prefixes (its fresh parts refused)."""
+    from lrm.errors import ConfigError
+    from lrm.exfm.augment import augment_dataset
+    from lrm.models.saved import load_model, read_card
+    from lrm.train import build_job, train
+    from tests.conftest import LOADER, tiny_train
+    from tests.exfm.conftest import random_teacher
+
+    aug = tmp_path / "aug"
+    augment_dataset(random_teacher(datasets["sessions"], tmp_path / "fm"), datasets["sessions"],
+                    aug, batch_size=1024)
+    labels = read_card(student_dir).model
+    d = distillation(labels, DistillConfig())
+    assert d.model.student.aux_head and d.model.student.adapter
+    assert d.teacher_column == "teacher_logit" and isinstance(d.loss, ExFMLoss)
+    still = dict(lr=1e-12, embedding_lr=1e-12)  # the shared weights must come over as they are
+    job = build_job("student", train=tiny_train(steps=2, **still), model=d.model, data=aug,
+                    loader=LOADER, start="warm", init_from=student_dir, loss=d.loss,
+                    teacher_column=d.teacher_column, growth=d.growth, out=tmp_path / "grown")
+    train(job)
+    before, _ = load_model(student_dir)
+    after, card = load_model(tmp_path / "grown")
+    assert card.model == d.model
+    grown = {k for k in after.state_dict() if k not in before.state_dict()}
+    assert grown and all(k.startswith(("aux_head.", "adapter.")) for k in grown)
+    for k, v in before.state_dict().items():
+        torch.testing.assert_close(after.state_dict()[k], v, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="another config"):  # no growth: another model
+        train(job.but(growth=None, out=tmp_path / "refused"))
+    with pytest.raises(ConfigError, match="do not fit"):  # grown parts not named fresh
+        train(job.but(growth=dataclasses.replace(d.growth, prefixes=()),
+                      out=tmp_path / "refused"))
+    plain = distillation(labels, DistillConfig(distill=False))  # labels only: nothing grows
+    assert plain.model == labels and plain.teacher_column is None

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from lrm.checkpoint import CheckpointError, Store
-from lrm.checkpoint import store as ck_store
+from lrm import io as lrm_io
 from lrm.config import CheckpointConfig
 from lrm.train import TrainJob, train
 from tests.conftest import REPO
@@ -118,7 +118,7 @@ def test_a_full_disk_during_a_checkpoint_stops_training_in_one_line(datasets, tm
                     _fill(fs, leave=64 << 10)  # less than a checkpoint of this model
 
         if not mounted:
-            real = ck_store._Hashing.write
+            real = lrm_io._Hashing.write
 
             def write(self, b):
                 if full["now"]:
@@ -127,7 +127,7 @@ def test_a_full_disk_during_a_checkpoint_stops_training_in_one_line(datasets, tm
                     raise self.error
                 return real(self, b)
 
-            monkeypatch.setattr(ck_store._Hashing, "write", write)
+            monkeypatch.setattr(lrm_io._Hashing, "write", write)
         with pytest.raises(CheckpointError) as err:
             train(TrainJob(kind="student", train=tiny_train(steps=12, log_every=1),
                            model=SMALL_MODEL, data=datasets["sessions"], loader=LOADER,

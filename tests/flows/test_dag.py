@@ -104,6 +104,10 @@ FORBIDDEN = {  # package -> module prefixes it must never import
     "lrm/data": ("lrm.models", "lrm.train", "lrm.exfm", "lrm.checkpoint", "lrm.sharding",
                  "lrm.serving", "lrm.fp8", "torchrec.distributed"),
     "lrm/models": ("lrm.train", "lrm.checkpoint", "lrm.exfm.students", "lrm.serving"),
+    # training knows nothing of its callers: ExFM hands a job its loss, column and grown
+    # parts, FP8 its transform (lrm.train.job)
+    "lrm/train": ("lrm.exfm", "lrm.fp8", "lrm.registry", "lrm.serving", "lrm.streaming"),
+    "lrm/fp8": ("lrm.train", "lrm.exfm", "lrm.registry", "lrm.streaming"),  # beside the models
     "stagekit": ("stages", "flows", "dvc", "prefect"),
     "stages": ("flows", "prefect"),
 }

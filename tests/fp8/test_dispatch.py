@@ -14,8 +14,8 @@ from lrm.errors import ConfigError, DataError
 from lrm.fp8 import dispatch as D
 from lrm.fp8.linear import Fp8Linear
 from lrm.models import build_model
+from lrm.models.saved import load_model, read_card
 from lrm.train import TrainJob, train
-from lrm.train.export import load_model
 from tests.conftest import LOADER, SMALL_MODEL, tiny_train
 
 
@@ -66,8 +66,9 @@ def test_transform_reads_the_report_and_bad_reports_are_clear_errors(tmp_path, s
         D.transform(bad, "student")
     good = tmp_path / "r.json"
     good.write_text(json.dumps(_report({"top.2": (32, 16)})))
-    model = D.transform(good, "student")(student)
+    model, layers = D.transform(good, "student")(student)
     assert isinstance(model.top[2], Fp8Linear) and not isinstance(model.top[0], Fp8Linear)
+    assert layers == ["top.2"]  # what the run's card records
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -81,15 +82,16 @@ def test_a_tiny_model_trains_with_the_fp8_plan_on_cpu(datasets, tmp_path, monkey
     monkeypatch.setattr(Fp8Linear, "forward", lambda self, x: calls.append(1) or
                         forward(self, x))
 
-    def fp8(model: nn.Module) -> nn.Module:
-        model = D.transform(report, "student")(model)
+    def fp8(model: nn.Module) -> tuple[nn.Module, list[str]]:
+        model, layers = D.transform(report, "student")(model)
         seen.append([n for n, m in model.named_modules() if isinstance(m, Fp8Linear)])
-        return model
+        return model, layers
 
     out = tmp_path / "model"
     res = train(TrainJob(kind="student", train=tiny_train(steps=6), model=SMALL_MODEL,
                          data=datasets["sessions"], loader=LOADER, out=out, transform=fp8))
-    assert seen == [["top.2", "head"]]
+    assert seen == [["top.2", "head"]] and res.fp8 == ["top.2", "head"]
+    assert read_card(out).info["fp8"] == ["top.2", "head"]
     assert len(calls) >= 2 * 6  # both FP8 layers ran in every training step
     assert res.steps == 6 and math.isfinite(res.eval["ne"]) and res.eval["ne"] < 2
     model, _ = load_model(out)  # the saved weights load into the plain model

@@ -219,7 +219,7 @@ def test_transform_applies_the_mods_its_report_switches_on(teacher_and_batch, tm
     for on in (False, True):
         report["settings"].update(fuse_norm=on, bf16_residual=on)
         path.write_text(json.dumps(report))
-        model = D.transform(path, "teacher")(copy.deepcopy(plain))
+        model, _ = D.transform(path, "teacher")(copy.deepcopy(plain))
         assert isinstance(model.top[0], Fp8Linear)
         norms = [type(layer.norm) for layer in model.layers]
         assert norms == ([StreamLayerNorm, QuantizedLayerNorm] if on else [nn.LayerNorm] * 2)
@@ -234,8 +234,8 @@ def test_transform_applies_the_mods_its_report_switches_on(teacher_and_batch, tm
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_a_tiny_teacher_trains_with_both_mods_on_cpu(datasets, tmp_path, monkeypatch):
+    from lrm.models.saved import load_model
     from lrm.train import TrainJob, train
-    from lrm.train.export import load_model
     from tests.conftest import LOADER, tiny_train
 
     inputs = []
@@ -246,7 +246,7 @@ def test_a_tiny_teacher_trains_with_both_mods_on_cpu(datasets, tmp_path, monkeyp
     def fp8(model):
         _fp8_top_inplace(model)
         assert apply_mods(model, {"fuse_norm": True, "bf16_residual": True})
-        return model
+        return model, D.fp8_layers(model)
 
     res = train(TrainJob(kind="teacher", train=tiny_train(steps=4), model=TEACHER,
                          data=datasets["sessions"], loader=LOADER, out=tmp_path / "model",

@@ -93,7 +93,7 @@ def test_days_are_scored_each_and_pooled_with_intervals(datasets, model_dir, tmp
 
     from lrm import metrics
     from lrm.train.evaluate import _loader, predict
-    from lrm.train.export import load_model
+    from lrm.models.saved import load_model
 
     r = CliRunner().invoke(stage_app(stage.STAGE), [
         "--model-dir", str(model_dir), "--data", str(datasets["sessions"]), "--days", "1..2",

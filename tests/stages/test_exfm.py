@@ -23,7 +23,7 @@ import yaml
 from lrm.config import DedupConfig, GenerateConfig, VerticalConfig
 from lrm.data import dedup, synthetic
 from lrm.exfm.augment import TEACHER_COLUMN
-from lrm.train.export import model_hash
+from lrm.models.saved import model_hash
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow

@@ -105,7 +105,44 @@ def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkey
             self.head = torch.nn.Linear(64, 1)
 
     from lrm.fp8.linear import Fp8Linear
-    assert isinstance(seen["transform"](M()).head, Fp8Linear)
+    assert isinstance(seen["transform"](M())[0].head, Fp8Linear)
+
+
+@pytest.mark.parametrize("name", ["teacher", "student"])
+def test_the_exfm_stages_hand_their_jobs_the_fp8_transform(name, datasets, tmp_path,
+                                                           monkeypatch):
+    """`train.fp8` reaches the FM's and the students' jobs as well (lrm.train knows no FP8:
+    each caller hands the transform). Plant: drop `transform=` in stages/NAME.py."""
+    import dataclasses
+
+    import lrm.train
+    from lrm.fp8.dispatch import FORMAT
+    from stages import student, teacher
+
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"format": FORMAT, "models": {}, "settings": {}}))
+    p = ParamsConfig()
+    p = dataclasses.replace(p, train=dataclasses.replace(p.train, fp8=str(report)))
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_build_job(kind, **kw):
+        seen[kind] = kw.get("transform")
+        raise Stop
+
+    monkeypatch.setattr(lrm.train, "build_job", fake_build_job)
+    common = dict(base=p.train, checkpoint=p.checkpoint, loader=p.loader,
+                  tables=p.model.tables, data=datasets["sessions"], out=tmp_path / "out",
+                  checkpoints=tmp_path / "ck")
+    with pytest.raises(Stop):
+        if name == "teacher":
+            teacher.run(cfg=p.teacher, exfm=p.exfm, model=p.model.teacher,
+                        margin=p.registry.margin, tracking_cfg=p.tracking, **common)
+        else:
+            student.run(cfg=p.students, serving="labels_only", day=0, **common)
+    assert callable(seen[name if name == "teacher" else "student"])
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

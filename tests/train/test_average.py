@@ -84,7 +84,7 @@ def _run(datasets, tmp_path, name, cfg, **kw):
         held.append(model)
         seen.append({k: v.detach().clone() for k, v in model.named_parameters()
                      if not v.is_meta})  # where the run starts (the tables are not made yet)
-        return model
+        return model, []
 
     def log_fn(point, step):
         if "loss" in point:

@@ -14,8 +14,8 @@ import torch
 
 from lrm.config import CheckpointConfig, SplitConfig
 from lrm.errors import ConfigError
+from lrm.models.saved import WEIGHTS
 from lrm.train import TrainJob, days, train
-from lrm.train.export import WEIGHTS
 from lrm.train.job import bce_loss
 from tests.conftest import LOADER, SMALL_MODEL, tiny_train
 

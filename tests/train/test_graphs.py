@@ -19,10 +19,10 @@ from lrm.data.schema import read_schema, synthetic_schema
 from lrm.exfm.distill import ExFMLoss, student_config
 from lrm.fp8.linear import to_fp8
 from lrm.models import build_model
+from lrm.models.precision import autocast
 from lrm.train import TrainJob, train
 from lrm.train.graphs import graph_mlps, graphable
 from lrm.train.job import bce_loss
-from lrm.train.precision import autocast
 from tests.models.conftest import VOCAB, make_batches
 from tests.conftest import SMALL_MODEL, tiny_train
 

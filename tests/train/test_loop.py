@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, LrmError
 from lrm.metrics import normalized_entropy
-from lrm.train import NonFiniteLossError, TrainJob, evaluate, load_model, train
+from lrm.models.saved import load_model
+from lrm.train import NonFiniteLossError, TrainJob, evaluate, train
 from lrm.train.data import eval_batch
 from lrm.train.evaluate import predict
 from lrm.checkpoint import Store

@@ -1,4 +1,5 @@
-"""The final model folder: what evaluate, the MLflow pyfunc and later stages load.
+"""A saved model folder (a training run's final model, lrm.train): what evaluate, the MLflow
+pyfunc, FP8 probing, ExFM augmentation and the registry load.
 
     DIR/model.json      kind, schema, model config, hash sizes, training summary
     DIR/state_dict.pt   the unsharded state dict, plain CPU tensors (torch.save)
@@ -20,7 +21,6 @@ import torch
 from torch import nn
 
 from lrm import io
-from lrm.checkpoint.store import save_tensors
 from lrm.config import ModelConfig, from_dict
 from lrm.data.schema import FeatureSchema
 from lrm.errors import DataError, first_sentence
@@ -68,7 +68,7 @@ class ModelCard:
 def save_model(out: Path, card: ModelCard, state_dict: dict[str, torch.Tensor]) -> Path:
     """Write the model folder atomically; return `out`."""
     with io.atomic_dir(out) as tmp:  # (recorded as the stage running: lrm.io.running)
-        save_tensors({k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
+        io.save_tensors({k: v.detach().cpu().contiguous() for k, v in state_dict.items()},
                      tmp / WEIGHTS)  # a full disk raises the OSError, not torch's riddle
         (tmp / CARD).write_text(card.to_json() + "\n")
     return Path(out)

@@ -1,4 +1,4 @@
-"""The final model folder and its pyfunc wrapper (without an MLflow store)."""
+"""The saved model folder (lrm.models.saved) and its pyfunc wrapper (without an MLflow store)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from lrm.config import TrainConfig, from_dict
 from lrm.data import synthetic
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, DataError
-from lrm.train import load_model
-from lrm.train.export import CARD, read_card
+from lrm.models.saved import CARD, load_model, read_card
 from lrm.serving.pyfunc import OUTPUT, column_types, example_frame, input_columns, predict_frame
 from tests.conftest import SMALL_MODEL, TINY
 
