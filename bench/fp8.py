@@ -55,7 +55,6 @@ from lrm.config import (  # noqa: E402
     ModelConfig,
     SplitConfig,
     TrainConfig,
-    with_overrides,
 )
 from lrm.data import dedup, synthetic  # noqa: E402
 from lrm.data.loader import BatchLoader  # noqa: E402
@@ -328,7 +327,7 @@ def _teachers(data: Path, root: Path, params: Any, large: bool, dev: torch.devic
                                                  ROOT / "profiles/teacher_large.yaml"])
     for name, p in profiles.items():
         model, _ = load_model(root / name, dev)
-        out[name] = (model, with_overrides(p.train, p.teacher.train).batch_size,
+        out[name] = (model, p.train_for("teacher").batch_size,
                      name == "teacher" or dev.type == "cuda")
     return out
 

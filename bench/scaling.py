@@ -53,7 +53,6 @@ from lrm.config import (  # noqa: E402
     SplitConfig,
     TeacherModelConfig,
     from_dict,
-    with_overrides,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -171,7 +170,7 @@ def run(quick: bool, plot: Path) -> list[dict[str, Any]]:
     quiet_libraries()
     pc = _params(quick)
     grid = QUICK if quick else FULL
-    cfg = with_overrides(pc.train, pc.teacher.train)
+    cfg = pc.train_for("teacher")
     schema = synthetic.schema(pc.generate)
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="lrm-bench-scaling-") as tmp:

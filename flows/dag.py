@@ -272,7 +272,7 @@ def params_keys(stage: Stage, args: Mapping[str, Any]) -> list[str]:
     from lrm.config import section_type
 
     keys: list[str] = []
-    for key in stage.keys(args).values():
+    for key in stage.read_keys(args):
         tp = section_type(key)
         if "." not in key and dataclasses.is_dataclass(tp):
             keys += [f"{key}.{f.name}" for f in dataclasses.fields(tp)]

@@ -837,6 +837,21 @@ class StreamingConfig:
         _check(0 < self.holdout < 1, "holdout", "must be in (0, 1)")
 
 
+# the section whose `train` keys override `train` for each kind of model that trains: a
+# baseline student takes `train` as it is; the teacher (the FM and a baseline teacher) and the
+# ExFM students ("students") take their sections' overrides (ParamsConfig.train_for)
+TRAIN_OVERRIDES: dict[str, str | None] = {"student": None, "teacher": "teacher.train",
+                                          "students": "students.train"}
+
+
+def train_keys(kind: str) -> tuple[str, ...]:
+    """The params keys `ParamsConfig.train_for(kind)` reads (what a stage lists for DVC)."""
+    if kind not in TRAIN_OVERRIDES:
+        raise ConfigError(f"no training values for {kind!r}: one of {list(TRAIN_OVERRIDES)}")
+    over = TRAIN_OVERRIDES[kind]
+    return ("train",) if over is None else ("train", over)
+
+
 @dataclass(kw_only=True)
 class ParamsConfig:
     """The whole params.yaml: one field per section. Its defaults are the built-in values,
@@ -867,6 +882,13 @@ class ParamsConfig:
         for part in key.split("."):
             obj = getattr(obj, part)
         return obj
+
+    def train_for(self, kind: str) -> TrainConfig:
+        """The training values `kind` trains with (TRAIN_OVERRIDES): `train` under its
+        section's overrides. The one place they are applied: the stages take the result
+        (stagekit's `Stage.trains`), the stream checks a new day by it."""
+        _, *over = train_keys(kind)
+        return with_overrides(self.train, self.get(over[0]), over[0]) if over else self.train
 
 
 def section_type(key: str, root: type = ParamsConfig) -> type:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lrm.config import ParamsConfig
+from lrm.config import ParamsConfig, train_keys
 from lrm.errors import ConfigError
 
 Role = Literal["in", "out", "metrics", "summary", "plot", "state", "flag"]
@@ -30,6 +30,12 @@ def optional_inner(tp: Any) -> Any:
         if len(args) == 1:
             return args[0]
     return tp
+
+
+def _uncovered(keys: list[str]) -> list[str]:
+    """`keys` once each, in order, without those inside another (teacher.train: teacher)."""
+    keys = list(dict.fromkeys(keys))
+    return [k for k in keys if not any(k.startswith(p + ".") for p in keys)]
 
 
 def split_named(value: str | Path) -> tuple[str | None, Path]:
@@ -100,6 +106,8 @@ class Stage:
     headline: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     # the part of its metrics that heads a pipeline run (NE, AUC per model): on the
     # pipeline's parent MLflow run
+    trains: str | None = None  # the model whose training values fill run's `train`
+    # (ParamsConfig.train_for: "teacher", "students", or "{kind}" filled from args)
 
     @property
     def command_name(self) -> str:
@@ -202,18 +210,32 @@ class Stage:
         return {kw: key.format(**args) for kw, key in self.reads.items()}
 
     def configs(self, params: ParamsConfig, args: Mapping[str, Any]) -> dict[str, Any]:
-        return {kw: params.get(key) for kw, key in self.keys(args).items()}
+        """run's config keywords: each params key's value, and the training values of the
+        model it trains (`trains`) as `train`."""
+        out = {kw: params.get(key) for kw, key in self.keys(args).items()}
+        if self.trains is not None:
+            out["train"] = params.train_for(self.trains.format(**args))
+        return out
+
+    def read_keys(self, args: Mapping[str, Any]) -> list[str]:
+        """The dotted params keys a run with `args` reads."""
+        trained = train_keys(self.trains.format(**args)) if self.trains is not None else ()
+        return _uncovered([*trained, *self.keys(args).values()])
 
     def all_keys(self) -> list[str]:
         """Every params key the stage may read (each `{kind}` choice expanded)."""
-        out: list[str] = []
+        kinds = self._expanded(self.trains) if self.trains is not None else []
+        out = [k for kind in kinds for k in train_keys(kind)]
         for key in self.reads.values():
-            if "{" not in key:
-                out.append(key)
-                continue
-            name = key[key.index("{") + 1:key.index("}")]
-            out += [key.format(**{name: c}) for c in self.args[name].choices]
-        return list(dict.fromkeys(out))
+            out += self._expanded(key)
+        return _uncovered(out)
+
+    def _expanded(self, key: str) -> list[str]:
+        """`key`, or with a `{name}` in it, one key per choice of argument `name`."""
+        if "{" not in key:
+            return [key]
+        name = key[key.index("{") + 1:key.index("}")]
+        return [key.format(**{name: c}) for c in self.args[name].choices]
 
     def title(self, args: Mapping[str, Any]) -> str:
         """"train student": the stage and the arguments that tell its runs apart."""

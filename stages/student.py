@@ -11,7 +11,7 @@ its vertical: labels only until the foundation model first logs a day (the first
 `--data`), then in every variant of `students.variants` (labels only, distillation on the
 serving head, auxiliary head, auxiliary head + adapter: lrm.exfm.distill), each going on
 from that labels-only model (lrm.exfm.students). Training values are `train`'s with
-`students.train`'s overrides; tables are `model.tables`. The serving variant of each VM is
+`students.train`'s overrides (ParamsConfig.train_for); tables are `model.tables`. The serving variant of each VM is
 `registry.variant`, or with `auto` the variant with the lowest NE on the validation day (the
 evaluation day before the last), never one worse than labels only. Writes
 
@@ -46,7 +46,6 @@ from lrm.config import (
     StudentStageConfig,
     TableConfig,
     TrainConfig,
-    with_overrides,
 )
 from stagekit import Arg, Stage, main
 
@@ -54,7 +53,7 @@ NAME = "student"
 SERVING = "serving.json"  # in --out: VM -> {variant, vertical}
 
 
-def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
+def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
         tables: TableConfig, checkpoint: CheckpointConfig, serving: str,
         data: Path = Path("data/augmented"), sessions: Path = Path("data/sessions"),
         plan: Path | None = None, out: Path = Path("models/students"),
@@ -74,16 +73,15 @@ def run(*, cfg: StudentStageConfig, base: TrainConfig, loader: LoaderConfig,
     if serving != "auto" and serving not in cfg.variants:
         raise ConfigError(f"registry.variant: {serving!r} is neither auto nor one of "
                           f"students.variants {sorted(cfg.variants)}")
-    train_cfg = with_overrides(base, cfg.train, "students.train")
     log_fn = tracking.log_metrics if tracking.active() else None
     schema, _ = read_schema(sessions if day is None else data)
     vms = S.vertical_models(schema, list(cfg.models))
 
-    fp8 = transform(train_cfg.fp8, "student")
+    fp8 = transform(train.fp8, "student")
 
     def job_for(vm: S.VerticalModel, variant: DistillConfig, dataset: Path) -> Any:
         d = distillation(ModelConfig(tables=tables, student=cfg.models[vm.size]), variant)
-        return build_job("student", train=train_cfg, model=d.model, data=dataset,
+        return build_job("student", train=train, model=d.model, data=dataset,
                          loader=loader, checkpoint=checkpoint, plan=plan,
                          plan_entry=f"students.{vm.size}", transform=fp8, loss=d.loss,
                          teacher_column=d.teacher_column, growth=d.growth,
@@ -201,8 +199,8 @@ def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any
 
 
 STAGE = Stage(
-    name=NAME, run=run, short=("students",), label=("name",),
-    reads={"cfg": "students", "base": "train", "loader": "loader", "tables": "model.tables",
+    name=NAME, run=run, short=("students",), label=("name",), trains="students",
+    reads={"cfg": "students", "loader": "loader", "tables": "model.tables",
            "checkpoint": "checkpoint", "serving": "registry.variant"},
     args={"data": Arg("--data", "augmented dataset (the days the teacher logs)", "in"),
           "sessions": Arg("--sessions", "the sessions dataset (every day: the days before "

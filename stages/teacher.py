@@ -12,8 +12,8 @@ which version logs which day (`exfm.teacher_lag`: the FM lags the students). Eac
 scored on day C (the day after its last one, every vertical) and registered as a new version
 of `teacher.registry_name` (lrm-teacher), tagged with its content hash, as @challenger;
 @champion moves to it only when its NE beats the champion's on the same day by
-`registry.margin`. Training values are `train`'s with `teacher.train`'s overrides; the shape
-is `model.teacher` and `model.tables`.
+`registry.margin`. Training values are `train`'s with `teacher.train`'s overrides
+(ParamsConfig.train_for); the shape is `model.teacher` and `model.tables`.
 
 With `--days` and `--carry` it trains one version as the streaming flow does: the days given,
 carried on from the newest version in `--checkpoints` (one folder per version), scored on
@@ -36,14 +36,13 @@ from lrm.config import (
     TeacherStageConfig,
     TrackingConfig,
     TrainConfig,
-    with_overrides,
 )
 from stagekit import Arg, Stage, main
 
 NAME = "teacher"
 
 
-def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
+def run(*, cfg: TeacherStageConfig, train: TrainConfig, exfm: ExFMConfig,
         checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
         model: TeacherModelConfig, margin: float, tracking_cfg: TrackingConfig,
         data: Path = Path("data/sessions"),
@@ -62,7 +61,6 @@ def run(*, cfg: TeacherStageConfig, base: TrainConfig, exfm: ExFMConfig,
     from lrm.fp8.dispatch import transform
     from lrm.train import build_job
 
-    train = with_overrides(base, cfg.train, "teacher.train")
     job = build_job("teacher", train=train, model=ModelConfig(tables=tables, teacher=model),
                     data=data, loader=loader, checkpoint=checkpoint, plan=plan,
                     transform=transform(train.fp8, "teacher"))
@@ -130,8 +128,8 @@ def _register(cfg: TeacherStageConfig, folder: Path, data: Path, day: int, margi
 
 
 STAGE = Stage(
-    name=NAME, run=run, short=("teacher", "exfm"),
-    reads={"cfg": "teacher", "base": "train", "exfm": "exfm", "checkpoint": "checkpoint",
+    name=NAME, run=run, short=("teacher", "exfm"), trains="teacher",
+    reads={"cfg": "teacher", "exfm": "exfm", "checkpoint": "checkpoint",
            "loader": "loader", "tables": "model.tables", "model": "model.teacher",
            "margin": "registry.margin", "tracking_cfg": "tracking"},
     args={"data": Arg("--data", "dataset folder", "in"),

@@ -8,7 +8,9 @@ One process initializes a 1-rank gloo group itself; launched as several (lrm.lau
 torchrun across hosts) every process trains its share of each batch (gloo on CPU, nccl
 with one GPU per process); `--plan` places the tables as plans/sharding.json says (stage
 shard_plan, its entry KIND). Values come from params.yaml (`train`, `split`, `checkpoint`,
-`loader`, `model.tables`, `model.KIND`); every `--section.key` option overrides one.
+`loader`, `model.tables`, `model.KIND`; the teacher's training values are `train` under
+`teacher.train`'s overrides, ParamsConfig.train_for); every `--section.key` option overrides
+one.
 Periodic checkpoints go to `--checkpoints` (kept out of DVC's outputs); `--resume` goes on
 from the newest one; a run without it refuses a checkpoint folder holding another run's
 checkpoints (another --out) unless `--force`. Only rank 0 logs to MLflow (params, per-step
@@ -31,14 +33,13 @@ from lrm.config import (
     TableConfig,
     TeacherModelConfig,
     TrainConfig,
-    with_overrides,
 )
 from stagekit import Arg, Stage, main
 
 NAME = "train"
 
 
-def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig,
+def run(*, kind: str, train: TrainConfig, split: SplitConfig,
         checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
         model: StudentModelConfig | TeacherModelConfig, data: Path = Path("data/sessions"),
         plan: Path | None = None, out: Path | None = None, checkpoints: Path | None = None,
@@ -50,8 +51,6 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
     from lrm.train import build_job
     from lrm.train import train as train_model
 
-    if kind == "teacher":  # the teacher's own keys (teacher.train), as the FM trains with
-        train = with_overrides(train, teacher_train, "teacher.train")
     job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
                     data=data, split=split, loader=loader, checkpoint=checkpoint,
                     checkpoints=checkpoints, start="resume" if resume else "fresh",
@@ -69,8 +68,8 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
 
 
 STAGE = Stage(
-    name=NAME, run=run, short=("train", "split"), label=("kind",),
-    reads={"train": "train", "teacher_train": "teacher.train", "split": "split", "checkpoint": "checkpoint", "loader": "loader",
+    name=NAME, run=run, short=("train", "split"), label=("kind",), trains="{kind}",
+    reads={"split": "split", "checkpoint": "checkpoint", "loader": "loader",
            "tables": "model.tables", "model": "model.{kind}"},
     args={
         "kind": Arg("--model", "which model to train", choices=MODEL_KINDS),

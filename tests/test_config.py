@@ -89,6 +89,24 @@ def test_overrides_inherit_what_they_do_not_set():
         from_dict(TrainOverrides, {"lrr": 1}, "teacher.train")
 
 
+def test_train_for_applies_each_kinds_overrides_once_and_names_their_section():
+    """The one place a model's training values are resolved (stages and the stream take
+    them from here). Plant: return `train` for every kind, or drop the section name."""
+    p = from_dict(ParamsConfig, {"train": {"lr": 0.5, "batch_size": 64},
+                                 "teacher": {"train": {"lr": 0.25}},
+                                 "students": {"train": {"batch_size": 32}}}, "params")
+    assert (p.train_for("student").lr, p.train_for("student").batch_size) == (0.5, 64)
+    assert (p.train_for("teacher").lr, p.train_for("teacher").batch_size) == (0.25, 64)
+    assert (p.train_for("students").lr, p.train_for("students").batch_size) == (0.5, 32)
+    assert p.train.lr == 0.5  # `train` itself is left as it is
+    bad = dataclasses.replace(p, students=dataclasses.replace(
+        p.students, train=TrainOverrides(batch_size=0)))
+    with pytest.raises(ConfigError, match=r"^students\.train\.batch_size"):
+        bad.train_for("students")
+    with pytest.raises(ConfigError, match="one of"):
+        p.train_for("students-large")
+
+
 def test_a_bootstrap_too_small_for_a_95_percent_interval_is_refused():
     """`--bootstrap 1` printed [x, x] as a "95%" interval. Red with the floor dropped."""
     for n in (1, 39):

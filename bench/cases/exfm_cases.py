@@ -29,8 +29,7 @@ import torch
 import yaml
 
 from bench.common import emit
-from lrm.config import DedupConfig, DistillConfig, ModelConfig, ParamsConfig, from_dict, \
-    with_overrides
+from lrm.config import DedupConfig, DistillConfig, ModelConfig, ParamsConfig, from_dict
 from lrm.data import dedup, synthetic
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import day_files, read_schema
@@ -91,7 +90,7 @@ def world(quick: bool, fm_seeds: int = 1) -> Iterator[dict[str, Any]]:
         sched = schedule(list(day_files(root / "sessions")), pc.exfm)
         fms = []
         for k in range(fm_seeds):
-            train = dataclasses.replace(with_overrides(pc.train, pc.teacher.train), seed=k)
+            train = dataclasses.replace(pc.train_for("teacher"), seed=k)
             job = build_job("teacher", train=train, model=pc.model, data=root / "sessions",
                             loader=pc.loader, checkpoint=pc.checkpoint)
             t0 = time.perf_counter()
@@ -160,7 +159,7 @@ def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
     for seed in range(seeds):
         augmented = w["fms"][seed % len(w["fms"])]["augmented"]
         served = sorted(day_files(augmented))
-        cfg = dataclasses.replace(with_overrides(pc.train, pc.students.train), seed=seed)
+        cfg = dataclasses.replace(pc.train_for("students"), seed=seed)
 
         def job_for(vm: S.VerticalModel, variant: DistillConfig, data: Path) -> Any:
             d = distillation(ModelConfig(tables=pc.model.tables,

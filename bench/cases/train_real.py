@@ -50,7 +50,7 @@ import yaml
 from bench.cases.train_vs_torchrec import DIM, torchrec_batch, torchrec_dlrm
 from bench.common import emit
 from lrm.config import DedupConfig, GenerateConfig, IngestConfig, LogsConfig, ModelConfig, \
-    TableConfig, TeacherStageConfig, TrainConfig, with_overrides
+    ParamsConfig, TableConfig, TrainConfig
 from lrm.data import criteo, dedup
 from lrm.data.loader import BatchLoader
 from lrm.data.logs import ingest as logs
@@ -137,7 +137,7 @@ def _lrm(kind: str, data: Path, seed: int, out: Path) -> tuple[torch.Tensor, tor
     """(logits, labels) of the held-out (last) day from lrm's `kind` with the defaults."""
     cfg = TrainConfig(seed=seed, device="cpu")
     if kind == "teacher":  # as `lrm train --model teacher` trains it (teacher.train)
-        cfg = with_overrides(cfg, TeacherStageConfig().train)
+        cfg = ParamsConfig(train=cfg).train_for("teacher")
     train(TrainJob(kind=kind, train=cfg, model=ModelConfig(), data=data, out=out))
     model, card = load_model(out)
     days = list(day_files(data))

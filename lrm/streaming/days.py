@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lrm import io
-from lrm.config import DedupConfig, ParamsConfig, TableConfig, TrainConfig, with_overrides
+from lrm.config import DedupConfig, ParamsConfig, TableConfig, TrainConfig
 from lrm.data import collisions, parquet
 from lrm.data.schema import META_KEY, FeatureSchema, day_files, part_path, read_schema
 from lrm.errors import DataError
@@ -111,11 +111,10 @@ def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
 
     schema = FeatureSchema.from_json(table.schema.metadata[META_KEY].decode())
     n = table.num_rows
-    teacher = with_overrides(cfg.train, cfg.teacher.train, "teacher.train")
-    if not steps(teacher, n):
+    if not steps(cfg.train_for("teacher"), n):
         return (f"its {n} impressions are too few for one teacher step at the smallest "
                 f"batch (train.min_batch_size)")
-    student = with_overrides(cfg.train, cfg.students.train, "students.train")
+    student = cfg.train_for("students")
     counts = ({} if not schema.vertical else  # a vertical's rows, once for all its sizes
               {c["values"].as_py(): c["counts"].as_py()
                for c in pc.value_counts(table.column(schema.vertical))})

@@ -62,8 +62,12 @@ def test_stage_lists_dotted_keys_that_params_yaml_defines():
 def test_a_params_change_reruns_only_the_stages_that_read_it():
     doc = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
     readers = {k: {n for n, b in doc.items() if k in b.get("params", [])}
-               for k in ("model.teacher", "model.student", "train.lr", "generate.days")}
+               for k in ("model.teacher", "model.student", "train.lr", "generate.days",
+                         "teacher.train", "students.train")}
     assert readers["model.teacher"] == {"train_teacher", "teacher"}
+    # the teacher's training values (ParamsConfig.train_for): the baseline student's not
+    assert readers["teacher.train"] == {"train_teacher", "teacher"}
+    assert readers["students.train"] == {"student"}
     assert readers["model.student"] == {"train_student"}
     assert readers["train.lr"] == {"train_student", "train_teacher", "teacher", "student"}
     assert readers["generate.days"] == {"generate"}

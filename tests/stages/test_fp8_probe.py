@@ -71,7 +71,7 @@ def test_a_folder_that_is_no_model_is_exit_2(datasets, tmp_path):  # noqa: F811
 def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkeypatch):
     import lrm.train
     from lrm.config import (CheckpointConfig, LoaderConfig, SplitConfig, StudentModelConfig,
-                            TableConfig, TeacherStageConfig, TrainConfig)
+                            TableConfig, TrainConfig)
     from lrm.fp8.dispatch import FORMAT
     from stages import train as train_stage
 
@@ -92,7 +92,6 @@ def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkey
     for fp8, has in (("", False), (str(report), True)):
         with pytest.raises(Stop):
             train_stage.run(kind="student", train=TrainConfig(fp8=fp8), split=SplitConfig(),
-                            teacher_train=TeacherStageConfig().train,
                             checkpoint=CheckpointConfig(), loader=LoaderConfig(),
                             tables=TableConfig(), model=StudentModelConfig(),
                             data=tmp_path, out=None)
@@ -133,15 +132,17 @@ def test_the_exfm_stages_hand_their_jobs_the_fp8_transform(name, datasets, tmp_p
         raise Stop
 
     monkeypatch.setattr(lrm.train, "build_job", fake_build_job)
-    common = dict(base=p.train, checkpoint=p.checkpoint, loader=p.loader,
+    common = dict(checkpoint=p.checkpoint, loader=p.loader,
                   tables=p.model.tables, data=datasets["sessions"], out=tmp_path / "out",
                   checkpoints=tmp_path / "ck")
     with pytest.raises(Stop):
         if name == "teacher":
-            teacher.run(cfg=p.teacher, exfm=p.exfm, model=p.model.teacher,
+            teacher.run(cfg=p.teacher, train=p.train_for("teacher"), exfm=p.exfm,
+                        model=p.model.teacher,
                         margin=p.registry.margin, tracking_cfg=p.tracking, **common)
         else:
-            student.run(cfg=p.students, serving="labels_only", day=0, **common)
+            student.run(cfg=p.students, train=p.train_for("students"), serving="labels_only",
+                        day=0, **common)
     assert callable(seen[name if name == "teacher" else "student"])
 
 

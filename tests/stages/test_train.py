@@ -168,7 +168,8 @@ def test_eval_data_holds_out_another_dataset(datasets, tmp_path):  # noqa: F811
 def test_the_teacher_trains_with_its_own_keys_and_the_student_with_train(kind, monkeypatch,
                                                                          tmp_path):
     """`lrm train --model teacher` trains as the FM does (teacher.train over train: Wukong's
-    learning rate); the student takes `train` as it is."""
+    learning rate); the student takes `train` as it is. Through the configs the stage runner
+    hands `run` (the CLI's, DVC's and the flows'). Plant: `trains` off the stage."""
     import lrm.train
     from lrm.config import ParamsConfig
     from stages import train as train_stage
@@ -184,10 +185,9 @@ def test_the_teacher_trains_with_its_own_keys_and_the_student_with_train(kind, m
 
     monkeypatch.setattr(lrm.train, "build_job", fake_build_job)
     p = ParamsConfig()
+    assert p.teacher.train.lr is not None and p.teacher.train.lr != p.train.lr
     with pytest.raises(Stop):
-        train_stage.run(kind=kind, train=p.train, teacher_train=p.teacher.train,
-                        split=p.split, checkpoint=p.checkpoint, loader=p.loader,
-                        tables=p.model.tables, model=getattr(p.model, kind), data=tmp_path)
-    want = p.teacher.train if kind == "teacher" else p.train
-    assert (seen["train"].lr, seen["train"].batch_size) == (want.lr, want.batch_size)
+        train_stage.run(kind=kind, data=tmp_path,
+                        **train_stage.STAGE.configs(p, {"kind": kind}))
+    assert seen["train"].lr == (p.teacher.train.lr if kind == "teacher" else p.train.lr)
     assert seen["train"].seed == p.train.seed  # every other key from train
