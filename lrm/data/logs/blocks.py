@@ -20,7 +20,7 @@ from lrm.data.logs import culprits, files
 from lrm.data.logs.ahead import ahead
 from lrm.data.logs.culprits import RowError
 from lrm.data.logs.files import GZIP_ERRORS, Source, gzip_error, open_file
-from lrm.data.logs.frame import ROW
+from lrm.data.logs.frame import ROW, dense_names
 from lrm.errors import DataError
 
 
@@ -132,7 +132,7 @@ def numeric_columns(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig
     if src.format not in ("csv", "tsv"):
         return []
     time = [cfg.time] if cfg.time and cfg.time_unit != "iso" and not cfg.time_format else []
-    return [c for c in dict.fromkeys([*time, *cfg.dense]) if types.get(c) == pl.String]
+    return [c for c in dict.fromkeys([*time, *dense_names(cfg)]) if types.get(c) == pl.String]
 
 
 def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],

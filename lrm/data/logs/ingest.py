@@ -84,9 +84,10 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
     if not frame.item_name(cfg) and not cfg.categorical and not cfg.item_attributes:
         raise ConfigError("ingest.logs: a log needs an item (--item) or categorical "
                           "columns: the model has nothing per impression otherwise")
-    if cfg.item_attributes and not frame.item_name(cfg):
-        raise ConfigError("ingest.logs.item_attributes: they are a function of the item; "
-                          "name it (--item)")
+    for key in ("item_attributes", "item_dense"):
+        if getattr(cfg, key) and not frame.item_name(cfg):
+            raise ConfigError(f"ingest.logs.{key}: they are a function of the item; "
+                              "name it (--item)")
     if cfg.session_gap and not (cfg.user and cfg.time):
         raise ConfigError("ingest.logs.session_gap: sessions by gap need --user and --time")
     if cfg.days == "time" and not cfg.time:
@@ -110,7 +111,7 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
 def feature_names(cfg: LogsConfig) -> list[str]:
     return [n for n in (cfg.user, cfg.vertical, *cfg.sequence, frame.history_name(cfg),
                         frame.item_name(cfg), *cfg.item_attributes, *cfg.categorical,
-                        *cfg.dense) if n]
+                        *frame.dense_names(cfg)) if n]
 
 
 def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
@@ -121,7 +122,7 @@ def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
         user_sparse=tuple(c for c in (cfg.user, cfg.vertical) if c),
         user_seq=tuple([*cfg.sequence, *([hist] if hist else [])]),
         item_sparse=tuple([*([item] if item else []), *cfg.item_attributes, *cfg.categorical]),
-        dense=tuple(cfg.dense),
+        dense=tuple(frame.dense_names(cfg)),
         vocab=dict(sizes),
         user_key=cfg.user or None,
         item_key=item or None,
@@ -234,7 +235,7 @@ def read_file(src: Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
                 out.times, out.time_rows = (lo, hi), rows
             for name, piece in p.values.items():
                 values.setdefault(name, vocab.Values()).add(piece)
-            for c in cfg.dense:
+            for c in frame.dense_names(cfg):
                 st = Stats.of(p.frame[f"d:{c}"])
                 out.dense[c] = out.dense[c].merge(st) if c in out.dense else st
             if p.frame.height:
@@ -318,8 +319,10 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
          prior: State | None) -> tuple[State, cells.Plan]:
     """Step 2: vocabularies, scalings and day numbers from every file's read."""
     mapping = mapping_of(cfg)
-    if prior is not None and prior.mapping != mapping:
-        diff = sorted(k for k in mapping if prior.mapping.get(k) != mapping[k])
+    # a key the prior state lacks (written before the key was) held its default
+    before = {**mapping_of(LogsConfig()), **prior.mapping} if prior is not None else mapping
+    if before != mapping:
+        diff = sorted(k for k in mapping if before.get(k) != mapping[k])
         raise ConfigError(f"ingest.logs: the mapping differs from the one the dataset was "
                           f"ingested with ({', '.join(diff)}); one dataset, one mapping")
     days = sorted(set().union(*(r.days for r in reads)))
@@ -337,7 +340,7 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
         dense = prior.dense
     else:
         dense = {}
-        for c in cfg.dense:
+        for c in frame.dense_names(cfg):
             st = None
             for r in reads:
                 st = r.dense[c] if st is None else st.merge(r.dense[c])

@@ -26,7 +26,7 @@ from lrm.data.logs.culprits import RowError
 from lrm.data.logs.files import Source
 from lrm.data.logs.frame import (
     BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, SEED, SESSION, TEXT, TIME, US_PER_DAY, USER,
-    bucket_of, item_name,
+    bucket_of, dense_names, item_name,
 )
 
 
@@ -82,7 +82,7 @@ class Parser:
             vocab = item_name(cfg) if col == hist and item_name(cfg) else col
             self._add(f"q:{col}", id_list(src, col, types[col], cfg.item_sep, "sequence"),
                       vocab)
-        for col in cfg.dense:
+        for col in dense_names(cfg):
             self._add(f"d:{col}", dense(src, col, types[col]))
         self.explode: Check | None = None
         if cfg.explode:
@@ -162,7 +162,7 @@ class Parser:
         checks = [Check(col, pl.col("_e"), pl.col("_etext").is_null(),
                         f"expected ITEM{braces(cfg.label_sep)}LABEL entries, got {{value}}",
                         "_e"),
-                  Check(col, pl.col("_e"), item.bad, "negative or missing id in {value}",
+                  Check(col, pl.col("_e"), item.bad, "missing id in {value}",
                         "_e"),
                   Check(col, pl.col("_e"), lab.bad, "label must be 0 or 1 in {value}"
                         if not cfg.label_count else "a count label must be >= 0 in {value}",
