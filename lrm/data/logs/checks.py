@@ -205,6 +205,13 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
     return Check(col, parsed.dt.epoch("us"), parsed.is_null(), "time does not parse: {value}")
 
 
+def before_epoch(time: Check) -> Check:
+    """A time before 1970: no log's (a negative number since the epoch made a day of its
+    own, which trained)."""
+    return Check(time.column, time.value, (time.value < 0).fill_null(False),
+                 "time before 1970 (UTC): {value}", pre=time.pre)
+
+
 # a number of --time-unit units: in microseconds it must fit an int64 (nanoseconds read as
 # seconds do not, and became nulls that crashed the day cut)
 _MAX_US = 2.0 ** 62

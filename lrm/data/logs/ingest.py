@@ -20,8 +20,10 @@ step overlaps its input and output with its work (lrm.data.logs.ahead): the next
 read while one is parsed and the one before is spilled, so memory holds three chunks at
 most; one cell is built at a time (`_BUILDING`) while the cells before, of this day and of
 the other day being written, are encoded (`_Parts`), so memory holds a cell and two tables.
-Every check happens in step 1, before anything is written into `out` (which callers wrap
-in `lrm.io.atomic_dir`, so a failure leaves nothing behind).
+Every check of a value happens in step 1, before anything is written into `out`; an
+impression read twice (every mapped column equal: a copy, an overlapping export) is found
+in step 3, where a user's rows meet in one cell; `out` is callers' `lrm.io.atomic_dir`, so
+a failure leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -169,7 +171,12 @@ def _head_bytes(path: Path, n: int = 1 << 20) -> tuple[bytes, float]:
 def estimate_rows(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> int:
     """About how many impressions the file holds (for the cell size only)."""
     per_row = 1.0
-    head = lf.head(2_000).collect() if cfg.explode else None  # (reading it costs)
+    head = None
+    if cfg.explode:  # (reading it costs)
+        try:
+            head = lf.head(2_000).collect()
+        except (pl.exceptions.PolarsError, OSError):
+            head = None  # a bad row among the first: the read names it
     if head is not None and head.height:
         p = checks.id_list(src, cfg.explode, head.schema[cfg.explode], cfg.item_sep, "explode")
         per_row = max(1.0, float(head.select(p.value.list.len().mean()).item() or 1.0))
@@ -497,6 +504,8 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
                     table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
                 except cells.Unscalable as e:
                     raise unscalable(e, reads, p) from None
+                except cells.Repeated as e:
+                    raise repeated(e, reads) from None
                 del cell, clicks
             parts.add(table)  # a row group per cell (fewer, larger groups: 20% less to
             # encode than one per bucket, and smaller files)
@@ -505,6 +514,15 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
     finally:
         parts.close()
     return {**totals, "parts": parts.parts, "bytes": parts.bytes}
+
+
+def repeated(e: cells.Repeated, reads: list[FileRead]) -> culprits.RowError:
+    """The error for an impression read twice (`cells.first_repeat`)."""
+    path = {r.source.index: r.source.path for r in reads}
+    (fa, ra), (fb, rb) = e.first, e.again
+    return culprits.RowError(path[fb], rb, None, (
+        f"the same impression as {path[fa]}, row {ra} (every mapped column equal): it would "
+        f"be read twice (a copy, an overlapping export, a repeated line?)"))
 
 
 def unscalable(e: cells.Unscalable, reads: list[FileRead], p: cells.Plan) -> culprits.RowError:
