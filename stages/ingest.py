@@ -5,15 +5,15 @@
     lrm ingest logs FILE_OR_GLOB... --out data/logs/raw --map mapping.yaml
 
 `criteo`: Criteo TSV files; without FILE they come from `ingest.files`; a folder stands for
-its *.tsv files (in order: day2 before day10), which is how the Criteo pipeline
-(pipelines/criteo/dvc.yaml) reads `data/criteo/tsv/`.
+its *.tsv files and its subfolders' (in order: day2 before day10), which is how the Criteo
+pipeline (pipelines/criteo/dvc.yaml) reads `data/criteo/tsv/`.
 
 `logs`: any click log (Parquet, CSV/TSV, JSON lines; also .gz) through a column mapping:
 the `ingest.logs` params, a mapping file (`--map FILE`, YAML with the same keys, laid over
 them) and the flags (`--label COL --user COL --session-gap 30m ...`, laid over both).
-Without FILE they come from `ingest.logs.files`; a folder stands for its log files, a pattern
-with *, ? or ** for the files it matches, in order with numbers read as numbers (day2 before
-day10: with `--days file`, file k is day k). See lrm.data.logs.
+Without FILE they come from `ingest.logs.files`; a folder stands for its log files (its
+subfolders' too), a pattern with *, ? or ** for the files it matches, in order with numbers
+read as numbers (day2 before day10: with `--days file`, file k is day k). See lrm.data.logs.
 
 Bad input exits with status 2 and one line naming the file, line or row, and field.
 """
@@ -40,15 +40,29 @@ NAME = "ingest"
 LOGS = "ingest_logs"
 
 
+def _files_below(folder: Path) -> list[Path]:
+    """Every file in `folder` and the folders below it, hidden ones (.name) aside: a log
+    exported a folder a day is taken whole, never skipped without a word."""
+    out: list[Path] = []
+    for f in folder.iterdir():
+        if f.name.startswith("."):
+            continue
+        if f.is_dir():
+            out += _files_below(f)
+        elif f.is_file():
+            out.append(f)
+    return out
+
+
 def _expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[Path]:
     """Files as given; a folder expands to its files whose names end with one of `names`,
-    and (with `patterns`) a path with *, ? or ** (any folders below) that is not a file to
-    the files it matches, each in order (`lrm.io.in_order`)."""
+    those of its subfolders too, and (with `patterns`) a path with *, ? or ** (any folders
+    below) that is not a file to the files it matches, each in order (`lrm.io.in_order`:
+    a/day2 before a/day10 before b/day1)."""
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = io.in_order(f for f in p.iterdir() if f.is_file()
-                                and not f.name.startswith(".") and f.name.endswith(names))
+            found = io.in_order(f for f in _files_below(p) if f.name.endswith(names))
             if not found:
                 raise ConfigError(f"{p}: no {' or '.join('*' + n for n in names)} files in "
                                   f"this folder")

@@ -52,7 +52,7 @@ import polars as pl
 
 from lrm import io
 from lrm.config import IngestConfig
-from lrm.data.logs.files import check_files
+from lrm.data.logs.files import check_files, gzip_check
 from lrm.data.schema import (
     CRITEO_CAT,
     CRITEO_INT,
@@ -133,7 +133,10 @@ def _chunks(path: Path, chunk_rows: int) -> Iterator[pl.DataFrame]:
             # The engine may hand back larger or smaller batches; re-slice to the bound.
             for start in range(0, batch.height, chunk_rows):
                 yield batch.slice(start, chunk_rows)
-    except pl.exceptions.PolarsError as e:  # a NUL byte splits a line in two columns
+    except (pl.exceptions.PolarsError, OSError) as e:
+        # a .gz cut short reads as "unexpected end of file"; a NUL byte splits a line in two
+        if path.name.endswith(".gz") and (broken := gzip_check(path)) is not None:
+            raise broken from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise DataError(path, None, None,
                         f"cannot read as lines of text (a NUL byte?): {first}") from None

@@ -28,8 +28,6 @@ id space that grows is hashed into them like Criteo's, not cut at day 0's size).
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import hashlib
 import json
 import logging
 import shutil
@@ -45,6 +43,7 @@ import pyarrow.parquet as pq
 from lrm import io
 from lrm.config import GenerateConfig, IngestConfig
 from lrm.data.logs import LOG_SUFFIXES
+from lrm.data.logs.files import content_sha256
 from lrm.data.schema import DAY, META_KEY, SESSION, FeatureSchema, day_files, part_path, \
     read_schema
 from lrm.errors import DataError
@@ -166,13 +165,7 @@ def _inbox(watch: Path, ingest: IngestConfig) -> list[Path]:
 def _content_sha256(path: Path) -> str | None:
     """The sha256 of a .gz file's decompressed bytes (None for other files): a compressed
     copy of a day's file, or the plain copy of a compressed one, is the same day."""
-    if not path.name.endswith(".gz"):
-        return None
-    try:
-        with gzip.open(path, "rb") as z:
-            return hashlib.file_digest(z, "sha256").hexdigest()  # type: ignore[arg-type]
-    except (OSError, EOFError):  # broken: the reader says so, naming the file
-        return None
+    return content_sha256(path) if path.name.endswith(".gz") else None
 
 
 def not_taken(watch: Path, ingest: IngestConfig) -> list[str]:

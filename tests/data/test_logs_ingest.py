@@ -1,11 +1,13 @@
 """What an ingested log holds: page views exploded with positions, dense ids from
-vocabularies, label mappings said, dense columns scaled, the schema's roles; the same rows
+vocabularies (raw ids are tokens: -124 is a category), label mappings said, dense columns
+scaled (numeric item attributes too), the schema's roles; the same rows
 whatever the chunk and cell sizes; a continued ingest keeps every id.
 
 Planted bugs that turn these red (each tried): positions from the input row instead of the
 page view, vocabulary ids in value order only (not first day first), a continued ingest
 re-numbering its vocabulary, the heavy-tail rule inverted, a count label mapped without
-being asked, the spill's cells read for the wrong day.
+being asked, the spill's cells read for the wrong day, the negative-id check of before
+(raw ids are tokens), numeric item attributes left out of the dense features.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
+from lrm.data.logs import ingest
 from lrm.data.logs.culprits import RowError
 from lrm.data.schema import day_files, read_schema
 from tests.data._logs import MIN, T0, clicks_log, frame, run, write
@@ -84,6 +87,14 @@ def test_a_continued_ingest_keeps_every_id_and_matches_one_ingest_of_all_days(tm
     with pytest.raises(Exception, match="differs"):
         run([tmp_path / "d1.parquet"], tmp_path / "d2", history="none", prior=tmp_path / "d0",
             **GAP)
+    # a state written before a mapping key was (item_dense): the key held its default
+    f = tmp_path / "d0" / "_ingest" / "state.json"
+    old = json.loads(f.read_text())
+    del old["mapping"]["item_dense"]
+    f.write_text(json.dumps(old))
+    m, _ = run([tmp_path / "d1.parquet"], tmp_path / "d3", history="auto",
+               prior=tmp_path / "d0", **GAP)
+    assert m["vocab"] == {"item": 5, "user": 3}
 
 
 @pytest.mark.parametrize("kind", ["bool", "count"])
@@ -240,3 +251,62 @@ def test_criteo_is_one_mapping_of_the_same_machinery(tmp_path):
         assert pairs["h"].n_unique() == pairs["i"].n_unique() == pairs.height
         assert (ref[c].is_null() == rows[c].is_null()).all()
     assert m["dense_scaling"]["I2"]["transform"] in ("log1p", "signed_log1p", "none")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_raw_ids_are_opaque_tokens_that_the_vocabulary_maps(tmp_path, suffix):
+    """An export writes "unknown" as -124 (or -1, NA) and codes as text or integers: each is
+    a category of its own, never an error (only lrm's own dense ids have a sign rule): every
+    row's ids decode, through the stored vocabularies, to the tokens it was written with.
+    Red with the negative-id check of before (text or integers)."""
+    codes = ["-124", "-1", "NA", "0.5", "3", "-124", "7", "-1"]
+    rows = [{"user": f"-{i % 3 + 1}", "ts": T0 + 60 * i, "item": f"{-i}", "clicked": i % 2,
+             "age": codes[i]} for i in range(len(codes))]
+    log = frame(rows)
+    if suffix == ".parquet":  # integer ids typed as integers, the codes as text
+        log = log.with_columns(pl.col("user").cast(pl.Int64), pl.col("item").cast(pl.Int64))
+    m, out = run([write(log, tmp_path / f"l{suffix}")], tmp_path / "out",
+                 categorical=["age"], history="none", **GAP)
+    assert m["vocab"] == {"user": 3, "item": 8, "age": 6}
+    cols = ("user", "item", "age")
+    state = ingest.State.load(tmp_path / "out" / ingest.STATE)
+    tokens = {c: state.vocabs[c]["s"] for c in cols}
+    got = sorted(tuple(tokens[c][i] for c, i in zip(cols, r, strict=True))
+                 for r in out.select(cols).iter_rows())
+    want = sorted((r["user"], r["item"], r["age"]) for r in rows)
+    assert got == want
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_numeric_item_attribute_is_scaled_and_stored_once_per_item(tmp_path, suffix):
+    """--item-dense: a video's duration, a number of the item: a dense feature scaled as
+    --dense is (log1p: durations are heavy-tailed), stored once per item after dedup. A
+    float column named as a categorical item attribute says where it belongs. Red with the
+    numeric attributes left out of the schema's dense features, or of the parse."""
+    from lrm.config import DedupConfig
+    from lrm.data import dedup
+
+    rng = np.random.default_rng(4)
+    duration = rng.pareto(1.2, 200) * 30 + 5  # seconds, per item
+    rows = [{"user": f"u{int(u)}", "ts": T0 + 45 * k, "item": f"v{int(i)}",
+             "clicked": int(rng.random() < 0.1), "video_duration": float(duration[i])}
+            for k, (u, i) in enumerate(zip(rng.integers(0, 50, 3000),
+                                           rng.integers(0, 200, 3000), strict=True))]
+    f = write(frame(rows), tmp_path / f"l{suffix}")
+    m, out = run([f], tmp_path / "raw", item_dense=["video_duration"], **GAP)
+    schema, _ = read_schema(tmp_path / "raw")
+    assert schema.dense == ("video_duration",) and schema.item_key == "item"
+    how = m["dense_scaling"]["video_duration"]
+    assert how["transform"] == "log1p"
+    raw = np.array([r["video_duration"] for r in rows])
+    expect = (np.log1p(raw) - how["mean"]) / how["std"]
+    np.testing.assert_allclose(np.sort(out["video_duration"].to_numpy()), np.sort(expect),
+                               rtol=1e-5)
+    assert out.group_by("item").agg(pl.col("video_duration").n_unique())[
+        "video_duration"].max() == 1
+    d = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "sessions", DedupConfig())
+    assert d["item_columns"] == ["video_duration"]  # once per item in the sessions files
+    if suffix == ".parquet":  # a float column where ids go: the error names the right key
+        with pytest.raises(RowError) as e:
+            run([f], tmp_path / "bad", item_attributes=["video_duration"], **GAP)
+        assert e.value.field == "video_duration" and "--item-dense" in str(e.value)

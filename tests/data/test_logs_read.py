@@ -1,8 +1,8 @@
 """Bad input logs: each bad value is one DataError naming the file, the row and the column,
 raised before anything is written; and each format reads the same.
 
-Planted bugs that turn these red (each tried): the negative-id check dropped (text and
-integers), the finite check of dense values dropped, the label check accepting 2, the
+Planted bugs that turn these red (each tried): the missing-id check dropped, the finite
+check of dense values dropped, the label check accepting 2, the
 missing-column check dropped, a time that does not parse read as null.
 """
 
@@ -32,7 +32,7 @@ def _log(n: int = 6, **bad: object) -> list[dict]:
 CASES = {  # case -> (the bad row's values, the column named, words of the message)
     "label_2": ({"clicked": 2}, "clicked", "0 or 1"),
     "label_text": ({"clicked": "yes"}, "clicked", "0 or 1"),
-    "negative_id_text": ({"item": "-5"}, "item", "negative"),
+    "empty_item": ({"item": ""}, "item", "missing id"),
     "time_text": ({"ts": "yesterday"}, "ts", "does not parse"),
     "time_in_ns": ({"ts": T0 * 10**9}, "ts", "as a number of s"),  # past int64 in us
     "dense_text": ({"price": "cheap"}, "price", "not a finite number"),
@@ -55,8 +55,8 @@ def test_a_bad_text_value_names_file_row_and_column(tmp_path, case, suffix):
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
-TYPED = {  # typed files: the wrong type, negative integers, non-finite floats
-    "negative_id_int": (pl.Series("user", [1, 2, 3, -7, 5, 6]), "user", "negative"),
+TYPED = {  # typed files: the wrong type, missing ids, non-finite floats
+    "missing_id_int": (pl.Series("user", [1, 2, 3, None, 5, 6]), "user", "missing id"),
     "label_int_2": (pl.Series("clicked", [0, 1, 0, 2, 1, 0]), "clicked", "0 or 1"),
     "time_in_ns": (pl.Series("ts", [T0 + i if i != 3 else T0 * 10**9 for i in range(6)]), "ts",
                    "does not parse as a number of s"),

@@ -90,7 +90,7 @@ def test_a_mapping_file_lies_under_the_flags(tmp_path):
 
 @pytest.mark.parametrize("existed", [False, True])
 @pytest.mark.parametrize("bad,column,words", [
-    ({"click": "2"}, "click", "0 or 1"), ({"ad": "-3"}, "ad", "negative"),
+    ({"click": "2"}, "click", "0 or 1"), ({"ad": ""}, "ad", "missing id"),
     ({"when": "noon"}, "when", "does not parse"), ({"bid": "inf"}, "bid", "finite")])
 def test_bad_input_exits_2_naming_file_row_and_column_and_leaves_out(tmp_path, existed, bad,
                                                                      column, words):

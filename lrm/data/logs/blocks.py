@@ -5,7 +5,6 @@ one line naming the file (and, through lrm.data.logs.culprits, the row and colum
 
 from __future__ import annotations
 
-import gzip
 import io
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -19,29 +18,15 @@ from lrm.config import LogsConfig
 from lrm.data.logs import culprits, files
 from lrm.data.logs.ahead import ahead
 from lrm.data.logs.culprits import RowError
-from lrm.data.logs.files import GZIP_ERRORS, Source, gzip_error, open_file
-from lrm.data.logs.frame import ROW
+from lrm.data.logs.files import GZIP_ERRORS, Source, gzip_check, gzip_error, open_file
+from lrm.data.logs.frame import ROW, dense_names
 from lrm.errors import DataError
-
-
-def _gzip_check(path: Path) -> DataError | None:
-    """A .gz input's gzip error, read through to its end (only after a read failed: polars
-    says "unexpected end of file" without naming gzip)."""
-    try:
-        with gzip.open(path, "rb") as fh:
-            while fh.read(1 << 24):
-                pass
-    except GZIP_ERRORS as e:
-        return gzip_error(path, e)
-    except OSError:
-        return None
-    return None
 
 
 def _polars_error(path: Path, e: Exception) -> DataError:
     if isinstance(e, GZIP_ERRORS):
         return gzip_error(path, e)
-    if path.name.endswith(".gz") and (broken := _gzip_check(path)) is not None:
+    if path.name.endswith(".gz") and (broken := gzip_check(path)) is not None:
         return broken
     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
     return DataError(path, None, None, f"cannot read as {path.suffix.lstrip('.') or 'a log'}: "
@@ -132,7 +117,11 @@ def numeric_columns(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig
     if src.format not in ("csv", "tsv"):
         return []
     time = [cfg.time] if cfg.time and cfg.time_unit != "iso" and not cfg.time_format else []
-    return [c for c in dict.fromkeys([*time, *cfg.dense]) if types.get(c) == pl.String]
+    return [c for c in dict.fromkeys([*time, *dense_names(cfg)]) if types.get(c) == pl.String]
+
+
+ID_ROLES = ("user", "item", "session", "categorical", "item_attributes", "vertical")
+BLOCK_MAX = 1 << 26  # bytes read at once from a text file (a block's rows can be few and long)
 
 
 def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
@@ -140,6 +129,7 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                  ) -> Iterator[pl.DataFrame]:
     quoted = src.format == "csv"
     texts = [c for c in dict.fromkeys(c for _, c in cfg.roles()) if types.get(c) == pl.String]
+    id_texts = [c for role, c in cfg.roles() if role in ID_ROLES and c in texts]
     n = 1
     with open_file(src.path) as fh:
         if src.format != "jsonl" and not cfg.columns:
@@ -168,10 +158,14 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                     if culprit is None:
                         raise
                     raise culprit from None
-                if texts and (nested := culprits.json_nested(src.path, df, data, n, texts)):
-                    raise nested
+                odd = culprits.json_nested(src.path, df, data, n, texts) if texts else None
+                if odd is None and id_texts:  # (an id's number in a text column)
+                    odd = culprits.json_kind_in_text(src.path, data, n, id_texts)
+                if odd is not None:
+                    raise odd
             else:
                 sep = "\t" if src.format == "tsv" else ","
+                named = "--columns" if cfg.columns else "the header"
                 df = None
                 if numbers and not quotes:
                     try:
@@ -182,12 +176,22 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                     try:
                         df = _read_text(data, names, sep, quoted)
                     except pl.exceptions.PolarsError:
-                        culprit = culprits.csv_culprit(src.path, data, n, len(names), sep, quoted)
+                        culprit = culprits.csv_culprit(src.path, data, n, len(names), sep,
+                                                       quoted, named)
                         if culprit is None:
                             raise
                         raise culprit from None
-            if df.height:
-                block = max(1 << 12, len(data) * rows // df.height)
+                # a row with fewer fields than the header reads as nulls where it ends: a
+                # line cut short (the last of a truncated export) would go in. Without
+                # quotes a block's separators say it exactly; with them, a row whose last
+                # field is empty is looked at
+                short = (data.count(sep.encode()) != df.height * (len(names) - 1)
+                         if not quotes else df[names[-1]].null_count() > 0)
+                if short and (culprit := culprits.csv_culprit(src.path, data, n, len(names),
+                                                              sep, quoted, named)):
+                    raise culprit
+            if df.height:  # (at most BLOCK_MAX: a line of megabytes is a block on its own)
+                block = max(1 << 12, min(BLOCK_MAX, len(data) * rows // df.height))
             # contiguous columns: the readers' come in pieces, and each query on a frame
             # whose columns are cut apart copies them all first (a third of the parse)
             df = df.rechunk().with_row_index(ROW, offset=n)

@@ -4,11 +4,11 @@ written); `first_bad` raises the `RowError` of the earliest bad row.
 
 What is bad: a column of a type its role cannot take (ids must be text or integers, a dense
 value a number, ...); a label that is not 0/1 (or a boolean, or with ``label_count`` a
-count); a time that does not parse; a negative id (an integer below 0, or text that is one);
-a dense value that is not finite. A null dense value is missing (its feature reads 0); a
-null categorical is a missing id; a null label, user, item, session or time is an error,
-and so is an empty user, item or session id. A column with no value at all is a column of
-missing values.
+count); a time that does not parse; a dense value that is not finite. A raw id is an opaque
+token (`id_text`): `-124` or `NA` is a category, not an error. A null dense value is
+missing (its feature reads 0); a null categorical is a missing id; a null label, user,
+item, session or time is an error, and so is an empty user, item or session id. A column
+with no value at all is a column of missing values.
 """
 
 from __future__ import annotations
@@ -64,29 +64,26 @@ def text_float(col: str) -> pl.Expr:
     return pl.col(col).map_batches(_text_float, return_dtype=pl.Float64)
 
 
-def _negative_text(s: pl.Series) -> pl.Series:
-    """Where the text is a negative integer (null: unknown). Parsing every id costs more
-    than the rest of its checks: only a chunk with a leading minus parses them."""
-    minus = s.str.starts_with("-")
-    if not minus.any():
-        return minus
-    return minus & s.str.to_integer(strict=False).is_not_null()
-
-
 def braces(text: object) -> str:
     """`text` as a literal in a `Check.why` template (a struct's type text has braces)."""
     return str(text).replace("{", "{{").replace("}", "}}")
 
 
 def _wrong_type(col: str, dtype: pl.DataType, role: str, want: str,
-                value: pl.DataType, at: int | None = None) -> Check:
+                value: pl.DataType, at: int | None = None, hint: str = "") -> Check:
     """A column whose type its role cannot take: bad at its first value (or at row `at`,
     the row that gave it the type)."""
     bad = pl.col(col).is_not_null()
     if at is not None:
         bad = bad & (pl.col(ROW) >= at)
     return Check(col, pl.lit(None, value), bad, f"a {role} column must hold {braces(want)}, "
-                                                f"this one holds {braces(dtype)}: {{value}}")
+                                                f"this one holds {braces(dtype)}: {{value}}"
+                                                + braces(hint))
+
+
+# a column of numbers where ids are expected: what the user may have meant
+_NUMBER_HINT = (" (a measure, not an id? --dense reads a number per impression, "
+                "--item-dense one of the item's)")
 
 
 
@@ -96,29 +93,29 @@ def _is_int(dt: pl.DataType) -> bool:
 
 def id_text(src: Source, col: str, dtype: pl.DataType, role: str,
             required: bool) -> Check:
-    """An id column as text (the vocabulary's key); negative ids are bad."""
+    """An id column as text, the vocabulary's key. A raw id is an opaque token: `-1`,
+    `-124`, `NA` and `0.5` are values like any other (an export's "unknown" is a category
+    of its own); only lrm's own dense ids, in its Parquet layouts, have a sign rule
+    (lrm.data.values). A required id (user, item, session) must not be missing or empty."""
     c = pl.col(col)
     empty = pl.lit(False)
     if dtype == pl.String:
-        neg = c.map_batches(_negative_text, return_dtype=pl.Boolean)
         value = c
         empty = c.str.len_bytes() == 0  # "" (JSON, Parquet, an exploded "-1"): missing too
     elif _is_int(dtype):
-        neg = c < 0 if dtype.is_signed_integer() else pl.lit(False)
         value = c.cast(pl.String)
     else:
         at = json_float_row(src, col) if dtype.is_float() else None
-        return _wrong_type(col, dtype, role, "ids (text or integers)", pl.String, at)
-    bad = neg.fill_null(False)
-    why = "negative id {value}"
-    if required:
-        bad = bad | c.is_null() | empty
-        why = "negative or missing id: {value}"
-    return Check(col, value, bad, why)
+        return _wrong_type(col, dtype, role, "ids (text or integers)", pl.String, at,
+                           _NUMBER_HINT if dtype.is_numeric() else "")
+    if not required:
+        return Check(col, value, None, "")
+    return Check(col, value, c.is_null() | empty, "missing id: {value}")
 
 
 def id_list(src: Source, col: str, dtype: pl.DataType, sep: str, role: str) -> Check:
-    """A list column of ids, or a delimited string of them, as a list of text (null: [])."""
+    """A list column of ids, or a delimited string of them, as a list of text (null: []);
+    its ids are tokens as `id_text`'s are."""
     c = pl.col(col)
     if dtype == pl.String:
         items = c.str.split(sep).list.eval(pl.element().filter(pl.element() != ""))
@@ -129,11 +126,7 @@ def id_list(src: Source, col: str, dtype: pl.DataType, sep: str, role: str) -> C
               dtype.inner.is_float() else None)
         return _wrong_type(col, dtype, role, f"lists of ids (or ids joined by {sep!r})",
                            pl.List(pl.String), at)
-    items = items.fill_null(pl.lit([], dtype=pl.List(pl.String)))
-    neg = items.list.eval((pl.element().str.starts_with("-")
-                           & pl.element().str.to_integer(strict=False).is_not_null())
-                          ).list.any()
-    return Check(col, items, neg.fill_null(False), "negative id in {value}")
+    return Check(col, items.fill_null(pl.lit([], dtype=pl.List(pl.String))), None, "")
 
 
 _COUNT = " (a count of clicks? --label-count reads a count > 0 as 1)"
@@ -210,6 +203,13 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
                      _TIME_WHY.format(unit=cfg.time_unit),
                      pre={name: text_float(col) * UNIT_US[cfg.time_unit]})
     return Check(col, parsed.dt.epoch("us"), parsed.is_null(), "time does not parse: {value}")
+
+
+def before_epoch(time: Check) -> Check:
+    """A time before 1970: no log's (a negative number since the epoch made a day of its
+    own, which trained)."""
+    return Check(time.column, time.value, (time.value < 0).fill_null(False),
+                 "time before 1970 (UTC): {value}", pre=time.pre)
 
 
 # a number of --time-unit units: in microseconds it must fit an int64 (nanoseconds read as

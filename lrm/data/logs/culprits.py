@@ -175,6 +175,17 @@ def json_nested(path: Path, df: pl.DataFrame, data: bytes, first_row: int,
     return None
 
 
+def json_kind_in_text(path: Path, data: bytes, first_row: int, cols: Sequence[str]
+                      ) -> RowError | None:
+    """The first row of a JSON block whose text column `cols` holds a number or a boolean:
+    polars reads one into a text column as its text (123 as "123") without a word. Only a
+    block where such a value shows (a regular expression over its bytes) is parsed again."""
+    keys = b"|".join(re.escape(json.dumps(c).encode()) for c in cols)
+    if re.search(rb"(?:" + keys + rb")\s*:\s*[-0-9tf]", data) is None:
+        return None
+    return json_culprit(path, data.splitlines(), first_row, {c: pl.String() for c in cols})
+
+
 def json_typing_culprit(path: Path) -> DataError | None:
     """The first value of another kind than its field's first among the rows polars types
     the columns by (`files.JSON_INFER_ROWS`)."""
@@ -186,17 +197,18 @@ def json_typing_culprit(path: Path) -> DataError | None:
 
 
 def csv_culprit(path: Path, data: bytes, first_row: int, fields: int, sep: str,
-                 quoted: bool) -> RowError | None:
+                quoted: bool, named_by: str = "the header") -> RowError | None:
     """The first row of a CSV/TSV block with more fields than the header (polars' reader
-    fails the block without its row). Only after such a failure: Python's csv reader is
-    ~50x slower."""
+    fails the block without its row) or fewer (polars reads nulls where it ends: a line
+    cut short). Only after a sign of one: Python's csv reader is ~50x slower."""
     text = io.StringIO(data.decode("utf-8", errors="replace"), newline="")
     rows = csv.reader(text, delimiter=sep, quoting=csv.QUOTE_MINIMAL if quoted
                       else csv.QUOTE_NONE, strict=False)
     for k, rec in enumerate(rows):
-        if len(rec) > fields:
-            return RowError(path, first_row + k, None, f"{len(rec)} fields where the header "
-                                                       f"has {fields}")
+        if len(rec) != fields:
+            cut = " (a line cut short?)" if len(rec) < fields else ""
+            return RowError(path, first_row + k, None, f"{len(rec)} fields where {named_by} "
+                                                       f"has {fields}{cut}")
     return None
 
 

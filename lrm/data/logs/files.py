@@ -1,9 +1,15 @@
 """A log's input files: each with its place and format, opened (a .gz looked through), and
-the one-line error of a .gz that does not read through."""
+the one-line errors of what is wrong with a file as a whole, before any row is read: absent
+or empty, of another format than its name says (a Parquet file named .csv, a gzip file not
+named .gz), a .gz that does not read through, the same content as another input's (a copy,
+a compressed copy: its rows would be read twice).
+"""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
+import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,9 +57,81 @@ def check_files(files: Sequence[Path]) -> None:
 
 
 def sources(files: Sequence[Path], fmt: str) -> list[Source]:
-    """The inputs in order, each with its format (checked before any is read)."""
+    """The inputs in order, each with its format (checked before any is read: each file's
+    first bytes say what it is, and no two files hold the same content)."""
     check_files(files)
-    return [Source(Path(f), i, file_format(Path(f), fmt)) for i, f in enumerate(files)]
+    out = [Source(Path(f), i, file_format(Path(f), fmt)) for i, f in enumerate(files)]
+    for src in out:
+        check_kind(src)
+    check_copies([s.path for s in out])
+    return out
+
+
+PARQUET_MAGIC, GZIP_MAGIC = b"PAR1", b"\x1f\x8b"
+
+
+def check_kind(src: Source) -> None:
+    """A file whose first bytes say another format than its name (or --format) does: one
+    line saying which, where a reader would fail with a message of its own bytes."""
+    with open(src.path, "rb") as fh:
+        head = fh.read(4)
+    gz = src.path.name.endswith(".gz")
+    if head[:2] == GZIP_MAGIC and not gz:
+        raise DataError(src.path, None, None, "gzip-compressed, but its name does not end "
+                                              "with .gz: rename it NAME.gz")
+    if gz:
+        return  # (what it holds: its reader says, naming the file)
+    if head == PARQUET_MAGIC and src.format != "parquet":
+        raise DataError(src.path, None, None, f"a Parquet file, read as {src.format} (its "
+                                              f"name or --format says so): rename it "
+                                              f"NAME.parquet, or give --format parquet")
+    if src.format == "parquet" and head != PARQUET_MAGIC:
+        raise DataError(src.path, None, None, "not a Parquet file (it does not start with "
+                                              "PAR1): give its --format (csv, tsv, jsonl)")
+
+
+def content_size(path: Path) -> int:
+    """The size of the file's content: its bytes, or a .gz file's uncompressed size as its
+    trailer states it (modulo 2**32; the last member's, where there are several)."""
+    if not path.name.endswith(".gz"):
+        return path.stat().st_size
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(-4, 2)
+            return int(struct.unpack("<I", fh.read(4))[0])
+    except (OSError, struct.error):  # shorter than a trailer: its reader says so
+        return -1
+
+
+def content_sha256(path: Path) -> str | None:
+    """The sha256 of the file's content: a .gz file's uncompressed bytes, another file's
+    own (None: a .gz that does not read through; its reader says so, naming it). A
+    compressed copy of a file, or the plain copy of a compressed one, has its content."""
+    try:
+        with open_file(path) as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+    except (OSError, *GZIP_ERRORS):
+        return None
+
+
+def check_copies(paths: Sequence[Path]) -> None:
+    """No two inputs hold the same content (a copy, a compressed copy): its rows would be
+    read twice, and nothing downstream could tell. Only files whose content sizes match
+    are hashed (`content_size`), so distinct files cost a stat each."""
+    by_size: dict[int, list[Path]] = {}
+    for p in paths:
+        by_size.setdefault(content_size(p) % 2**32, []).append(p)
+    seen: dict[str, Path] = {}
+    for group in by_size.values():
+        if len(group) < 2:
+            continue
+        for p in group:
+            digest = content_sha256(p)
+            if digest is None:
+                continue
+            if (first := seen.setdefault(digest, p)) is not p:
+                raise DataError(p, None, None, f"the same content as {first}: its rows would "
+                                               f"be read twice (a copy? give one of them)")
 
 
 # what Python's gzip raises on a .gz that is not one (BadGzipFile) or is cut short (EOFError,
@@ -73,4 +151,18 @@ def gzip_error(path: Path, e: BaseException) -> DataError:
 
 def open_file(path: Path) -> Any:
     return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+
+
+def gzip_check(path: Path) -> DataError | None:
+    """A .gz input's gzip error, read through to its end (only after a read failed: polars
+    says "unexpected end of file" without naming gzip)."""
+    try:
+        with gzip.open(path, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+    except GZIP_ERRORS as e:
+        return gzip_error(path, e)
+    except OSError:
+        return None
+    return None
 

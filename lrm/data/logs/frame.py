@@ -43,6 +43,11 @@ def history_name(cfg: LogsConfig) -> str:
     return "history" if cfg.history == "auto" else cfg.history
 
 
+def dense_names(cfg: LogsConfig) -> list[str]:
+    """The dense features, in their order: the per-impression numbers, then the item's."""
+    return [*cfg.dense, *cfg.item_dense]
+
+
 def bucket_of(key: pl.Expr, buckets: int) -> pl.Expr:
     """The bucket of a hashed key (a user's, for her sessions and clicks alike)."""
     return (key % buckets).cast(pl.Int32)

@@ -20,8 +20,10 @@ step overlaps its input and output with its work (lrm.data.logs.ahead): the next
 read while one is parsed and the one before is spilled, so memory holds three chunks at
 most; one cell is built at a time (`_BUILDING`) while the cells before, of this day and of
 the other day being written, are encoded (`_Parts`), so memory holds a cell and two tables.
-Every check happens in step 1, before anything is written into `out` (which callers wrap
-in `lrm.io.atomic_dir`, so a failure leaves nothing behind).
+Every check of a value happens in step 1, before anything is written into `out`; an
+impression read twice (every mapped column equal: a copy, an overlapping export) is found
+in step 3, where a user's rows meet in one cell; `out` is callers' `lrm.io.atomic_dir`, so
+a failure leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -84,9 +86,10 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
     if not frame.item_name(cfg) and not cfg.categorical and not cfg.item_attributes:
         raise ConfigError("ingest.logs: a log needs an item (--item) or categorical "
                           "columns: the model has nothing per impression otherwise")
-    if cfg.item_attributes and not frame.item_name(cfg):
-        raise ConfigError("ingest.logs.item_attributes: they are a function of the item; "
-                          "name it (--item)")
+    for key in ("item_attributes", "item_dense"):
+        if getattr(cfg, key) and not frame.item_name(cfg):
+            raise ConfigError(f"ingest.logs.{key}: they are a function of the item; "
+                              "name it (--item)")
     if cfg.session_gap and not (cfg.user and cfg.time):
         raise ConfigError("ingest.logs.session_gap: sessions by gap need --user and --time")
     if cfg.days == "time" and not cfg.time:
@@ -110,7 +113,7 @@ def check_mapping(cfg: LogsConfig) -> LogsConfig:
 def feature_names(cfg: LogsConfig) -> list[str]:
     return [n for n in (cfg.user, cfg.vertical, *cfg.sequence, frame.history_name(cfg),
                         frame.item_name(cfg), *cfg.item_attributes, *cfg.categorical,
-                        *cfg.dense) if n]
+                        *frame.dense_names(cfg)) if n]
 
 
 def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
@@ -121,7 +124,7 @@ def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
         user_sparse=tuple(c for c in (cfg.user, cfg.vertical) if c),
         user_seq=tuple([*cfg.sequence, *([hist] if hist else [])]),
         item_sparse=tuple([*([item] if item else []), *cfg.item_attributes, *cfg.categorical]),
-        dense=tuple(cfg.dense),
+        dense=tuple(frame.dense_names(cfg)),
         vocab=dict(sizes),
         user_key=cfg.user or None,
         item_key=item or None,
@@ -168,7 +171,12 @@ def _head_bytes(path: Path, n: int = 1 << 20) -> tuple[bytes, float]:
 def estimate_rows(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> int:
     """About how many impressions the file holds (for the cell size only)."""
     per_row = 1.0
-    head = lf.head(2_000).collect() if cfg.explode else None  # (reading it costs)
+    head = None
+    if cfg.explode:  # (reading it costs)
+        try:
+            head = lf.head(2_000).collect()
+        except (pl.exceptions.PolarsError, OSError):
+            head = None  # a bad row among the first: the read names it
     if head is not None and head.height:
         p = checks.id_list(src, cfg.explode, head.schema[cfg.explode], cfg.item_sep, "explode")
         per_row = max(1.0, float(head.select(p.value.list.len().mean()).item() or 1.0))
@@ -234,7 +242,7 @@ def read_file(src: Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
                 out.times, out.time_rows = (lo, hi), rows
             for name, piece in p.values.items():
                 values.setdefault(name, vocab.Values()).add(piece)
-            for c in cfg.dense:
+            for c in frame.dense_names(cfg):
                 st = Stats.of(p.frame[f"d:{c}"])
                 out.dense[c] = out.dense[c].merge(st) if c in out.dense else st
             if p.frame.height:
@@ -318,8 +326,10 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
          prior: State | None) -> tuple[State, cells.Plan]:
     """Step 2: vocabularies, scalings and day numbers from every file's read."""
     mapping = mapping_of(cfg)
-    if prior is not None and prior.mapping != mapping:
-        diff = sorted(k for k in mapping if prior.mapping.get(k) != mapping[k])
+    # a key the prior state lacks (written before the key was) held its default
+    before = {**mapping_of(LogsConfig()), **prior.mapping} if prior is not None else mapping
+    if before != mapping:
+        diff = sorted(k for k in mapping if before.get(k) != mapping[k])
         raise ConfigError(f"ingest.logs: the mapping differs from the one the dataset was "
                           f"ingested with ({', '.join(diff)}); one dataset, one mapping")
     days = sorted(set().union(*(r.days for r in reads)))
@@ -337,7 +347,7 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
         dense = prior.dense
     else:
         dense = {}
-        for c in cfg.dense:
+        for c in frame.dense_names(cfg):
             st = None
             for r in reads:
                 st = r.dense[c] if st is None else st.merge(r.dense[c])
@@ -494,6 +504,8 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
                     table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
                 except cells.Unscalable as e:
                     raise unscalable(e, reads, p) from None
+                except cells.Repeated as e:
+                    raise repeated(e, reads) from None
                 del cell, clicks
             parts.add(table)  # a row group per cell (fewer, larger groups: 20% less to
             # encode than one per bucket, and smaller files)
@@ -502,6 +514,15 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
     finally:
         parts.close()
     return {**totals, "parts": parts.parts, "bytes": parts.bytes}
+
+
+def repeated(e: cells.Repeated, reads: list[FileRead]) -> culprits.RowError:
+    """The error for an impression read twice (`cells.first_repeat`)."""
+    path = {r.source.index: r.source.path for r in reads}
+    (fa, ra), (fb, rb) = e.first, e.again
+    return culprits.RowError(path[fb], rb, None, (
+        f"the same impression as {path[fa]}, row {ra} (every mapped column equal): it would "
+        f"be read twice (a copy, an overlapping export, a repeated line?)"))
 
 
 def unscalable(e: cells.Unscalable, reads: list[FileRead], p: cells.Plan) -> culprits.RowError:

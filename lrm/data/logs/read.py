@@ -3,11 +3,14 @@ chunks (lrm.data.logs.blocks), every column a mapping names checked and parsed
 (lrm.data.logs.checks) into one typed frame per chunk (lrm.data.logs.frame): the `Parser`.
 
 Checks, each naming the file, the row and the column of the first bad value (`RowError`, an
-exit-2 error): a column missing; a value its role cannot take (lrm.data.logs.checks); a
-CSV/TSV row with more fields than the header, a JSON line that does not parse, or whose
-field holds a value of another kind than the column's (lrm.data.logs.culprits). Before any
-row: a column a header names twice (JSON lines: a key twice in the first line), a .gz that
-is not gzip or is cut short.
+exit-2 error): a column missing; a value its role cannot take, a time before 1970
+(lrm.data.logs.checks); a CSV/TSV row with more or fewer fields than the header, a JSON
+line that does not parse, or whose field holds a value of another kind than the column's (a
+number in a text id column too) (lrm.data.logs.culprits). Before any row
+(lrm.data.logs.files): a file of another format than its name says, two files of the same
+content, a column a header names twice (JSON lines: a key twice in the first line), a .gz
+that is not gzip or is cut short. An impression read twice (an overlapping export, a
+repeated line) is found where its day is written (lrm.data.logs.cells.first_repeat).
 """
 
 from __future__ import annotations
@@ -20,13 +23,13 @@ import polars as pl
 
 from lrm.config import LogsConfig
 from lrm.data.logs.checks import (
-    Check, braces, dense, first_bad, hashed, id_list, id_text, label, time_us,
+    Check, before_epoch, braces, dense, first_bad, hashed, id_list, id_text, label, time_us,
 )
 from lrm.data.logs.culprits import RowError
 from lrm.data.logs.files import Source
 from lrm.data.logs.frame import (
     BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, SEED, SESSION, TEXT, TIME, US_PER_DAY, USER,
-    bucket_of, item_name,
+    bucket_of, dense_names, item_name,
 )
 
 
@@ -66,7 +69,8 @@ class Parser:
             chk, self.label_kind = label(src, cfg.label, types[cfg.label], cfg.label_count)
             self._add(LABEL, chk)
         if cfg.time:
-            self._add(TIME, time_us(src, cfg.time, types[cfg.time], cfg))
+            self._add(TIME, time := time_us(src, cfg.time, types[cfg.time], cfg))
+            self.checks.append(before_epoch(time))
         if cfg.user:
             self._add(USER, id_text(src, cfg.user, types[cfg.user], "user", True), cfg.user)
         if cfg.item and not cfg.explode:
@@ -82,7 +86,7 @@ class Parser:
             vocab = item_name(cfg) if col == hist and item_name(cfg) else col
             self._add(f"q:{col}", id_list(src, col, types[col], cfg.item_sep, "sequence"),
                       vocab)
-        for col in cfg.dense:
+        for col in dense_names(cfg):
             self._add(f"d:{col}", dense(src, col, types[col]))
         self.explode: Check | None = None
         if cfg.explode:
@@ -162,7 +166,7 @@ class Parser:
         checks = [Check(col, pl.col("_e"), pl.col("_etext").is_null(),
                         f"expected ITEM{braces(cfg.label_sep)}LABEL entries, got {{value}}",
                         "_e"),
-                  Check(col, pl.col("_e"), item.bad, "negative or missing id in {value}",
+                  Check(col, pl.col("_e"), item.bad, "missing id in {value}",
                         "_e"),
                   Check(col, pl.col("_e"), lab.bad, "label must be 0 or 1 in {value}"
                         if not cfg.label_count else "a count label must be >= 0 in {value}",
