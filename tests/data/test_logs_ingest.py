@@ -310,3 +310,20 @@ def test_a_numeric_item_attribute_is_scaled_and_stored_once_per_item(tmp_path, s
         with pytest.raises(RowError) as e:
             run([f], tmp_path / "bad", item_attributes=["video_duration"], **GAP)
         assert e.value.field == "video_duration" and "--item-dense" in str(e.value)
+
+
+def test_a_partial_first_or_last_day_is_a_day_and_said(tmp_path, caplog):
+    """An export that starts 55 minutes before midnight and ends at noon: its first day is
+    day 0 (its rows are not dropped or moved), counted per day in the metrics, and said in
+    one line; a day of ordinary size is not. Red with the line not said."""
+    import logging
+
+    hours = [23.1, 23.5, 23.9] + [24 + h / 4 for h in range(96)] + [48 + h / 4 for h in range(96)] \
+        + [72 + h / 4 for h in range(40)]  # day 0: 3 rows; days 1-2: 96; day 3: until 10:00
+    log = frame([{"user": f"u{i % 9}", "ts": int(T0 + h * 3600), "item": f"i{i % 13}",
+                  "clicked": i % 4 == 0} for i, h in enumerate(hours)])
+    with caplog.at_level(logging.INFO, logger="lrm"):
+        m, rows = run([write(log, tmp_path / "l.csv")], tmp_path / "out", **GAP)
+    assert m["day_rows"] == {0: 3, 1: 96, 2: 96, 3: 40} and rows.height == len(hours)
+    said = [r.getMessage() for r in caplog.records if "median day" in r.getMessage()]
+    assert len(said) == 1 and "the first day (0) holds 3 rows" in said[0], said

@@ -587,6 +587,8 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
                  state.label_kind, "true -> 1, false -> 0" if state.label_kind == "bool"
                  else "a count > 0 -> 1")
     total = {k: sum(d[k] for d in per_day) for k in per_day[0]}
+    day_rows = {u.out_day: d["rows"] for u, d in zip(units, per_day, strict=True)}
+    say_partial_days(day_rows)
     spans = [r.times for r in reads if r.times is not None]
     times = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
     if times is not None:
@@ -594,7 +596,8 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
     return {
         "rows": total["rows"], "input_rows": sum(r.rows for r in reads),
         "sessions": total["sessions"], "files": len(srcs),
-        "days": len(units), "ctr": total["clicks"] / max(1, total["rows"]),
+        "days": len(units), "day_rows": day_rows,
+        "ctr": total["clicks"] / max(1, total["rows"]),
         "time_span": [checks.iso_time(t) for t in times] if times else None,
         "label_mapping": state.label_kind, "buckets": buckets,
         "impressions_per_session": total["rows"] / max(1, total["sessions"]),
@@ -603,6 +606,25 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
         "dense_scaling": state.dense, "bytes": total["bytes"],
         "parts": total["parts"],
     }
+
+
+PARTIAL_DAY = 0.25  # a first or last day under this share of the median day's rows
+
+
+def say_partial_days(day_rows: dict[int, int]) -> None:
+    """A line for a first or last day much smaller than the others (an export that starts
+    or ends mid-day): each is a day of the dataset, and a stage that trains on it says how
+    it takes it."""
+    if len(day_rows) < 3:
+        return
+    median = sorted(day_rows.values())[len(day_rows) // 2]
+    days = sorted(day_rows)
+    for d, which in ((days[0], "first"), (days[-1], "last")):
+        if day_rows[d] < PARTIAL_DAY * median:
+            log.info("ingest logs: the %s day (%d) holds %d rows, %.0f%% of a median day's "
+                     "%d: the export %s mid-day?", which, d, day_rows[d],
+                     100 * day_rows[d] / median, median,
+                     "starts" if which == "first" else "ends")
 
 
 # A click log's times lie in this range; outside it a numeric time is most likely in other
