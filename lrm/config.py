@@ -194,9 +194,8 @@ class LogsConfig:
     dense: list[str] = field(default_factory=list)  # numeric (log-scaled where heavy-tailed)
     sequence: list[str] = field(default_factory=list)  # list columns (or delimited strings)
     item_attributes: list[str] = field(default_factory=list)  # columns a function of the item
-    # numbers a function of the item (a price, a video's duration): read and scaled as
-    # `dense`, stored once per item in the sessions layout as item_attributes are
-    item_dense: list[str] = field(default_factory=list)
+    # (read and scaled as `dense` is; the sessions files store them once per item)
+    item_dense: list[str] = field(default_factory=list)  # numbers of the item (price, duration)
     vertical: str = ""  # a surface, tab or page type: ExFM's verticals
     explode: str = ""  # a page view's shown items with their labels, e.g. "N1-1 N2-0"
     item_sep: str = " "  # between the items of a delimited list (explode, sequence, history)
