@@ -6,8 +6,10 @@ categoricals (empty = missing).
 
 Output, per good row:
 
-* ``session_id``: the row's number in the stream of good rows across all files, in order
-  (0, 1, 2, ...); every row is its own session, so ``position`` is always 0.
+* ``session_id``: the row's line in the files, counted from 0 across all files in order
+  (line k of the second file is lines(first file) + k - 1; a skipped bad line leaves its
+  number unused), so each file's ids are known before the files before it are parsed (a
+  file is a unit of lrm.fanout); every row is its own session, so ``position`` is always 0.
 * ``day``: the data's own time. Criteo TSV has no time column; its public releases are
   one file per day, so ``cfg.days == "file"`` makes file k of `files` day k, and
   ``cfg.days == "one"`` makes every row day 0 (the files are parts of one day). Rows are
@@ -43,14 +45,17 @@ empty file is always an error. `ingest` writes into `out` as it goes: callers wr
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from lrm import io
+from lrm import fanout, io
 from lrm.config import IngestConfig
 from lrm.data.logs.files import check_files, gzip_check
 from lrm.data.schema import (
@@ -121,13 +126,18 @@ def _message(field: str, nfields: int, raw: str | None) -> str:
     return f"not an 8-hex-digit hash: {shown}"
 
 
-def _chunks(path: Path, chunk_rows: int) -> Iterator[pl.DataFrame]:
-    """(line number, line) frames of at most `chunk_rows` lines, streamed from `path`."""
-    lines = pl.scan_csv(
+def _lines(path: Path) -> pl.LazyFrame:
+    """(line number, line) rows of `path`: every line one string (NUL separator, no quoting)."""
+    return pl.scan_csv(
         path, has_header=False, separator="\x00", quote_char=None, comment_prefix=None,
         schema={LINE: pl.String}, empty_string_is_null=False, encoding="utf8-lossy",
         row_index_name=LINENO, row_index_offset=1,
     )
+
+
+def _chunks(path: Path, chunk_rows: int) -> Iterator[pl.DataFrame]:
+    """(line number, line) frames of at most `chunk_rows` lines, streamed from `path`."""
+    lines = _lines(path)
     try:
         for batch in lines.collect_batches(chunk_size=chunk_rows, maintain_order=True):
             # The engine may hand back larger or smaller batches; re-slice to the bound.
@@ -175,12 +185,13 @@ def _parse(chunk: pl.DataFrame, values: dict[str, pl.Expr], bad: pl.Expr) -> pl.
              .cast(pl.Float32).alias(c) for c in CRITEO_INT]
     sparse = [values[c].alias(c) for c in CRITEO_CAT]
     return _split(chunk.lazy()).select(
-        bad.alias("_bad"), values[LABEL].alias(LABEL), *sparse, *dense).collect()
+        LINENO, bad.alias("_bad"), values[LABEL].alias(LABEL), *sparse, *dense).collect()
 
 
-def _with_keys(parsed: pl.DataFrame, first_row: int, day: int) -> pl.DataFrame:
-    """Add day, session_id and position to good parsed rows; columns in schema order."""
-    session = pl.int_range(pl.len(), dtype=pl.Int64) + first_row
+def _with_keys(parsed: pl.DataFrame, first_line: int, day: int) -> pl.DataFrame:
+    """Add day, session_id (`first_line` + the row's line number - 1) and position to good
+    parsed rows; columns in schema order."""
+    session = pl.col(LINENO).cast(pl.Int64) + (first_line - 1)
     return parsed.select(
         pl.lit(day, dtype=pl.Int32).alias(DAY),
         session.alias(SESSION),
@@ -206,8 +217,68 @@ class _Writer:
             self.parts[day] = part + 1
 
 
+@dataclass
+class _Counts:
+    """What a unit wrote: rows, clicks, bad rows by reason, its days' part counts, bytes."""
+
+    rows: int = 0
+    positives: int = 0
+    by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REASONS, 0))
+    parts: dict[int, int] = field(default_factory=dict)
+    bytes: int = 0
+
+
+def line_count(path: Path) -> int:
+    """The lines of `path` as the reader numbers them (polars' own count of the same scan)."""
+    return int(_lines(path).select(pl.len()).collect().item())
+
+
+def _files_unit(index: int, *, files: list[Path], first_lines: list[int], out: Path,
+                cfg: IngestConfig, rep: Reporter | None) -> _Counts:
+    """Files `files[index]` (a day of its own), or every file (days: one): parse, check and
+    write their rows; a unit of lrm.fanout. Line k of file j is session first_lines[j] + k - 1."""
+    values = _values()
+    checks = _checks(values)
+    bad_expr = pl.any_horizontal(*checks.values())
+    writer = _Writer(out)
+    c = _Counts()
+    todo = range(len(files)) if cfg.days == "one" else [index]
+    for j in todo:
+        path = files[j]
+        file_bad = 0
+        for chunk in _chunks(path, cfg.chunk_rows):
+            parsed = _parse(chunk, values, bad_expr)
+            if parsed["_bad"].any():
+                errors = _first_failures(path, chunk.filter(parsed["_bad"]), checks)
+                if not cfg.skip_bad:
+                    raise errors[0]
+                if file_bad == 0:
+                    log.warning("skipping bad rows in %s; the first: %s", path, errors[0])
+                for e in errors:
+                    c.by_reason[_reason(e.field)] += 1
+                file_bad += len(errors)
+                parsed = parsed.filter(~pl.col("_bad"))
+            if parsed.height:
+                typed = _with_keys(parsed, first_lines[j], j if cfg.days == "file" else 0)
+                writer.write(typed)
+                c.rows += typed.height
+                c.positives += int(typed[LABEL].sum())
+            if rep is not None:
+                mb = (chunk[LINE].str.len_bytes().sum() + chunk.height) / 1e6
+                rep.update(mb, rows=c.rows, bad_rows=sum(c.by_reason.values()))
+        if file_bad:
+            log.warning("%s: skipped %d bad rows", path, file_bad)
+    c.parts, c.bytes = writer.parts, writer.bytes
+    return c
+
+
 def ingest(files: Sequence[Path], out: Path, cfg: IngestConfig) -> dict[str, Any]:
     """Convert Criteo TSV `files` into `out/day=D/part-NNNNN.parquet`; return the metrics.
+
+    With a day per file (`days: file`) each file is a unit of lrm.fanout (a task of its own
+    in the Prefect flows, on a cluster's workers there); its rows' session ids start after
+    the lines of the files before it, so that they need not wait for each other (counted
+    first, each file a unit). With `days: one` the files are parts of one day, read in turn.
 
     Metrics: rows (written), bad_rows (skipped), bad_by_reason, files, days, ctr, bytes.
     Raises DataError for the first bad row (unless cfg.skip_bad) and for a missing or empty
@@ -215,40 +286,19 @@ def ingest(files: Sequence[Path], out: Path, cfg: IngestConfig) -> dict[str, Any
     """
     files = [Path(f) for f in files]
     check_files(files)
-    values = _values()
-    checks = _checks(values)
-    bad_expr = pl.any_horizontal(*checks.values())
-    writer = _Writer(out)
-    rows = positives = bad_rows = 0
-    by_reason = dict.fromkeys(REASONS, 0)
+    names = [f.name for f in files]
+    counts = fanout.map_units("ingest lines", line_count, files[:-1], names[:-1])
+    first_lines = [0, *itertools.accumulate(counts)]
     total_mb = sum(f.stat().st_size for f in files) / 1e6
-
+    units = list(range(len(files))) if cfg.days == "file" else [0]
     with Reporter("ingest", total=round(total_mb, 1), unit="MB") as rep:
-        for index, path in enumerate(files):
-            file_bad = 0
-            for chunk in _chunks(path, cfg.chunk_rows):
-                parsed = _parse(chunk, values, bad_expr)
-                if parsed["_bad"].any():
-                    errors = _first_failures(path, chunk.filter(parsed["_bad"]), checks)
-                    if not cfg.skip_bad:
-                        raise errors[0]
-                    if file_bad == 0:
-                        log.warning("skipping bad rows in %s; the first: %s", path, errors[0])
-                    for e in errors:
-                        by_reason[_reason(e.field)] += 1
-                    file_bad += len(errors)
-                    parsed = parsed.filter(~pl.col("_bad"))
-                if parsed.height:
-                    typed = _with_keys(parsed, rows, index if cfg.days == "file" else 0)
-                    writer.write(typed)
-                    rows += typed.height
-                    positives += int(typed[LABEL].sum())
-                mb = (chunk[LINE].str.len_bytes().sum() + chunk.height) / 1e6
-                rep.update(mb, rows=rows, bad_rows=bad_rows + file_bad)
-            if file_bad:
-                log.warning("%s: skipped %d bad rows", path, file_bad)
-            bad_rows += file_bad
-
+        done = fanout.map_units(
+            "ingest file", partial(_files_unit, files=files, first_lines=first_lines, out=out,
+                                   cfg=cfg, rep=rep if fanout.in_process() else None),
+            units, [names[u] for u in units] if cfg.days == "file" else ["all"])
+    rows = sum(c.rows for c in done)
+    by_reason = {r: sum(c.by_reason[r] for c in done) for r in REASONS}
+    bad_rows = sum(by_reason.values())
     if rows == 0:
         raise DataError(files[0] if len(files) == 1 else ", ".join(map(str, files)), None, None,
                         f"no valid rows to ingest ({bad_rows} bad rows skipped)")
@@ -257,7 +307,7 @@ def ingest(files: Sequence[Path], out: Path, cfg: IngestConfig) -> dict[str, Any
         "bad_rows": bad_rows,
         "bad_by_reason": by_reason,
         "files": len(files),
-        "days": len(writer.parts),
-        "ctr": positives / rows,
-        "bytes": writer.bytes,
+        "days": len({d for c in done for d in c.parts}),
+        "ctr": sum(c.positives for c in done) / rows,
+        "bytes": sum(c.bytes for c in done),
     }

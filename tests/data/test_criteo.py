@@ -196,7 +196,7 @@ def test_skip_bad_skips_and_counts_per_reason(tmp_path):
                                   "not_hex_hash": 2}
     assert m["ctr"] == 0.5
     df = read(tmp_path / "out")
-    assert df["session_id"].to_list() == [0, 1, 2, 3]
+    assert df["session_id"].to_list() == [0, 3, 8, 9]  # line numbers (from 0) across files
     assert df["day"].to_list() == [0, 0, 0, 1]
     assert df["label"].to_list() == [1, 0, 1, 0]
 
