@@ -3,7 +3,9 @@
 Runs on Prefect's ephemeral server with no set-up; set PREFECT_API_URL to use a real one.
 The same nodes, arguments and outputs as `dvc repro` (which also skips up-to-date stages),
 one task per node, named after its stage and model; a run with the pipeline's own params
-is recorded in dvc.lock (`record_for_dvc`), so `dvc repro` after it has nothing to do. One MLflow parent run holds every
+is recorded in dvc.lock (`record_for_dvc`), so `dvc repro` after it has nothing to do.
+`--cluster local:N` or `--cluster tcp://HOST:PORT` runs the units of ingest and dedup (each
+file, each day) on a Dask cluster (flows/cluster.py, the `cluster` extra). One MLflow parent run holds every
 stage's run, the params and the headline (NE and AUC per model). A failed stage fails the flow with its one-line reason as the state message.
 """
 
@@ -18,6 +20,7 @@ import typer
 from prefect import flow
 from prefect.states import Failed
 
+from flows.cluster import task_runner
 from flows.dag import PIPELINES, Pipeline
 from flows.tasks import stage_task
 from lrm import tracking
@@ -97,12 +100,22 @@ def report() -> str:
 def main(name: str = typer.Option("lrm", "--pipeline", help=f"one of {sorted(PIPELINES)}"),
          params: list[Path] = typer.Option(None, "--params", help="params files"),
          force: bool = typer.Option(False, "--force", help="replace outputs lrm did not write"),
+         cluster: str = typer.Option(None, "--cluster", help="where ingest's and dedup's "
+                                     "units run: local:N (N Dask worker processes here) or "
+                                     "tcp://HOST:PORT (a Dask scheduler); default: threads "
+                                     "of this process (flows/cluster.py)"),
          ) -> None:
     """Run a pipeline of flows/dag.py as a Prefect flow."""
+    try:
+        runner = task_runner(cluster)
+    except LrmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    run = pipeline.with_options(task_runner=runner) if runner is not None else pipeline
     with terminated_as_exit():  # SIGTERM exits through Prefect's teardown: its temporary
         # server is stopped (Python's default ends the process and leaves it running)
-        state = pipeline(name, [str(p) for p in params] if params else None, force,
-                         return_state=True)
+        state = run(name, [str(p) for p in params] if params else None, force,
+                    return_state=True)
     if state.is_failed():
         print(f"error: {state.message}", file=sys.stderr)
         raise typer.Exit(2)

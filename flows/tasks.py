@@ -9,25 +9,30 @@ store, a full disk being cleaned) may pass.
 The independent units inside a stage (lrm.fanout: each input file and each day that
 `ingest logs` reads and writes, each day `dedup` dedups) run as tasks of their own, named
 "ingest day 3", "dedup day 3", ..., on the flow's task runner: threads by default; with a
-distributed runner (prefect-dask's DaskTaskRunner, prefect-ray's RayTaskRunner) on other
-machines, which then need the data's folders at the same paths (a shared file system).
+distributed runner (prefect-dask's DaskTaskRunner: flows/cluster.py) in worker processes or on
+other machines, which then need the flow's folders at the same paths (a shared file system):
+a unit runs in the flow's working folder, so the stage's relative paths mean there what they
+mean in the flow.
 """
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from collections.abc import Callable, Sequence
-
-from prefect import task
+from prefect import get_client, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
 from prefect.tasks import Task
 
 from flows.dag import PIPELINES, Node
 from lrm import fanout
-from lrm.errors import LrmError
+from lrm.errors import ConfigError, LrmError
 from stagekit import execute, load_params
 
 
@@ -45,17 +50,69 @@ def _retry_unless_bad_input(task: Task, task_run: TaskRun, state: State) -> bool
     return False
 
 
+_CWD_LOCK = threading.Lock()
+_CWD_USERS: dict[str, int] = {}  # folder -> units running in it in this process
+
+
+@contextmanager
+def _in_folder(folder: str):
+    """Run in `folder` (the flow's working folder) for the block. The working folder is the
+    process's: units of flows started in other folders wait for each other here."""
+    if not os.path.isdir(folder):
+        raise ConfigError(f"worker {socket.gethostname()} (pid {os.getpid()}): the flow's "
+                          f"folder {folder} is not there: every worker must see the flow's "
+                          "folders at the same paths (a shared file system)")
+    while True:
+        with _CWD_LOCK:
+            if not _CWD_USERS or folder in _CWD_USERS:
+                if not _CWD_USERS and os.getcwd() != folder:
+                    os.chdir(folder)
+                _CWD_USERS[folder] = _CWD_USERS.get(folder, 0) + 1
+                break
+        threading.Event().wait(0.05)
+    try:
+        yield
+    finally:
+        with _CWD_LOCK:
+            _CWD_USERS[folder] -= 1
+            if not _CWD_USERS[folder]:
+                del _CWD_USERS[folder]
+
+
 @task(task_run_name="{kind} {name}", cache_policy=NO_CACHE)  # units are big, and run once
-def unit_task(kind: str, name: str, fn: Callable[[Any], Any], item: Any) -> Any:
-    """One unit of a stage (a day to write, a file to read): fn(item)."""
-    return fn(item)
+def unit_task(kind: str, name: str, fn: Callable[[Any], Any], item: Any,
+              cwd: str | None = None) -> Any:
+    """One unit of a stage (a day to write, a file to read): fn(item), in the flow's working
+    folder `cwd` (where the unit runs in another process or on another machine)."""
+    with _in_folder(cwd) if cwd else nullcontext():
+        return fn(item)
 
 
 def task_units(kind: str, fn: Callable[[Any], Any], items: Sequence[Any],
                names: Sequence[str]) -> list[Any]:
-    """lrm.fanout's mapper in a flow: every unit a task on the flow's task runner, at once."""
-    futures = [unit_task.submit(kind, n, fn, x) for n, x in zip(names, items, strict=True)]
+    """lrm.fanout's mapper in a flow: every unit a task on the flow's task runner, at once.
+
+    Where Prefect runs on its temporary server (no PREFECT_API_URL), the units are sent with
+    its address, so that worker processes record their task runs there rather than each
+    starting a temporary server of its own."""
+    cwd = os.getcwd()
+    with _api_of_this_flow():
+        futures = [unit_task.submit(kind, n, fn, x, cwd)
+                   for n, x in zip(names, items, strict=True)]
     return [f.result() for f in futures]
+
+
+@contextmanager
+def _api_of_this_flow():
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    if PREFECT_API_URL.value():
+        yield
+        return
+    with get_client(sync_client=True) as client:
+        url = str(client.api_url).rstrip("/")
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield
 
 
 @task(retries=2, retry_delay_seconds=2, retry_condition_fn=_retry_unless_bad_input,

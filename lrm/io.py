@@ -316,6 +316,25 @@ def atomic_dir(out: Path, *, stage: Stage = None, force: bool = False) -> Iterat
 # ---------------------------------------------------------------- files
 
 
+def unit_folder(folder: Path) -> Path:
+    """`folder` emptied, where it is or lies inside an atomic_dir temporary folder (its marker
+    kept): the folder a unit
+    of lrm.fanout writes whole (a day). A unit run again (its worker process killed in the
+    middle, its task rerun) starts from nothing, so no file of the killed try (a temporary
+    file not yet renamed) is left in the output. Anywhere else it is left as it is."""
+    folder = Path(folder)
+    if not folder.exists():
+        return folder
+    if _TMP_DIR.match(folder.name) and (folder / MARKER).is_file():  # the temporary folder
+        for entry in folder.iterdir():
+            if entry.name != MARKER:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() \
+                    else entry.unlink()
+    elif _in_atomic_tmp(folder):
+        shutil.rmtree(folder)
+    return folder
+
+
 def _in_atomic_tmp(path: Path) -> bool:
     """Whether `path` lies inside an atomic_dir temporary folder (named so, with a marker)."""
     return any(_TMP_DIR.match(a.name) and (a / MARKER).is_file() for a in path.parents)

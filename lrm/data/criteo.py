@@ -243,6 +243,7 @@ def _files_unit(index: int, *, files: list[Path], first_lines: list[int], out: P
     writer = _Writer(out)
     c = _Counts()
     todo = range(len(files)) if cfg.days == "one" else [index]
+    io.unit_folder(part_path(out, index if cfg.days == "file" else 0, 0).parent)
     for j in todo:
         path = files[j]
         file_bad = 0

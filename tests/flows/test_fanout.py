@@ -21,12 +21,13 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows.tasks import stage_task
 from lrm.data.schema import day_files
+from tests.conftest import HARNESS_STARTUP_S
 from tests.data._logs import T0, frame, write
 
 
 @pytest.fixture(scope="module")
 def harness():
-    with prefect_test_harness():
+    with prefect_test_harness(server_startup_timeout=HARNESS_STARTUP_S):
         yield
 
 

@@ -492,6 +492,7 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
     totals = {"rows": 0, "sessions": 0, "clicks": 0, "history_values": 0}
     rows = spill.cell_rows(spilled, unit.day)
     groups = pack(rows, unit.cell_rows)
+    io.unit_folder(part_path(out, unit.out_day).parent)  # a rerun unit starts afresh
     parts = _Parts(out, unit.out_day, _field_metadata(p.schema, p))
     try:
         for group in groups:
