@@ -1,6 +1,7 @@
 """The `lrm` command: one subcommand per stage (the same function as `python -m stages.X`),
 `lrm checkpoint ls|verify DIR` (lrm.checkpoint.listing), `lrm serve` (the streaming
-deployment) and `lrm models` (the registry).
+deployment), `lrm deploy --pool NAME` (the same on a work pool) and `lrm models` (the
+registry).
 
 A front door like the flows, so it lives beside them: it may import every stage (the
 registry of stages is flows/dag.py's `STAGES`).
@@ -81,6 +82,32 @@ def serve(cron: str = typer.Option(None, "--cron", help='cron schedule, e.g. "0 
     setup_logging()
     try:
         deployments.serve(cron, [str(p) for p in params] if params else None, root, days)
+    except LrmError as e:
+        raise fail(e) from None
+
+
+@app.command("deploy")
+def deploy(pool: str = typer.Option(..., "--pool", help="the Prefect work pool (a process "
+                                                        "pool is created when missing)"),
+           cron: str = typer.Option(None, "--cron", help='cron schedule, e.g. "0 2 * * *" '
+                                                        '(default: streaming.cron)'),
+           params: list[Path] = PARAMS_OPT,
+           root: str = typer.Option(None, "--root", help="the stream's folder "
+                                                        "(default: streaming.root)"),
+           days: int = typer.Option(None, "--days", help="new days per run "
+                                                        "(default: streaming.days)"),
+           name: str = typer.Option("lrm-streaming-pool", "--name", help="deployment name"),
+           heartbeat: int = typer.Option(30, "--heartbeat", help="seconds between a run's "
+                                         "heartbeats (a lost run is crashed after 3 missed)"),
+           ) -> None:
+    """Deploy the streaming retraining flow to a Prefect work pool on a cron schedule; its
+    runs are executed by `prefect worker start --pool POOL` (on the GPU machines)."""
+    from flows import deployments
+
+    setup_logging()
+    try:
+        deployments.deploy(pool, cron, [str(p) for p in params] if params else None, root,
+                           days, name, heartbeat)
     except LrmError as e:
         raise fail(e) from None
 

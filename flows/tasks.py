@@ -65,7 +65,7 @@ def _in_folder(folder: str):
     while True:
         with _CWD_LOCK:
             if not _CWD_USERS or folder in _CWD_USERS:
-                if not _CWD_USERS and os.getcwd() != folder:
+                if not _CWD_USERS:  # always: the folder may have been made again since
                     os.chdir(folder)
                 _CWD_USERS[folder] = _CWD_USERS.get(folder, 0) + 1
                 break
