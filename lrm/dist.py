@@ -17,6 +17,7 @@ import logging
 import os
 import platform
 import shutil
+import socket
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from lrm.errors import ConfigError
-from lrm.launch import STORE_ENV
+from lrm.launch import STORE_ENV, TIMEOUT_ENV
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,12 @@ def process_group(device: str = "auto") -> Iterator[Dist]:
             store = dist.FileStore(os.environ[STORE_ENV], world)
             dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
                                     world_size=world, timeout=timedelta(minutes=30))
-        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend, timeout=timedelta(minutes=30))
+        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "False":  # lrm.launch, hosts
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(backend, store=_bound_store(rank, world), rank=rank,
+                                    world_size=world, timeout=collective_timeout())
+        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun, several hosts
+            dist.init_process_group(backend, timeout=collective_timeout())
         else:
             tmp = tempfile.mkdtemp(prefix="lrm-pg-")
             store = dist.FileStore(os.path.join(tmp, "store"), 1)
@@ -122,6 +127,29 @@ def process_group(device: str = "auto") -> Iterator[Dist]:
             gc.collect()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _bound_store(rank: int, world: int) -> dist.Store:
+    """The ranks' store at MASTER_ADDR:MASTER_PORT, listening on that address only (rank 0
+    binds the socket and hands it over: torch's TCPStore has no bind address)."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank != 0:
+        return dist.TCPStore(host, port, world, is_master=False, timeout=collective_timeout())
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((socket.gethostbyname(host), port))
+    sock.listen(1024)
+    store = dist.TCPStore(host, port, world, is_master=True, master_listen_fd=sock.fileno(),
+                          wait_for_workers=False, timeout=collective_timeout())
+    sock.detach()  # the store owns the socket now
+    return store
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective waits for the other ranks under torchrun: LRM_DIST_TIMEOUT_S
+    (lrm.launch sets it to --node-timeout: a lost host fails the run in that time), else 30
+    minutes."""
+    return timedelta(seconds=float(os.environ.get(TIMEOUT_ENV) or 1800))
 
 
 class _DropFbgemmInfo(logging.Filter):
