@@ -92,14 +92,23 @@ def task_units(kind: str, fn: Callable[[Any], Any], items: Sequence[Any],
                names: Sequence[str]) -> list[Any]:
     """lrm.fanout's mapper in a flow: every unit a task on the flow's task runner, at once.
 
-    Where Prefect runs on its temporary server (no PREFECT_API_URL), the units are sent with
+    A unit that fails other than on bad input (its worker lost for good) fails the stage
+    naming it ("dedup day 3: KilledWorker: ..."). Where Prefect runs on its temporary server (no PREFECT_API_URL), the units are sent with
     its address, so that worker processes record their task runs there rather than each
     starting a temporary server of its own."""
     cwd = os.getcwd()
     with _api_of_this_flow():
         futures = [unit_task.submit(kind, n, fn, x, cwd)
                    for n, x in zip(names, items, strict=True)]
-    return [f.result() for f in futures]
+    out = []
+    for n, f in zip(names, futures, strict=True):
+        try:
+            out.append(f.result())
+        except LrmError:
+            raise
+        except Exception as e:  # e.g. dask's KilledWorker, which names only its task key
+            raise RuntimeError(f"{kind} {n}: {type(e).__name__}: {e}") from e
+    return out
 
 
 @contextmanager

@@ -12,9 +12,10 @@ a live worker) with the same bytes, or fails naming the day, and a rerun complet
 
 Planted bugs that turn this red (each tried): the unit task not run in the flow's folder (the
 workers read `data/...` in their own: "No such file"); the units submitted to no task runner
-(run in the flow's process: no unit on a worker); criteo's session ids numbered per file
-(not the same rows as one process); dedup's day not cleared before it is written again (the
-killed try's temporary file left in the day's folder).
+(run in the flow's process: no unit on a worker); Criteo's line offsets computed only where
+the units run in the flow's process (each worker's files numbered from 0: not one process's
+rows); dedup's day not cleared before it is written again (the killed try's temporary file
+left in the day's folder).
 """
 
 from __future__ import annotations

@@ -8,9 +8,8 @@ run is marked Crashed (its heartbeats stopped; the deployment's automation), and
 worker is back, the next scheduled run finishes day 2: its report there, each champion moved
 once (to the day's version where it was judged better), one model version a day.
 
-Planted bugs that turn this red (each tried): no lost-run automation (the killed run stays
-Running, no run finishes day 2); the deployment without its working folder (the worker's
-run reads no params: the day fails); no concurrency limit ... (see the report).
+Planted bug that turns this red (tried): no lost-run automation (the killed run stays
+Running: "the lost run marked Crashed: not within 240 s").
 """
 
 from __future__ import annotations
