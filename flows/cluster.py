@@ -9,7 +9,11 @@ input file and each day of ingest, each day of dedup) run:
     tcp://HOST:8786     a running Dask scheduler (`dask scheduler` + `dask worker` on the
                         machines: the workers need lrm installed, at the same version)
 
-Dask or Ray: chosen by measurement (bench/scale.py --cluster; docs/cluster.md says why).
+Dask rather than Ray (both measured with bench/scale.py --cluster; docs/cluster.md has the
+figures): Dask started 2-8x faster and installs a tenth the size, and its Nanny restarts a
+killed worker while its tasks rerun on the live ones. Ray did the units as fast or faster on
+a loaded 2-core machine. The units are engine-neutral: the benchmark runs prefect-ray's
+RayTaskRunner through the same flows.
 
 Every worker must see the flow's folders at the same paths (a shared file system: NFS,
 Lustre, EFS, or one host): a unit runs in the flow's working folder (flows.tasks.unit_task),
