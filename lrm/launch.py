@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 STORE_ENV = "LRM_STORE"  # the FileStore the processes of one launch meet in (lrm.dist)
 TIMEOUT_ENV = "LRM_DIST_TIMEOUT_S"  # the ranks' collective timeout (lrm.dist)
@@ -133,26 +134,40 @@ def _host_socket(host: str, port: int) -> socket.socket | None:
 class _Peers:
     """Each launcher's beat in the rendezvous store, and the watch on the others' (above)."""
 
-    def __init__(self, host: str, port: int, run_id: str, timeout_s: float) -> None:
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        self.store = dist.TCPStore(host, port, is_master=False, multi_tenant=True,
-                                   timeout=timedelta(seconds=max(5.0, 3 * HEARTBEAT_S)))
+    def __init__(self, host: str, port: int, run_id: str, timeout_s: float,
+                 join_timeout: float) -> None:
+        self.host, self.port, self.join_timeout = host, port, join_timeout
         self.key, self.timeout_s, self.endpoint = f"lrm/{run_id}", timeout_s, f"{host}:{port}"
-        self.index = int(self.store.add(f"{self.key}/nodes", 1)) - 1
-        self.store.set(f"{self.key}/node/{self.index}",
-                       f"host {socket.gethostname()}, pid {os.getpid()}")
+        self.store: Any = None  # connected by the thread (the host's store may come later)
+        self.index = -1
         self.seen: dict[int, tuple[int, float]] = {}  # node -> (beats, when they last moved)
         self.lost: str | None = None
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="lrm-peers", daemon=True)
         self.thread.start()
 
+    def _join(self) -> None:
+        """Connect to the store (waiting up to the join timeout for its host) and say who
+        this node is."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        store = dist.TCPStore(self.host, self.port, is_master=False, multi_tenant=True,
+                              timeout=timedelta(seconds=self.join_timeout))
+        store.set_timeout(timedelta(seconds=max(5.0, 3 * HEARTBEAT_S)))
+        self.index = int(store.add(f"{self.key}/nodes", 1)) - 1
+        store.set(f"{self.key}/node/{self.index}",
+                  f"host {socket.gethostname()}, pid {os.getpid()}")
+        self.store = store
+
     def _loop(self) -> None:
         import time
 
+        try:
+            self._join()
+        except Exception:  # noqa: BLE001 (no store to beat in: the rendezvous fails alone)
+            return
         while not self.stop.wait(HEARTBEAT_S):
             try:
                 self.store.add(f"{self.key}/beat/{self.index}", 1)
@@ -188,6 +203,8 @@ class _Peers:
         if self.lost:
             return self.lost
         self.stop.set()
+        if self.store is None:
+            return None
         try:
             for _ in range(4):
                 lost = self.stalled(time.monotonic(), 2.5 * HEARTBEAT_S)
@@ -200,7 +217,7 @@ class _Peers:
 
     def close(self, done: bool) -> None:
         self.stop.set()
-        if done:
+        if done and self.store is not None:
             try:
                 self.store.set(f"{self.key}/done/{self.index}", "1")
             except Exception:  # noqa: BLE001 (the others are gone: nothing to tell)
@@ -256,7 +273,7 @@ def launch_nodes(nnodes: int, nproc: int, endpoint: str, argv: Sequence[str], *,
                       "read_timeout": int(max(60, node_timeout))},
         local_addr=addr, monitor_interval=0.5,
         logs_specs=DefaultLogsSpecs(log_dir=os.path.join(tmp, "logs")))
-    peers = _Peers(host, port, run_id, node_timeout)
+    peers = _Peers(host, port, run_id, node_timeout, join_timeout)
     ok = False
     try:
         elastic_launch(config, sys.executable)(*argv)
