@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -80,13 +78,29 @@ def _nodes(setup: Path, data: Path, tmp: Path, params: str, out: str, ck: str, p
             for i in range(2)]
 
 
+def _kill(pid: int) -> None:
+    """SIGKILL a launcher and every process under it (its ranks run in sessions of their
+    own, out of its process group)."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)
+
+
 def _finish(nodes: list[subprocess.Popen], tmp: Path, out: str, timeout: float = 600) -> None:
     for i, p in enumerate(nodes):
         try:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
             for q in nodes:
-                os.killpg(q.pid, signal.SIGKILL)
+                _kill(q.pid)
             raise
         assert p.returncode == 0, (tmp / f"{out}-{i}.log").read_text()[-4000:]
 
@@ -157,16 +171,13 @@ def test_a_lost_node_fails_the_other_in_bounded_time_naming_it(setup, datasets, 
             time.sleep(0.5)
         host = next(p for p in nodes if ("127.0.0.1", port) in _listeners([p.pid]))
         lost = next(p for p in nodes if p is not host)
-        os.killpg(lost.pid, signal.SIGKILL)  # the host of the other node, gone
+        _kill(lost.pid)  # the other node's host gone: its launcher and its rank
         t0 = time.monotonic()
         host.wait(120)
         took = time.monotonic() - t0
     finally:
         for p in nodes:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            _kill(p.pid)
     said = (tmp_path / f"long-{nodes.index(host)}.log").read_text()
     assert host.returncode not in (0, None), said[-3000:]
     assert f"pid {lost.pid}" in said and "lost node" in said, said[-3000:]
