@@ -31,9 +31,9 @@ then a local Dask cluster of 1, 2 and 4 worker processes (flows.cluster.local_cl
 and, where prefect-ray is installed, Ray with 1, 2 and 4 worker CPUs. Lines: seconds per
 million impressions of each stage, the best of two runs on the same cluster (baseline: the
 same stage on 1 Dask worker; ratio: the speed-up), the engine's start-up and the first run's
-seconds (the workers' imports included; baseline: Dask's with as many workers). The stages' own time only: the
-cluster is started before the flow (its start-up is its own line). On 2 cores the curve
-flattens at 2 workers.
+seconds (the workers' imports included; baseline: Dask's with as many workers). The stages'
+own time only: the cluster is started before the flow (its start-up is its own line). On 2
+cores the curve flattens at 2 workers.
 """
 
 from __future__ import annotations

@@ -93,9 +93,9 @@ def task_units(kind: str, fn: Callable[[Any], Any], items: Sequence[Any],
     """lrm.fanout's mapper in a flow: every unit a task on the flow's task runner, at once.
 
     A unit that fails other than on bad input (its worker lost for good) fails the stage
-    naming it ("dedup day 3: KilledWorker: ..."). Where Prefect runs on its temporary server (no PREFECT_API_URL), the units are sent with
-    its address, so that worker processes record their task runs there rather than each
-    starting a temporary server of its own."""
+    naming it ("dedup day 3: KilledWorker: ..."). Where Prefect runs on its temporary server
+    (no PREFECT_API_URL), the units are sent with its address, so that worker processes
+    record their task runs there rather than each starting a temporary server of its own."""
     cwd = os.getcwd()
     with _api_of_this_flow():
         futures = [unit_task.submit(kind, n, fn, x, cwd)

@@ -222,7 +222,8 @@ def dedup_day(src: Path, folder: Path, cfg: DedupConfig, day: int, *,
     lrm.fanout: days are independent); what it wrote."""
     schema, files = check_source(src)
     paths = files[day]
-    writer = _PartWriter(io.unit_folder(folder), day, cfg.rows_per_file, schema, item_table=cfg.item_table)
+    writer = _PartWriter(io.unit_folder(folder), day, cfg.rows_per_file, schema,
+                         item_table=cfg.item_table)  # a rerun unit starts afresh
     seen = _SessionIds()  # the day's sessions so far
     rows = sessions = 0
     chunks = (c for p in paths for c in _file_chunks(p, schema, day, chunk_rows))

@@ -95,7 +95,8 @@ def test_a_worker_runs_the_scheduled_days_and_a_lost_worker_crashes_its_run(tmp_
                 r for r in _runs(api, dep["id"]) if r["state_type"] in FINAL], 420, worker,
                 tmp_path / "worker.log")[0]
             assert first["created_by"]["type"] == "SCHEDULE", first
-            assert first["state_type"] == "COMPLETED", (tmp_path / "worker.log").read_text()[-3000:]
+            assert first["state_type"] == "COMPLETED", \
+                (tmp_path / "worker.log").read_text()[-3000:]
             assert [d["name"] for d in _day_runs(api, first["id"])] == ["day 1"]
             assert (stream / "reports" / "day=1.md").is_file()
             day1 = json.loads((stream / "days" / "day=1.json").read_text())

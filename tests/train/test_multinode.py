@@ -162,7 +162,8 @@ def test_two_hosts_train_checkpoint_from_both_and_resume_on_one(setup, datasets,
 
 def test_a_lost_node_fails_the_other_in_bounded_time_naming_it(setup, datasets, tmp_path):
     port = _free_port()
-    nodes = _nodes(setup, datasets["sessions"], tmp_path, "long.yaml", "long", "ck-long", port, timeout=10)
+    nodes = _nodes(setup, datasets["sessions"], tmp_path, "long.yaml", "long", "ck-long", port,
+                   timeout=10)
     try:
         deadline = time.monotonic() + 300  # both ranks training: a checkpoint written
         while not any((tmp_path / "ck-long").glob("*step-*/rows-1.pt")):
