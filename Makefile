@@ -85,4 +85,4 @@ docs-serve: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/mkdocs serve -a 127.0.0.1:8000
 
 clean:
-	rm -rf $(VENV) .pytest_cache site
+	rm -rf $(VENV) .pytest_cache

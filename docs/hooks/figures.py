@@ -1,7 +1,8 @@
 """MkDocs hook: every figure of the site, drawn at build time by the code that measures it.
 
-* `figures/pipelines.svg`: the DAG as DVC sees it (`dvc dag`, i.e. the dvc.yaml files
-  rendered from flows/dag.py), one panel per pipeline, each stage with its first output.
+* `figures/dag-dvc.svg`, `dag-criteo.svg`, `dag-logs.svg`: each pipeline as DVC sees it
+  (`dvc dag` of the dvc.yaml files rendered from flows/dag.py), each stage with its first
+  output.
 * the results' figures, from the records in docs/records/ (small CSV / JSON-lines files
   written by the runs that measured them; `python docs/hooks/record.py` writes them):
   `exfm_ne` (the `student` stage's plots/exfm_ne.csv of a `make run`, drawn by lrm.plots,
@@ -133,15 +134,10 @@ def scaling(lines: list[str]) -> Any:
     return bench.figure(points, law, (front[0]["compute"], front[-1]["compute"]))
 
 
-def pipelines_figure() -> Any:
-    """Every pipeline's stages and the edges `dvc dag` finds between them (the transitive
-    reduction: no arrow a longer path already implies), left to right."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def dvc_dags() -> dict[str, Any]:
+    """Each dvc.yaml's stages and the edges `dvc dag` finds between them (networkx graphs, by
+    the dvc.yaml's path)."""
     import networkx as nx
-    import yaml
 
     proc = subprocess.run([sys.executable, "-m", "dvc", "dag", "--mermaid"], cwd=ROOT,
                           capture_output=True, text=True, check=False)
@@ -155,43 +151,53 @@ def pipelines_figure() -> Any:
     for a, b in re.findall(r"^\s*(node\d+)-->(node\d+)", proc.stdout, re.M):
         (fa, _, sa), (_, _, sb) = names[a].rpartition(":"), names[b].rpartition(":")
         graphs[fa or "dvc.yaml"].add_edge(sa, sb)
-    ordered = sorted(graphs.items(), key=lambda kv: len(kv[0]))
-    width = max(len(list(nx.topological_generations(g))) for g in graphs.values())
-    tall = [max(len(c) for c in nx.topological_generations(g)) for _, g in ordered]
-    fig, axes = plt.subplots(len(graphs), 1, figsize=(2.4 * width, sum(1.0 + 0.8 * t for t in tall)),
-                             squeeze=False, gridspec_kw={"height_ratios": tall})
-    for ax, (dvc_file, full) in zip(axes[:, 0], ordered, strict=True):
-        # the arrows a reader follows: an edge that a path through other stages already
-        # implies is left out (dvc dag lists them all)
-        g = nx.transitive_reduction(full)
-        stages = (yaml.safe_load((ROOT / dvc_file).read_text()) or {})["stages"]
-        pos: dict[str, tuple[float, float]] = {}
-        for x, col in enumerate(nx.topological_generations(g)):
-            # a column in the order of its inputs' heights (fewer crossings), centred
-            def height(n: str) -> float:
-                ys = [pos[m][1] for m in g.predecessors(n)]
-                return -sum(ys) / len(ys) if ys else 0.0
-            col = sorted(col, key=lambda n: (height(n), n))
-            pos |= {n: (x, (len(col) - 1) / 2 - y) for y, n in enumerate(col)}
-        boxes = {}
-        for n, (x, y) in pos.items():
-            outs = stages.get(n, {}).get("outs") or [""]
-            first = outs[0] if isinstance(outs[0], str) else next(iter(outs[0]))
-            boxes[n] = ax.text(x, y, f"{n}\n{first}", ha="center", va="center", fontsize=7.5,
-                               bbox=dict(boxstyle="round,pad=0.35", fc="#e8eef7", ec="#4a6fa5"))
-        for a, b in g.edges:
-            skip = pos[b][0] - pos[a][0] > 1  # an edge past a column bends around it
-            ax.annotate("", xy=pos[b], xytext=pos[a],
-                        arrowprops=dict(arrowstyle="-|>", color="#666666", lw=0.7,
-                                        patchA=boxes[a].get_bbox_patch(),
-                                        patchB=boxes[b].get_bbox_patch(),
-                                        connectionstyle=f"arc3,rad={0.25 if skip else 0.0}"))
-        t = max(abs(y) for _, y in pos.values())
-        ax.set_xlim(-0.5, width - 0.5)
-        ax.set_ylim(-t - 0.6, t + 0.6)
-        ax.set_title(dvc_file, fontsize=9, loc="left")
-        ax.axis("off")
+    return graphs
+
+
+def pipeline_figure(dvc_file: str, full: Any) -> Any:
+    """One pipeline left to right: a box per stage (its name and first output), an arrow
+    where a stage reads another's output, but none that a longer path already implies (the
+    transitive reduction: `dvc dag` lists them all)."""
+    import matplotlib.pyplot as plt
+    import networkx as nx
+    import yaml
+
+    g = nx.transitive_reduction(full)
+    stages = (yaml.safe_load((ROOT / dvc_file).read_text()) or {})["stages"]
+    cols = list(nx.topological_generations(g))
+    pos: dict[str, tuple[float, float]] = {}
+    for x, col in enumerate(cols):
+        def height(n: str) -> float:  # a column in its inputs' order: fewer crossings
+            ys = [pos[m][1] for m in g.predecessors(n)]
+            return -sum(ys) / len(ys) if ys else 0.0
+        col = sorted(col, key=lambda n: (height(n), n))
+        pos |= {n: (x, (len(col) - 1) / 2 - y) for y, n in enumerate(col)}
+    tall = max(len(c) for c in cols)
+    fig, ax = plt.subplots(figsize=(1.75 * len(cols), 0.3 + 0.75 * tall))
+    boxes = {}
+    for n, (x, y) in pos.items():
+        outs = stages.get(n, {}).get("outs") or [""]
+        first = outs[0] if isinstance(outs[0], str) else next(iter(outs[0]))
+        boxes[n] = ax.text(x, y, f"{n}\n{first}", ha="center", va="center", fontsize=7,
+                           bbox=dict(boxstyle="round,pad=0.3", fc="#e8eef7", ec="#4a6fa5"))
+    for a, b in g.edges:
+        skip = pos[b][0] - pos[a][0] > 1  # an edge past a column bends around it
+        ax.annotate("", xy=pos[b], xytext=pos[a],
+                    arrowprops=dict(arrowstyle="-|>", color="#666666", lw=0.7,
+                                    patchA=boxes[a].get_bbox_patch(),
+                                    patchB=boxes[b].get_bbox_patch(),
+                                    connectionstyle=f"arc3,rad={0.25 if skip else 0.0}"))
+    t = max(abs(y) for _, y in pos.values())
+    ax.set_xlim(-0.55, len(cols) - 0.45)
+    ax.set_ylim(-t - 0.5, t + 0.5)
+    ax.axis("off")
     return fig
+
+
+def pipeline_name(dvc_file: str) -> str:
+    """figures/dag-NAME.svg: `dvc` for the root dvc.yaml, else the pipeline's folder."""
+    parent = Path(dvc_file).parent
+    return "dvc" if parent == Path(".") else parent.name
 
 
 DRAW: dict[str, Callable[[list[str]], Any]] = {"exfm_ne": exfm_ne, "scaling": scaling,
@@ -213,8 +219,9 @@ def on_files(files: Files, config: Any) -> Files:
     import matplotlib
 
     matplotlib.use("Agg")  # no display, no network
-    files.append(File.generated(config, f"{FIGURES}/pipelines.svg",
-                                content=_svg(pipelines_figure())))
+    for dvc_file, graph in dvc_dags().items():
+        files.append(File.generated(config, f"{FIGURES}/dag-{pipeline_name(dvc_file)}.svg",
+                                    content=_svg(pipeline_figure(dvc_file, graph))))
     for name, draw in DRAW.items():
         _, lines = read_record(record_path(name))
         try:

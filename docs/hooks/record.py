@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     RECORDS.mkdir(parents=True, exist_ok=True)
     out = RECORDS / f"{args.kind}{ext}"
     out.write_text(text)
-    print(out.relative_to(ROOT))
+    print(out)
 
 
 if __name__ == "__main__":
