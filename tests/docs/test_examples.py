@@ -61,6 +61,8 @@ def test_quick_start_runs_as_written(tmp_path: Path) -> None:
     outs = run_block(GETTING_STARTED, "lrm generate", tmp_path)
     assert "Usage: lrm" in " ".join(outs[0].split())  # lrm --help
     assert sorted(day_files(tmp_path / "data" / "sessions")) == [0, 1, 2]
+    for stage in ("generate", "dedup", "train_student"):  # where the page says
+        assert (tmp_path / "metrics" / f"{stage}.json").is_file(), stage
     scores = json.loads((tmp_path / "metrics" / "mine.json").read_text())
     assert 0.5 < scores["student"]["ne"] < 1.1, scores
 
