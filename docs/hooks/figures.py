@@ -12,8 +12,8 @@
 
 No picture is committed: a fresh clone's `make docs` draws them all. A page places a figure
 with a line `[[figure NAME]]`: the picture and, under it, the record's date, commit, machine
-and command. A name with no record, a record that does not parse, or a figure that cannot be
-drawn fails the build.
+and command. A page placing a figure no code draws or no run recorded, a record that does not
+parse, or a figure that cannot be drawn fails the build.
 """
 
 from __future__ import annotations
@@ -223,6 +223,8 @@ def on_files(files: Files, config: Any) -> Files:
         files.append(File.generated(config, f"{FIGURES}/dag-{pipeline_name(dvc_file)}.svg",
                                     content=_svg(pipeline_figure(dvc_file, graph))))
     for name, draw in DRAW.items():
+        if not any(RECORDS.glob(f"{name}.*")):
+            continue  # no run recorded yet: a page that places it fails (on_page_markdown)
         _, lines = read_record(record_path(name))
         try:
             fig = draw(lines)

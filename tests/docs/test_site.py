@@ -15,7 +15,7 @@ import typer
 from flows.cli import app
 from tests.docs._pages import REPO
 
-FIGURES = ("dag-dvc", "dag-criteo", "dag-logs", "exfm_ne", "scaling", "stream")
+DAGS = ("dag-dvc", "dag-criteo", "dag-logs")
 
 
 def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
@@ -57,12 +57,16 @@ def test_site_builds_strict_with_its_generated_parts(tmp_path: Path) -> None:
     train = (site / "reference" / "api" / "lrm.train" / "index.html").read_text()
     assert "build_job" in train and "TrainJob" in train
 
-    for name in FIGURES:
+    recorded = {p.name.split(".")[0] for p in (REPO / "docs" / "records").iterdir()
+                if p.suffix in (".csv", ".jsonl")}
+    assert recorded >= {"scaling", "stream"}
+    for name in [*DAGS, *recorded]:  # every pipeline and every recorded run, drawn
         svg = (site / "figures" / f"{name}.svg").read_bytes()
         assert svg.startswith(b"<?xml") and b"<svg" in svg, name
     results = (site / "results" / "index.html").read_text()
-    for name in ("exfm_ne", "scaling"):
+    for name in recorded - {"stream"}:
         assert f"figures/{name}.svg" in results, name
+    assert "figures/stream.svg" in (site / "streaming" / "index.html").read_text()
     assert "Measured " in results and "at commit" in results
     changelog = (site / "changelog" / "index.html").read_text()
     assert "loader.recd" in changelog  # CHANGELOG.md's renamed keys, included whole

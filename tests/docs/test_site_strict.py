@@ -67,3 +67,8 @@ def test_a_record_without_its_provenance_or_an_unknown_figure_fails(tmp_path: Pa
 
     with pytest.raises(PluginError, match="no such figure"):
         figures.on_page_markdown("[[figure champion_ne]]\n", Page, {}, None)
+    monkey = tmp_path / "records"
+    monkey.mkdir()
+    figures.RECORDS = monkey  # no run recorded: a page placing the figure fails
+    with pytest.raises(PluginError, match="expected one record"):
+        figures.on_page_markdown("[[figure scaling]]\n", Page, {}, None)
