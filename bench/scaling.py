@@ -124,35 +124,45 @@ def frontier(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _plot(points: list[dict[str, Any]], law: dict[str, float], span: tuple[float, float],
-          path: Path) -> None:
+def figure(points: list[dict[str, Any]], law: dict[str, float],
+           span: tuple[float, float]) -> Any:
     """The points by shape, and the law over `span` (the frontier's compute: past where the
-    frontier stops the law describes nothing measured)."""
+    frontier stops the law describes nothing measured), as a matplotlib Figure (the docs
+    draw the recorded run with it: docs/hooks/figures.py)."""
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    for shape in dict.fromkeys(p["shape"] for p in points):
+        mine = sorted((p for p in points if p["shape"] == shape), key=lambda p: p["compute"])
+        ax.plot([p["compute"] for p in mine], [p["ne"] for p in mine], marker="o",
+                label=f"{shape} ({mine[0]['flops_per_example'] / 1e6:.2g} MFLOPs/imp)")
+        for p in mine:
+            ax.annotate(f"{p['days']}d", (p["compute"], p["ne"]), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))
+    cs = np.geomspace(*span)
+    ax.plot(cs, law["a"] + law["b"] * cs ** -law["c"], "k--",
+            label=f"NE = {law['a']:.4f} + {law['b']:.3g} C^-{law['c']:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training compute C (forward FLOPs x impressions)")
+    ax.set_ylabel("held-out NE (last day, every vertical)")
+    ax.set_title("Wukong FM: NE against training compute")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _plot(points: list[dict[str, Any]], law: dict[str, float], span: tuple[float, float],
+          path: Path) -> None:
+    """`figure` as a PNG at `path`."""
     import io as _io
 
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    fig = figure(points, law, span)
     try:
-        for shape in dict.fromkeys(p["shape"] for p in points):
-            mine = sorted((p for p in points if p["shape"] == shape), key=lambda p: p["compute"])
-            ax.plot([p["compute"] for p in mine], [p["ne"] for p in mine], marker="o",
-                    label=f"{shape} ({mine[0]['flops_per_example'] / 1e6:.2g} MFLOPs/imp)")
-            for p in mine:
-                ax.annotate(f"{p['days']}d", (p["compute"], p["ne"]), fontsize=7,
-                            textcoords="offset points", xytext=(3, 3))
-        cs = np.geomspace(*span)
-        ax.plot(cs, law["a"] + law["b"] * cs ** -law["c"], "k--",
-                label=f"NE = {law['a']:.4f} + {law['b']:.3g} C^-{law['c']:.3f}")
-        ax.set_xscale("log")
-        ax.set_xlabel("training compute C (forward FLOPs x impressions)")
-        ax.set_ylabel("held-out NE (last day, every vertical)")
-        ax.set_title("Wukong FM: NE against training compute")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
         buf = _io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
     finally:
