@@ -32,7 +32,7 @@ from lrm import io
 from lrm.config import IngestConfig, LogsConfig
 from lrm.data.logs import LOG_SUFFIXES
 from lrm.errors import ConfigError, LrmError
-from stagekit import Arg, Stage
+from stagekit import Arg, Metrics, Stage
 from stagekit.cli import command, config_options, fail
 from stagekit.params import read_params_file
 
@@ -96,7 +96,7 @@ def log_files(paths: list[Path]) -> list[Path]:
 def run(*, listed: list[str], skip_bad: bool, days: str, chunk_rows: int,
         files: list[Path] | None = None, out: Path = Path("data/criteo/raw"),
         metrics: Path | None = Path("metrics/ingest.json"), force: bool = False
-        ) -> dict[str, Any]:
+        ) -> Metrics:
     """Convert Criteo display-ads TSV files (label, I1..I13, C1..C26) to Parquet days."""
     from lrm.data import criteo  # polars import: only when the stage runs
 
@@ -107,13 +107,13 @@ def run(*, listed: list[str], skip_bad: bool, days: str, chunk_rows: int,
     paths = input_files(chosen)
     io.check_paths(paths, [out])
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
-        return criteo.ingest(paths, tmp, cfg)
+        return Metrics(criteo.ingest(paths, tmp, cfg))
 
 
 def run_logs(*, cfg: LogsConfig, chunk_rows: int, max_history: int,
              files: list[Path] | None = None, out: Path = Path("data/logs/raw"),
              metrics: Path | None = Path("metrics/ingest_logs.json"), force: bool = False
-             ) -> dict[str, Any]:
+             ) -> Metrics:
     """Convert a click log (Parquet, CSV/TSV, JSON lines) to Parquet days, by a column mapping."""
     from lrm.data.logs import ingest  # polars import: only when the stage runs
 
@@ -123,7 +123,8 @@ def run_logs(*, cfg: LogsConfig, chunk_rows: int, max_history: int,
     paths = log_files(chosen)
     io.check_paths(paths, [out])
     with io.atomic_dir(out, stage=LOGS, force=force) as tmp:
-        return ingest.ingest(paths, tmp, cfg, chunk_rows=chunk_rows, max_history=max_history)
+        return Metrics(ingest.ingest(paths, tmp, cfg, chunk_rows=chunk_rows,
+                                     max_history=max_history))
 
 
 STAGE = Stage(
