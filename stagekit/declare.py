@@ -126,6 +126,8 @@ class Stage:
     # pipeline's parent MLflow run
     trains: str | None = None  # the model whose training values fill run's `train`
     # (ParamsConfig.train_for: "teacher", "students", or "{kind}" filled from args)
+    config_file: tuple[str, str] | None = None  # (flag, params key): the CLI takes a YAML
+    # file of that config's keys, laid over the params and under the flags (`--map`)
 
     @property
     def command_name(self) -> str:

@@ -76,8 +76,8 @@ def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"
         ) -> Metrics:
     """Score saved models on a held-out day (or days): NE, AUC, calibration, rows."""
     from lrm.config import day_range
-    from lrm.data.schema import day_files
-    from lrm.train.evaluate import evaluate, evaluate_days, pick_days  # torch: only here
+    from lrm.data.schema import day_files, pick_days
+    from lrm.train.evaluate import evaluate, evaluate_days  # torch: only here
 
     parsed = parse_models(models, name)
     days = pick_days(list(day_files(data)), *day_range(cfg.days), "evaluate.days") \
