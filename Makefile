@@ -49,7 +49,7 @@ repro-logs: $(STAMP)
 
 # Re-render dvc.yaml (and pipelines/*/dvc.yaml) from the DAG table in flows/dag.py.
 dag: $(STAMP)
-	$(BIN)/python -m flows.dag
+	$(BIN)/python -m flows.dvc_yaml
 
 test: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc

@@ -68,7 +68,8 @@ from lrm.dist import Dist, process_group, quiet_libraries  # noqa: E402
 from lrm.models import build_model  # noqa: E402
 from lrm.sharding import parallel  # noqa: E402
 from lrm.train.data import model_hash_sizes  # noqa: E402
-from lrm.train.evaluate import predict, score  # noqa: E402
+from lrm.metrics import score  # noqa: E402
+from lrm.train.evaluate import predict  # noqa: E402
 from lrm.train.state import TrainState  # noqa: E402
 from lrm.train.steps import dense_optimizer  # noqa: E402
 

@@ -26,15 +26,23 @@ from lrm.config import ParamsConfig
 from lrm.errors import LrmError
 from stagekit import load_params
 from stagekit.cli import command, fail, setup_logging
-from stages import ingest
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="lrm: train and keep retraining large recommendation models.")
+GROUP_HELP = {"ingest": "ingest: logs -> Parquet days (criteo: Criteo TSV; logs: any click "
+                        "log through a column mapping)"}
 
+_groups: dict[str, typer.Typer] = {}  # `lrm ingest criteo|logs`: a command's sources
 for _stage in STAGES.values():
     if _stage.group is None:
         app.command(_stage.command_name)(command(_stage))
-app.add_typer(ingest.app(), name="ingest")  # `lrm ingest criteo|logs`
+        continue
+    if _stage.command_name not in _groups:
+        _groups[_stage.command_name] = typer.Typer(
+            add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
+        app.add_typer(_groups[_stage.command_name], name=_stage.command_name,
+                      help=GROUP_HELP.get(_stage.command_name))
+    _groups[_stage.command_name].command(_stage.group)(command(_stage))
 
 checkpoint_app = typer.Typer(add_completion=False, no_args_is_help=True,
                              pretty_exceptions_enable=False)

@@ -27,6 +27,7 @@ time (its root is locked).
 import dataclasses
 import sys
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -45,13 +46,23 @@ from lrm.exfm.students import vertical_models
 from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
 from lrm.streaming.layout import STAGE, StreamPaths
-from stagekit import OFF, PARAMS, Stage, execute, load_params
+from stagekit import OFF, PARAMS, Result, Stage, execute, load_params
 from stagekit.cli import terminated_as_exit
 from stages import augment, dedup, register
 from stages import student as student_stage
 from stages import teacher as teacher_stage
 
 ARTIFACT = "lrm-stream-day-{day}"
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A model's step of the day: its part of the day's record, and the registry's decision
+    on it (None: nothing registered), carried out by `promote` once the day is done."""
+
+    record: dict[str, Any]
+    decision: registry.Decision | None = None
+    champion: str | None = None  # @champion's version once the day's decision is carried out
 
 
 def settings(params: list[str] | None, root: str | None) -> tuple[ParamsConfig, StreamPaths]:
@@ -61,9 +72,9 @@ def settings(params: list[str] | None, root: str | None) -> tuple[ParamsConfig, 
     return cfg, StreamPaths(Path(cfg.streaming.root))
 
 
-def _stage(stage: Stage, args: dict[str, Any], cfg: ParamsConfig, day: int) -> dict[str, Any]:
+def _stage(stage: Stage, args: dict[str, Any], cfg: ParamsConfig, day: int) -> Result:
     """Run a stage for day `day` through the stage runner (its checks, locks, MLflow run
-    nested under the day's, one-line errors)."""
+    nested under the day's, one-line errors); its typed result."""
     return execute(stage, args, cfg, tags={"lrm.stream.day": str(day)})
 
 
@@ -94,7 +105,7 @@ def dedup_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool
     return _stage(dedup.STAGE, {
         "src": paths.raw, "out": paths.sessions,
         "days": list(range(day + 2 if next_day else day + 1)),
-        "metrics": paths.reports / f"dedup_day={day}.json"}, cfg, day)
+        "metrics": paths.reports / f"dedup_day={day}.json"}, cfg, day).metrics()
 
 
 @task(task_run_name="collisions day {day}", cache_policy=NO_CACHE)
@@ -103,28 +114,32 @@ def collisions(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any
 
 
 @task(task_run_name="teacher day {day}", cache_policy=NO_CACHE)
-def teacher(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str, Any]:
+def teacher(cfg: ParamsConfig, paths: StreamPaths, day: int) -> Judged:
     """When due: the teacher stage carries the teacher on over the days since its last window,
     scores it on day D, registers it and promotes it on NE."""
     name = models.registry_name(cfg)
     window = models.teacher_due(paths, cfg, day)
     if window is None:
-        return models.not_due(paths, cfg)
+        return Judged(models.not_due(paths, cfg))
     m = _stage(teacher_stage.STAGE, {
         "data": paths.sessions, "days": window, "eval_day": day, "carry": True,
         "defer": True, "checkpoints": paths.teacher_chain(), "out": paths.teacher_model(day),
         "plan": cfg.streaming.plan or None,
         "metrics": paths.reports / f"teacher_day={day}.json", "plot": OFF}, cfg, day)
-    decision = m["registry"]
-    models.record_teacher(paths, day, window, decision["version"])
-    return {"due": True, "window": window, "train": m["train"], "decision": decision,
-            "champion": _champion_after(decision, name, cfg)}
+    assert isinstance(m, teacher_stage.Version), m  # --carry: one version
+    decision = m.decision
+    if decision is None:  # the stream runs under an MLflow run: the stage registers
+        raise ConfigError(f"stream day {day}: the teacher was not registered")
+    models.record_teacher(paths, day, window, decision.version)
+    champion = _champion_after(decision, name, cfg)
+    return Judged({"due": True, "window": window, "train": m.train,
+                   "decision": decision.as_dict(), "champion": champion}, decision, champion)
 
 
-def _champion_after(decision: dict[str, Any], name: str, cfg: ParamsConfig) -> str | None:
+def _champion_after(decision: registry.Decision, name: str, cfg: ParamsConfig) -> str | None:
     """@champion of `name` once the day's decision is carried out (at the end of the day)."""
-    if decision["promoted"]:
-        return str(decision["version"])
+    if decision.promoted:
+        return str(decision.version)
     return registry.alias_version(name, registry.CHAMPION, cfg.tracking)
 
 
@@ -136,11 +151,12 @@ def augment_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool
     version, folder = models.teacher_champion(paths, cfg, champion)
     want = [day, day + 1] if next_day else [day]
     run_cfg = dataclasses.replace(cfg, augment=dataclasses.replace(cfg.augment, days=want))
-    metrics = _stage(augment.STAGE, {
+    m = _stage(augment.STAGE, {
         "data": paths.sessions, "teacher": folder, "out": paths.augmented,
         "metrics": paths.reports / f"augment_day={day}.json"}, run_cfg, day)
-    return {"teacher": f"{cfg.teacher.registry_name} v{version}", "written": metrics["written"],
-            "skipped": metrics["skipped"]}
+    assert isinstance(m, augment.Augmented), m
+    return {"teacher": f"{cfg.teacher.registry_name} v{version}", "written": m.written,
+            "skipped": m.skipped}
 
 
 @task(task_run_name="evaluation data day {day}", cache_policy=NO_CACHE)
@@ -152,39 +168,43 @@ def evaluation_data(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str
 
 
 @task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
-def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> dict[str, Any]:
+def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> Judged:
     """The student stage carries vertical model `name` on to day D (its serving variant, or
     with registry.variant auto every variant and the day before's pick); the register stage
     registers the served one and promotes it on NE."""
     plan = sdays.plan(paths, day, cfg.streaming.holdout)
     out = paths.student_models(day)
-    m = _stage(student_stage.STAGE, {
+    trained = _stage(student_stage.STAGE, {
         "data": plan.train_data, "sessions": paths.sessions, "out": out,
         "checkpoints": paths.student_chains(), "day": day, "name": name,
         "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
         "plan": cfg.streaming.plan or None,
         "metrics": paths.reports / f"student_{name}_day={day}.json", "table": OFF,
-        "plot": OFF}, cfg, day)["students"][name]
+        "plot": OFF}, cfg, day)
+    assert isinstance(trained, student_stage.Day), trained  # --day: one day
+    m = trained.students[name]
     r = _stage(register.STAGE, {
         "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
         "evaluated_on": plan.label, "defer": True,
         "metrics": paths.reports / f"register_{name}_day={day}.json"}, cfg, day)
-    decision = r["students"][name]
-    return {"train": m["variants"][m["serving"]], "variant": m["serving"],
-            "validation_ne": m["validation_ne"], "decision": decision,
-            "champion": _champion_after(decision, decision["name"], cfg)}
+    assert isinstance(r, register.Registered), r
+    decision = r.decisions[name]
+    champion = _champion_after(decision, decision.name, cfg)
+    return Judged({"train": m.variants[m.serving], "variant": m.serving,
+                   "validation_ne": m.validation_ne,
+                   "decision": {**decision.as_dict(), "variant": r.variants[name]},
+                   "champion": champion}, decision, champion)
 
 
 @task(task_run_name="promote day {day}", cache_policy=NO_CACHE)
-def promote(cfg: ParamsConfig, day: int, decisions: list[dict[str, Any]]) -> list[str]:
+def promote(cfg: ParamsConfig, day: int, decisions: list[registry.Decision]) -> list[str]:
     """The day's decisions carried out, once every step of the day is done: @champion moves
     to each promoted version (a failed day moves none; a day run again moves them once)."""
     moved = []
     for d in decisions:
-        fields = {k: d[k] for k in registry.Decision.__dataclass_fields__}
-        registry.complete(registry.Decision(**fields), cfg.tracking)
-        if d["promoted"]:
-            moved.append(f"{d['name']} v{d['version']}")
+        registry.complete(d, cfg.tracking)
+        if d.promoted:
+            moved.append(f"{d.name} v{d.version}")
     return moved
 
 
@@ -218,28 +238,28 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         coll = collisions(cfg, paths, day)
         tracking.log_metrics({f"collisions/{f}": c["lookup_collisions"] for f, c in coll.items()})
         t = teacher(cfg, paths, day)
-        aug = augment_days(cfg, paths, day, next_day, t.get("champion"))
+        aug = augment_days(cfg, paths, day, next_day, t.champion)
         ev = evaluation_data(cfg, paths, day)
         vms = vertical_models(read_schema(paths.sessions)[0], list(cfg.students.models))
         students = {vm.name: student(cfg, paths, vm.name, day) for vm in vms}
         record = {"day": day, "key": key, "params": params_digest,
                   "evaluated_on": ev["label"], "next_day": ev["next_day"], "split": ev["split"],
-                  "teacher": t, "augmented_by": aug["teacher"], "augment": aug,
-                  "students": students, "collisions": coll,
+                  "teacher": t.record, "augmented_by": aug["teacher"], "augment": aug,
+                  "students": {n: s.record for n, s in students.items()}, "collisions": coll,
                   "seconds": round(time.perf_counter() - t0, 2)}
         record["report"] = publish(paths, day, record)
-        for name, s in students.items():
-            tracking.log_metrics({f"{name}/challenger_ne": s["decision"]["challenger"]["ne"],
-                                  f"{name}/promoted": float(s["decision"]["promoted"])})
+        decisions = {n: s.decision for n, s in students.items() if s.decision is not None}
+        for name, d in decisions.items():
+            tracking.log_metrics({f"{name}/challenger_ne": d.challenger["ne"],
+                                  f"{name}/promoted": float(d.promoted)})
         # last but the record: the champions move only once every step of the day is done
-        promote(cfg, day, ([t["decision"]] if t.get("due") else [])
-                + [s["decision"] for s in students.values()])
+        promote(cfg, day, ([t.decision] if t.decision is not None else [])
+                + list(decisions.values()))
     ledger.write(paths, day, record)  # last: the day is done
     sdays.prune_work(paths, ledger.recorded_days(paths))
-    for name, s in students.items():
-        d = s["decision"]
-        print(f"day {day}: {d['name']} v{d['version']} "
-              f"{'promoted' if d['promoted'] else 'kept'}: {d['reason']}")
+    for d in decisions.values():
+        print(f"day {day}: {d.name} v{d.version} "
+              f"{'promoted' if d.promoted else 'kept'}: {d.reason}")
     return record
 
 

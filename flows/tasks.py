@@ -133,6 +133,6 @@ def stage_task(pipeline: str, name: str, title: str, params: list[str] | None = 
     n = node(pipeline, name)
     files = [Path(p) for p in params] if params else None
     with fanout.using(task_units):
-        return execute(n.stage, n.args, load_params(files), force=force)
+        return execute(n.stage, n.args, load_params(files), force=force).metrics()
 
 

@@ -151,7 +151,7 @@ def _record(path: Path) -> dict[str, Any]:
     st = os.lstat(path)
     if os.path.islink(path):
         return {"symlink": os.readlink(path)}
-    return {"bytes": st.st_size, "sha256": sha256_file(path), "mtime_ns": st.st_mtime_ns}
+    return {"bytes": st.st_size, "sha256": read_sha256(path), "mtime_ns": st.st_mtime_ns}
 
 
 def _changed(path: Path, rec: Any) -> bool:
@@ -164,7 +164,7 @@ def _changed(path: Path, rec: Any) -> bool:
     st = os.lstat(path)
     if os.path.islink(path) or st.st_size != rec.get("bytes"):
         return True
-    return st.st_mtime_ns != rec.get("mtime_ns") and sha256_file(path) != rec.get("sha256")
+    return st.st_mtime_ns != rec.get("mtime_ns") and read_sha256(path) != rec.get("sha256")
 
 
 def _foreign(folder: Path, marker: dict[str, Any]) -> list[str]:
@@ -363,8 +363,9 @@ def _locked(folder: Path) -> Iterator[None]:
         os.close(fd)  # releases the flock
 
 
-def sha256_file(path: Path) -> str:
-    """The file's sha256 (hex), read in blocks."""
+def read_sha256(path: Path) -> str:
+    """The file's sha256 (hex): its bytes read now, in blocks (recorded_sha256 takes lrm's
+    record of a file it wrote instead)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -413,7 +414,7 @@ def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, A
 def source_fingerprint(files: Sequence[Path]) -> list[dict[str, Any]]:
     """[{file, bytes, sha256}] of a day's input files: what a derived day records it was
     made from (augment's manifest, dedup's stamp), to redo it when they change."""
-    return [{"file": Path(f).name, "bytes": Path(f).stat().st_size, "sha256": sha256_file(f)}
+    return [{"file": Path(f).name, "bytes": Path(f).stat().st_size, "sha256": read_sha256(f)}
             for f in files]
 
 
@@ -466,7 +467,7 @@ def _write_file(path: Path, fill: Callable[[Path], str | None], stage: Stage,
         if owned:
             os.replace(tmp, path)
         else:
-            digest = digest or sha256_file(tmp)
+            digest = digest or read_sha256(tmp)
             with _locked(path.parent):
                 if _signature(path) != seen:  # changed while we wrote: decide again
                     _check_file(path, names, force)
@@ -664,11 +665,11 @@ def written_by_lrm(path: Path) -> bool:
     return _written(Path(path)) is not None
 
 
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file: as lrm recorded it when it wrote the file while it is
-    unchanged, else read and hashed here (a dataset's identity without rereading it)."""
+def recorded_sha256(path: Path) -> str:
+    """The sha256 of a file as lrm recorded it when it wrote the file, while it is unchanged
+    (a dataset's identity without rereading it); else read now (read_sha256)."""
     rec = _written(Path(path))
-    return str(rec["sha256"]) if rec is not None else sha256_file(path)
+    return str(rec["sha256"]) if rec is not None else read_sha256(path)
 
 
 def _real(path: Path) -> Path:

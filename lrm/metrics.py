@@ -32,7 +32,7 @@ sums, so the scores of a job's ranks add up (`reduce`) to the score of all their
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -187,6 +187,38 @@ def bootstrap_ci(preds: torch.Tensor, labels: torch.Tensor, *, resamples: int = 
     return ci
 
 
+def _summary(rows: int, values: Callable[[], tuple[float, float, float, float, float]]
+             ) -> dict[str, Any]:
+    """{ne, auc, calibration, rows, log_loss, ctr}: what every scorer reports; `values()`
+    gives the five metrics of the rows (NaN without rows)."""
+    ne, auc_, cal, loss, ctr = values() if rows else (math.nan,) * 5
+    return {"ne": ne, "auc": auc_, "calibration": cal, "rows": rows, "log_loss": loss,
+            "ctr": ctr}
+
+
+def _with_intervals(out: dict[str, Any], bounds: Mapping[str, Sequence[float]], level: float,
+                    resamples: int) -> dict[str, Any]:
+    """`out` with {ne_ci, auc_ci, calibration_ci}: [low, high], the level and resamples."""
+    out.update({f"{k}_ci": list(v) for k, v in bounds.items()})
+    out.update(ci_level=level, ci_resamples=resamples)
+    return out
+
+
+def score(logits: torch.Tensor, labels: torch.Tensor, *, ci: bool = False,
+          resamples: int = BOOTSTRAP) -> dict[str, Any]:
+    """{ne, auc, calibration, rows, log_loss, ctr} of logits against 0/1 labels, every row
+    held (exact AUC); with `ci`, also {ne_ci, auc_ci, calibration_ci}: [low, high] at
+    CI_LEVEL over `resamples` bootstrap resamples of the rows. `StreamingScore` gives the
+    same of a stream of batches."""
+    out = _summary(int(labels.numel()), lambda: (
+        normalized_entropy(logits, labels), auc(logits, labels), calibration(logits, labels),
+        float(log_losses(logits, labels).mean()), float(labels.double().mean())))
+    if ci and resamples:
+        _with_intervals(out, bootstrap_ci(logits, labels, resamples=resamples), CI_LEVEL,
+                        resamples)
+    return out
+
+
 AUC_RANGE = 16.0  # logits binned for a streamed AUC: [-16, 16] (sigmoid: 1e-7 from 0 or 1)
 AUC_BINS, AUC_CI_BINS = 1 << 16, 1 << 13  # bins of 0.0005 and of 0.004 in logit
 
@@ -248,23 +280,18 @@ class StreamingScore:
     def compute(self, level: float = CI_LEVEL) -> dict[str, Any]:
         """What `score(..., ci=True)` gives for the rows seen (no CI with 0 resamples)."""
         n = self.rows
-        if n == 0:
-            nan = math.nan
-            out: dict[str, Any] = {"ne": nan, "auc": nan, "calibration": nan, "rows": 0,
-                                   "log_loss": nan, "ctr": nan}
-        else:
-            out = {"ne": ne_from_sums(self._loss, self._pos, n),
-                   "auc": float(_block_auc(self._hist[:1], self._hist[1:])[0]),
-                   "calibration": self._prob / self._pos if self._pos > 0 else math.nan,
-                   "rows": n, "log_loss": self._loss / n, "ctr": self._pos / n}
+        out = _summary(n, lambda: (
+            ne_from_sums(self._loss, self._pos, n),
+            float(_block_auc(self._hist[:1], self._hist[1:])[0]),
+            self._prob / self._pos if self._pos > 0 else math.nan, self._loss / n,
+            self._pos / n))
         if self.resamples:
             rows, pos, loss, prob = self._sums
             q = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
             per = {"ne": _ne(loss, pos, rows), "auc": _block_auc(*self._ci_hist),
                    "calibration": torch.where(pos > 0, prob / pos, torch.nan)}
-            for k, v in per.items():
-                out[f"{k}_ci"] = torch.nanquantile(v, q).tolist() if n else [math.nan] * 2
-            out.update(ci_level=level, ci_resamples=self.resamples)
+            _with_intervals(out, {k: torch.nanquantile(v, q).tolist() if n else [math.nan] * 2
+                                  for k, v in per.items()}, level, self.resamples)
         return out
 
 

@@ -33,7 +33,7 @@ from lrm import progress
 from lrm.config import section_type
 from lrm.errors import ConfigError, LrmError
 from stagekit.declare import Stage, optional_inner
-from stagekit.params import load_params
+from stagekit.params import load_params, read_params_file
 from stagekit.runner import execute
 
 @dataclass(frozen=True)
@@ -209,6 +209,12 @@ def cli_params(stage: Stage) -> list[inspect.Parameter]:
             "force", kw, annotation=bool,
             default=typer.Option(False, "--force", help="replace outputs lrm did not write "
                                                         "(or that another stage wrote)")))
+    if stage.config_file is not None:
+        flag, key = stage.config_file
+        params.append(inspect.Parameter(
+            "config_file", kw, annotation=Path | None,
+            default=typer.Option(None, flag, help=f"a YAML file with the keys of {key}, laid "
+                                                  "over the params (the flags win)")))
     opts, names = _options(stage)
     for o in opts:
         tp = _click_type(o.type)
@@ -241,6 +247,16 @@ def terminated_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before)
 
 
+def read_config_file(path: Path, key: str) -> dict[str, Any]:
+    """A YAML file of the keys of the config at `key` (an unknown key is an error)."""
+    data = read_params_file(path, "mapping")
+    known = {o.key.rsplit(".", 1)[1] for o in config_options(key)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{path}: unknown mapping keys {unknown}; known: {sorted(known)}")
+    return data
+
+
 def command(stage: Stage) -> Callable[..., None]:
     """The stage's CLI as a typer-ready function (the signature is built, not written)."""
     opts = {o.param: o for o in _options(stage)[0]}
@@ -249,7 +265,14 @@ def command(stage: Stage) -> Callable[..., None]:
         setup_logging()
         files = kw.pop("params", None) or None
         force = bool(kw.pop("force", False))
+        laid = kw.pop("config_file", None)
         try:
+            if laid is not None and stage.config_file is not None:  # under the flags
+                key = stage.config_file[1]
+                for k, v in read_config_file(laid, key).items():
+                    param = ConfigOption(f"{key}.{k}", None, "").param
+                    if kw.get(param) is None:
+                        kw[param] = v
             overrides = {opts[k].key: parse_option(opts[k], v) for k, v in kw.items()
                          if k in opts and v is not None}
             args = stage.beside_outputs({k: v for k, v in kw.items() if k not in opts})

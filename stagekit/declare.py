@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from lrm.config import ParamsConfig, train_keys
 from lrm.errors import ConfigError
@@ -64,6 +64,24 @@ class _Off:
 OFF: Any = _Off()
 
 
+class Result(Protocol):
+    """What a stage's `run` returns: fields its callers read (a flow reads `m.decision`,
+    never `m["registry"]`: a renamed field fails where it is read, at once), and the JSON
+    of its metrics file."""
+
+    def metrics(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The result of a stage whose metrics are all its callers read (DVC, MLflow)."""
+
+    values: dict[str, Any]
+
+    def metrics(self) -> dict[str, Any]:
+        return self.values
+
+
 @dataclass(frozen=True)
 class Arg:
     """A `run` argument that is not a params value: a path DVC tracks, or a switch.
@@ -89,10 +107,10 @@ class Arg:
 
 @dataclass(frozen=True)
 class Stage:
-    """A DAG stage: `run(**args, **configs) -> metrics` and how to call it."""
+    """A DAG stage: `run(**args, **configs) -> Result` and how to call it."""
 
     name: str
-    run: Callable[..., dict[str, Any]]
+    run: Callable[..., Result]
     args: Mapping[str, Arg]
     reads: Mapping[str, str]  # run keyword -> dotted params key; "{kind}" filled from args
     short: tuple[str, ...] = ()  # params keys whose fields also get a short option (--lr)
@@ -108,6 +126,8 @@ class Stage:
     # pipeline's parent MLflow run
     trains: str | None = None  # the model whose training values fill run's `train`
     # (ParamsConfig.train_for: "teacher", "students", or "{kind}" filled from args)
+    config_file: tuple[str, str] | None = None  # (flag, params key): the CLI takes a YAML
+    # file of that config's keys, laid over the params and under the flags (`--map`)
 
     @property
     def command_name(self) -> str:

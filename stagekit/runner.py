@@ -23,7 +23,7 @@ from typing import Any
 
 from lrm import io, lock, progress, tracking
 from lrm.config import ParamsConfig
-from stagekit.declare import Stage
+from stagekit.declare import Result, Stage
 
 log = logging.getLogger("lrm")
 DVC_REPRO_TAG = "lrm.dvc_repro"  # the `dvc` process a parent run stands for (pid@start)
@@ -39,8 +39,9 @@ def _flat_args(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
-            force: bool = False, tags: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Run `stage` once: check and lock its paths, log an MLflow run, write its metrics.
+            force: bool = False, tags: Mapping[str, str] | None = None) -> Result:
+    """Run `stage` once: check and lock its paths, log an MLflow run, write its metrics;
+    its result (what its `run` returned).
 
     Every check happens before anything is written: an output that is, contains or lies
     inside an input, and an existing output lrm did not write (unless `force`), are
@@ -113,7 +114,7 @@ def _dvc_parent(params: ParamsConfig) -> str | None:
 def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                 configs: Mapping[str, Any], call: Mapping[str, Any], title: str,
                 outputs: list[Path], tags: Mapping[str, str] | None, force: bool
-                ) -> dict[str, Any]:
+                ) -> Result:
     run_params = {**_flat_args(args),
                   **{kw: dataclasses.asdict(c) if dataclasses.is_dataclass(c) else c
                      for kw, c in configs.items()}}
@@ -126,7 +127,8 @@ def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                 progress.context(stage=title), io.running(stage.name), \
                 tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
                              tags={"lrm.stage": stage.name, **(tags or {})}, parent=parent):
-            metrics = stage.run(**call)
+            result = stage.run(**call)
+            metrics = result.metrics()
             tracking.log_result(metrics)
             if stage.headline is not None:  # the pipeline's headline: on its parent run
                 tracking.log_headline(stage.headline(metrics))
@@ -138,6 +140,6 @@ def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
             tracking.set_status(parent, status)
     log.info("%s done: %s", title,
              {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
-    return metrics
+    return result
 
 

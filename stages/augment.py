@@ -16,6 +16,7 @@ MLflow registry has it, the registered version whose content-hash tag matches.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,27 @@ NAME = "augment"
 log = logging.getLogger("lrm")
 
 
+@dataclass(frozen=True)
+class Augmented:
+    """The stage's result: the days written and skipped (the stream's record), the report."""
+
+    written: list[int]
+    skipped: list[int]
+    report: dict[str, Any]  # lrm.exfm.augment.augment_dataset's: the metrics file
+
+    @classmethod
+    def of(cls, report: dict[str, Any]) -> Augmented:
+        return cls(written=list(report["written"]), skipped=list(report["skipped"]),
+                   report=report)
+
+    def metrics(self) -> dict[str, Any]:
+        return self.report
+
+
 def run(*, cfg: AugmentConfig, registry_name: str, tracking: TrackingConfig,
         data: Path = Path("data/sessions"), teacher: Path = Path("models/teacher"),
         out: Path = Path("data/augmented"), metrics: Path | None = Path("metrics/augment.json"),
-        rewrite: bool = False) -> dict[str, Any]:
+        rewrite: bool = False) -> Augmented:
     """Log the teacher's prediction beside every impression of the students' days."""
     from lrm import registry
     from lrm.data.schema import day_files
@@ -50,13 +68,14 @@ def run(*, cfg: AugmentConfig, registry_name: str, tracking: TrackingConfig,
 
     if (Path(teacher) / CARD).is_file():  # one model logs the days asked for
         days = list(cfg.days) or sorted(day_files(data))
-        return augment_dataset(teacher, data, out, days, batch_size=cfg.batch_size,
-                               registry=registered, force=rewrite)
+        return Augmented.of(augment_dataset(teacher, data, out, days,
+                                            batch_size=cfg.batch_size, registry=registered,
+                                            force=rewrite))
     teachers = fm.teachers_by_day(teacher, list(cfg.days) or sorted(day_files(data)))
     # the FM's schedule is the whole dataset: a previous schedule's days, left in `out`,
     # would pass for this FM's with the students
-    return augment_dataset(teachers, data, out, batch_size=cfg.batch_size,
-                           registry=registered, force=rewrite, prune=True)
+    return Augmented.of(augment_dataset(teachers, data, out, batch_size=cfg.batch_size,
+                                        registry=registered, force=rewrite, prune=True))
 
 
 STAGE = Stage(

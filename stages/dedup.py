@@ -12,21 +12,20 @@ the raw data's days.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from lrm.config import DedupConfig
 from lrm.data import dedup
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
 
 NAME = "dedup"
 
 
 def run(*, cfg: DedupConfig, src: Path = Path("data/raw"), out: Path = Path("data/sessions"),
         days: list[int] | None = None, metrics: Path | None = Path("metrics/dedup.json"),
-        force: bool = False) -> dict[str, Any]:
+        force: bool = False) -> Metrics:
     """Deduplicate impressions into sessions: user features stored once per session (RecD)."""
     dedup.check_source(src)  # bad input fails before anything is written
-    return dedup.update(src, out, cfg, days or None, force=force)
+    return Metrics(dedup.update(src, out, cfg, days or None, force=force))
 
 
 STAGE = Stage(

@@ -29,7 +29,7 @@ from typing import Any
 from lrm import io
 from lrm.config import EvalConfig
 from lrm.errors import ConfigError, DataError
-from stagekit import Arg, Stage, main, split_named
+from stagekit import Arg, Metrics, Stage, main, split_named
 
 NAME = "evaluate"
 
@@ -73,11 +73,11 @@ def describe_days(name: str, m: dict[str, Any]) -> str:
 
 def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"),
         out: Path = Path("metrics/eval.json"), name: str | None = None, force: bool = False
-        ) -> dict[str, Any]:
+        ) -> Metrics:
     """Score saved models on a held-out day (or days): NE, AUC, calibration, rows."""
     from lrm.config import day_range
-    from lrm.data.schema import day_files
-    from lrm.train.evaluate import evaluate, evaluate_days, pick_days  # torch: only here
+    from lrm.data.schema import day_files, pick_days
+    from lrm.train.evaluate import evaluate, evaluate_days  # torch: only here
 
     parsed = parse_models(models, name)
     days = pick_days(list(day_files(data)), *day_range(cfg.days), "evaluate.days") \
@@ -97,7 +97,7 @@ def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"
             print(describe_days(key or str(path), m), flush=True)
     if list(results) == [None]:
         io.write_json(results[None], out, stage=NAME, force=force)
-        return results[None]
+        return Metrics(results[None])
     doc: dict[str, Any] = {}
     if out.exists():
         try:
@@ -108,7 +108,7 @@ def run(*, cfg: EvalConfig, models: list[str], data: Path = Path("data/sessions"
             doc = {}
     doc.update(results)
     io.write_json(doc, out, stage=NAME, force=force)
-    return results
+    return Metrics(results)
 
 
 def headline(results: dict[str, Any]) -> dict[str, Any]:

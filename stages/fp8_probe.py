@@ -24,7 +24,7 @@ from typing import Any
 from lrm import io
 from lrm.config import FP8Config
 from lrm.errors import ConfigError
-from stagekit import Arg, Stage, main, split_named
+from stagekit import Arg, Metrics, Stage, main, split_named
 
 NAME = "fp8_probe"
 
@@ -33,7 +33,7 @@ def run(*, cfg: FP8Config, device: str, amp: bool, batch_size: int, models: list
         data: Path = Path("data/sessions"), out: Path = Path("reports/fp8_probe.json"),
         table: Path = Path("reports/fp8_probe.md"),
         metrics: Path | None = Path("metrics/fp8_probe.json"), force: bool = False
-        ) -> dict[str, Any]:
+        ) -> Metrics:
     """Probe saved models: per layer, FP8 error and speed, and the layers to run in FP8."""
     from lrm.fp8 import report as R  # torch import: only when the stage runs
 
@@ -55,7 +55,7 @@ def run(*, cfg: FP8Config, device: str, amp: bool, batch_size: int, models: list
         summary[key] = {"layers": len(layers), "safe": sum(e["safe"] for e in layers),
                         "fast": sum(e["fast"] for e in layers), "fp8": len(m["plan"]),
                         "batches": m["batches"], "stopped": m["stopped"], "plan": m["plan"]}
-    return summary
+    return Metrics(summary)
 
 
 STAGE = Stage(

@@ -6,23 +6,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from lrm import io
 from lrm.config import GenerateConfig
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
 
 NAME = "generate"
 
 
 def run(*, cfg: GenerateConfig, out: Path = Path("data/raw"),
         metrics: Path | None = Path("metrics/generate.json"), force: bool = False
-        ) -> dict[str, Any]:
+        ) -> Metrics:
     """Generate synthetic session-level ads-click logs (Parquet, one folder per day)."""
     from lrm.data import synthetic  # numpy/pyarrow work: only when the stage runs
 
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
-        return synthetic.generate(cfg, tmp)
+        return Metrics(synthetic.generate(cfg, tmp))
 
 
 STAGE = Stage(

@@ -14,21 +14,39 @@ are version tags). A model already registered is not registered again.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lrm.config import RegistryConfig, TrackingConfig
 from stagekit import Arg, Stage, main
 
+if TYPE_CHECKING:
+    from lrm.registry import Decision
+
 NAME = "register"
 SERVING = "serving.json"  # the student stage's: VM -> {variant, vertical}
+
+
+@dataclass(frozen=True)
+class Registered:
+    """The stage's result: each vertical model's decision and the variant it registered."""
+
+    eval_day: int
+    decisions: dict[str, Decision]  # VM -> the registry's decision on its serving variant
+    variants: dict[str, str]  # VM -> that variant
+
+    def metrics(self) -> dict[str, Any]:
+        return {"eval_day": self.eval_day,
+                "students": {vm: {**d.as_dict(), "variant": self.variants[vm]}
+                             for vm, d in self.decisions.items()}}
 
 
 def run(*, reg: RegistryConfig, tracking: TrackingConfig,
         models: Path = Path("models/students"),
         data: Path = Path("data/augmented"), day: int | None = None, name: str | None = None,
         evaluated_on: str | None = None, defer: bool = False,
-        metrics: Path | None = Path("metrics/register.json")) -> dict[str, Any]:
+        metrics: Path | None = Path("metrics/register.json")) -> Registered:
     """Register each vertical model's serving variant; @champion moves only when NE
     improves."""
     from lrm import registry
@@ -45,16 +63,14 @@ def run(*, reg: RegistryConfig, tracking: TrackingConfig,
     if name is not None and name not in serving:
         raise ConfigError(f"--name: {name!r} is not one of the vertical models "
                           f"{sorted(serving)} in {models}")
-    decisions = {}
+    decisions, variants = {}, {}
     for vm in names:
-        variant = serving[vm]["variant"]
-        decisions[vm] = {**registry.challenge(
+        variants[vm] = variant = serving[vm]["variant"]
+        decisions[vm] = registry.challenge(
             Path(models) / vm / variant, registry.student_model(vm, reg), eval_data=data,
             eval_day=day, margin=reg.margin, evaluated_on=evaluated_on or f"day {day}",
-            cfg=tracking, version_tags={registry.VARIANT_TAG: variant},
-            promote=not defer).as_dict(),
-                        "variant": variant}
-    return {"eval_day": day, "students": decisions}
+            cfg=tracking, version_tags={registry.VARIANT_TAG: variant}, promote=not defer)
+    return Registered(eval_day=day, decisions=decisions, variants=variants)
 
 
 STAGE = Stage(

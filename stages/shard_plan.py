@@ -19,10 +19,9 @@ is missing on which rank.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from lrm.config import ShardingConfig, StudentModelConfig, TableConfig
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
 
 NAME = "shard_plan"
 
@@ -33,7 +32,7 @@ def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_d
         calibration: Path = Path("lrm/sharding/calibration"),
         out: Path = Path("plans/sharding.json"), stats: Path | None = None,
         metrics: Path | None = Path("metrics/shard_plan.json"), force: bool = False
-        ) -> dict[str, Any]:
+        ) -> Metrics:
     """Plan where every embedding table goes on the ranks of `sharding.topology`."""
     from rich.console import Console
 
@@ -86,11 +85,11 @@ def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_d
         console.print(summary_table(p, key))
     write_file(plans, out, calibration={"source": cal.source, "fit": cal.fit},
                stats=str(stats or ""), stage=NAME, force=force)
-    return {"world_size": topo.world_size, "hosts": topo.hosts, "device": topo.device,
-            "planner": cfg.planner, "towers": cfg.towers, "calibration": cal.source,
-            "stats": {"batches": st.batches, "impressions": st.impressions,
-                      "batch_size": st.batch_size, "recd": st.recd},
-            "models": report}
+    return Metrics({"world_size": topo.world_size, "hosts": topo.hosts, "device": topo.device,
+                    "planner": cfg.planner, "towers": cfg.towers, "calibration": cal.source,
+                    "stats": {"batches": st.batches, "impressions": st.impressions,
+                              "batch_size": st.batch_size, "recd": st.recd},
+                    "models": report})
 
 
 STAGE = Stage(

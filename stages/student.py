@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +48,37 @@ from lrm.config import (
     TableConfig,
     TrainConfig,
 )
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
 
 NAME = "student"
 SERVING = "serving.json"  # in --out: VM -> {variant, vertical}
+
+
+@dataclass(frozen=True)
+class VMDay:
+    """A vertical model's stream day: the variant it serves, and how each variant trained."""
+
+    serving: str  # the variant served (the day before's best with registry.variant auto)
+    validation_ne: dict[str, float]  # each variant's NE of the day before: the pick's
+    variants: dict[str, dict[str, Any]]  # variant -> what its day's training did, its model
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"serving": self.serving, "validation_ne": self.validation_ne,
+                "variants": self.variants}
+
+
+@dataclass(frozen=True)
+class Day:
+    """The stage's result with --day (the stream's): each vertical model's day."""
+
+    day: int
+    eval_day: int
+    serving_rule: str  # registry.variant
+    students: dict[str, VMDay]
+
+    def metrics(self) -> dict[str, Any]:
+        return {"day": self.day, "eval_day": self.eval_day, "serving_rule": self.serving_rule,
+                "students": {k: v.as_dict() for k, v in self.students.items()}}
 
 
 def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
@@ -61,7 +89,7 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
         name: str | None = None, eval_data: Path | None = None, eval_day: int | None = None,
         metrics: Path | None = Path("metrics/exfm.json"),
         table: Path | None = Path("metrics/exfm.md"),
-        plot: Path | None = Path("plots/exfm_ne.csv"), force: bool = False) -> dict[str, Any]:
+        plot: Path | None = Path("plots/exfm_ne.csv"), force: bool = False) -> Day | Metrics:
     """Train every vertical model's variants day by day and write the ExFM table."""
     from lrm.data.schema import day_files, read_schema
     from lrm.errors import ConfigError
@@ -128,7 +156,7 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
     for point in rep["per_day"]:
         tracking.log_metrics({f"ne_per_day/{k}": v for k, v in point.items() if k != "day"},
                              step=point["day"])
-    return rep
+    return Metrics(rep)
 
 
 def _last_model(chains: Path, variant: str, days: list[int], first_served: int) -> Path:
@@ -153,7 +181,7 @@ def _link(src: Path, dst: Path) -> None:
 
 def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any, data: Path,
              out: Path, checkpoints: Path, day: int, name: str | None, eval_day: int | None,
-             log_fn: Any) -> dict[str, Any]:
+             log_fn: Any) -> Day:
     """Day `day` of each VM (or `name`): its serving variant, or with auto every variant
     and the pick of the day before (module docstring)."""
     from lrm.errors import ConfigError
@@ -166,7 +194,7 @@ def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any
                           f"{[vm.name for vm in vms]}")
     held = day + 1 if eval_day is None else eval_day
     io.claim_dir(out, NAME)  # the day's models: lrm's, replaceable by this stage's next run
-    done: dict[str, Any] = {}
+    done: dict[str, VMDay] = {}
     picks = json.loads((out / SERVING).read_text()) if (out / SERVING).is_file() else {}
     for vm in chosen:
         variants = list(cfg.variants) if serving == "auto" else [serving]
@@ -193,9 +221,9 @@ def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any
         pick = serving if serving != "auto" else (
             S.pick(yesterday) if S.LABELS_ONLY in yesterday else S.LABELS_ONLY)
         picks[vm.name] = {"variant": pick, "vertical": vm.vertical}
-        done[vm.name] = {"serving": pick, "validation_ne": yesterday, "variants": trained}
+        done[vm.name] = VMDay(serving=pick, validation_ne=yesterday, variants=trained)
     io.write_json(picks, out / SERVING, stage=NAME)
-    return {"day": day, "eval_day": held, "serving_rule": serving, "students": done}
+    return Day(day=day, eval_day=held, serving_rule=serving, students=done)
 
 
 STAGE = Stage(

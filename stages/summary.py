@@ -20,7 +20,7 @@ from typing import Any
 
 from lrm import io
 from lrm.errors import DataError
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
 
 NAME = "summary"
 # an ExFM model's headline name: exfm_VERTICAL_teacher, exfm_VERTICAL_SIZE (with one
@@ -89,13 +89,13 @@ def markdown(evaluation: dict[str, Any], exfm: dict[str, Any]) -> str:
 def run(*, evaluation: Path = Path("metrics/eval.json"),
         exfm: Path = Path("metrics/exfm.json"),
         out: Path = Path("metrics/summary.json"), table: Path = Path("metrics/summary.md"),
-        force: bool = False) -> dict[str, Any]:
+        force: bool = False) -> Metrics:
     """Write the headline NE/AUC of every model the pipeline trained."""
     ev, ex = _read(evaluation), _read(exfm)
     doc = headline(ev, ex)
     io.write_json(doc, out, stage=NAME, force=force)
     io.write_text(markdown(ev, ex), table, stage=NAME, force=force)
-    return doc
+    return Metrics(doc)
 
 
 STAGE = Stage(

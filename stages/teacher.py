@@ -22,8 +22,9 @@ carried on from the newest version in `--checkpoints` (one folder per version), 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lrm import plots, tracking
 from lrm.config import (
@@ -37,9 +38,28 @@ from lrm.config import (
     TrackingConfig,
     TrainConfig,
 )
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
+
+if TYPE_CHECKING:
+    from lrm.registry import Decision
 
 NAME = "teacher"
+
+
+@dataclass(frozen=True)
+class Version:
+    """One version trained as the stream trains it (--carry): what the flow reads of it."""
+
+    summary: dict[str, Any]  # the run's (TrainResult.summary; a version trained before: kind)
+    train: dict[str, Any]  # what the day's training did (lrm.train.days.trained), or skipped
+    content_hash: str  # lrm.models.saved.model_hash of the version's folder
+    decision: Decision | None  # the registry's (None: not registered)
+
+    def metrics(self) -> dict[str, Any]:
+        m = {**self.summary, "train": self.train, "content_hash": self.content_hash}
+        if self.decision is not None:
+            m["registry"] = self.decision.as_dict()
+        return m
 
 
 def run(*, cfg: TeacherStageConfig, train: TrainConfig, exfm: ExFMConfig,
@@ -51,7 +71,7 @@ def run(*, cfg: TeacherStageConfig, train: TrainConfig, exfm: ExFMConfig,
         out: Path = Path("models/teacher"), checkpoints: Path = Path("checkpoints/teacher"),
         metrics: Path | None = Path("metrics/teacher.json"),
         plot: Path | None = Path("plots/teacher.csv"), force: bool = False
-        ) -> dict[str, Any]:
+        ) -> Version | Metrics:
     """Train the foundation model (Wukong on every vertical), version after version, and
     register each as lrm-teacher."""
     from lrm import io
@@ -85,46 +105,48 @@ def run(*, cfg: TeacherStageConfig, train: TrainConfig, exfm: ExFMConfig,
                           force=force)
     if tracking.active() and cfg.registry_name:
         m["registry"] = {str(c): _register(cfg, fm.version_dir(out, c), data, c, margin,
-                                           tracking_cfg) for c in sched.cuts}
+                                           tracking_cfg).as_dict() for c in sched.cuts}
     elif tracking.active() and sched.cuts:  # not registered: the newest version on the run
         from lrm.serving import pyfunc
         pyfunc.log_model(fm.version_dir(out, sched.cuts[-1]), data, sched.cuts[-1])
-    return m
+    return Metrics(m)
 
 
 def _one_version(cfg: TeacherStageConfig, job: Any, data: Path, days: list[int],
                  eval_day: int, out: Path, checkpoints: Path, margin: float,
-                 tracking_cfg: TrackingConfig, log_fn: Any, defer: bool) -> dict[str, Any]:
+                 tracking_cfg: TrackingConfig, log_fn: Any, defer: bool) -> Version:
     from lrm.config import SplitConfig as Split
-    from lrm.train import days as carried
     from lrm.models.saved import CARD, model_hash
+    from lrm.train import days as carried
 
     if eval_day in carried.finished(checkpoints) and (out / CARD).is_file():
-        m: dict[str, Any] = {"kind": "teacher", "train": {"skipped": True}}  # a run that
-    else:  # stopped after training it: registered below
+        summary: dict[str, Any] = {"kind": "teacher"}  # a run that stopped after training
+        train: dict[str, Any] = {"skipped": True}  # it: registered below
+    else:
         r = carried.train_day(job.but(split=Split(days=days, eval_day=eval_day), out=out,
                                       info={"stream_day": eval_day}),
                               checkpoints, eval_day, owner=NAME, log_fn=log_fn)
-        m = {**r.summary("teacher"), "train": carried.trained(r)}
-    m["content_hash"] = model_hash(out)
+        summary, train = r.summary("teacher"), carried.trained(r)
+    content_hash = model_hash(out)
+    decision = None
     if tracking.active():
         if cfg.registry_name:
-            m["registry"] = _register(cfg, out, data, eval_day, margin, tracking_cfg,
-                                      promote=not defer)
+            decision = _register(cfg, out, data, eval_day, margin, tracking_cfg,
+                                 promote=not defer)
         else:
             from lrm.serving import pyfunc
             pyfunc.log_model(out, data, eval_day)
-    return m
+    return Version(summary=summary, train=train, content_hash=content_hash, decision=decision)
 
 
 def _register(cfg: TeacherStageConfig, folder: Path, data: Path, day: int, margin: float,
-              tracking_cfg: TrackingConfig, promote: bool = True) -> dict[str, Any]:
+              tracking_cfg: TrackingConfig, promote: bool = True) -> Decision:
     """A version of the FM as a new registered version, promoted on NE on `day`."""
     from lrm import registry
 
     return registry.challenge(folder, cfg.registry_name, eval_data=data, eval_day=day,
                               margin=margin, evaluated_on=f"day {day}", cfg=tracking_cfg,
-                              promote=promote).as_dict()
+                              promote=promote)
 
 
 STAGE = Stage(

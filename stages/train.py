@@ -20,7 +20,6 @@ metrics, the final model as a pyfunc) and writes the metrics and plot.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from lrm import plots, tracking
 from lrm.config import (
@@ -34,7 +33,7 @@ from lrm.config import (
     TeacherModelConfig,
     TrainConfig,
 )
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
 
 NAME = "train"
 
@@ -45,7 +44,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig,
         plan: Path | None = None, out: Path | None = None, checkpoints: Path | None = None,
         resume: bool = False, eval_data: Path | None = None,
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
-        ) -> dict[str, Any]:
+        ) -> Metrics:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
     from lrm.fp8.dispatch import transform
     from lrm.train import build_job
@@ -64,7 +63,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig,
     if plot is not None and result.history:
         plots.write_lines(result.history, "step", plots.TRAINING, plot,
                           title=f"train {kind}: per logged step", stage=NAME, force=force)
-    return result.summary(kind)
+    return Metrics(result.summary(kind))
 
 
 STAGE = Stage(

@@ -167,7 +167,6 @@ def test_streaming_score_agrees_with_score_in_the_memory_of_a_batch():
     of 0.001, ties included); the intervals those of the same Poisson weights on the rows
     in one piece (AUC's within its coarser bins); its memory the same after 10 batches as
     after 1."""
-    from lrm.train.evaluate import score
 
     g = torch.Generator().manual_seed(5)
     x = torch.randint(-6000, 1000, (60_000,), generator=g).double() * 0.001
@@ -178,7 +177,7 @@ def test_streaming_score_agrees_with_score_in_the_memory_of_a_batch():
         s.update(xb, yb)
         sizes.append(sum(t.numel() for t in (s._hist, s._sums, s._ci_hist)))
     assert len(set(sizes)) == 1
-    got, want = s.compute(), score(x, y)
+    got, want = s.compute(), metrics.score(x, y)
     assert got["rows"] == want["rows"] == 60_000
     for k in ("ne", "calibration", "log_loss", "ctr"):
         assert got[k] == pytest.approx(want[k], rel=1e-9), k

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 
 from lrm.errors import LrmError, first_sentence
-from lrm.io import fsync_dir, sha256_file
+from lrm.io import fsync_dir, read_sha256
 
 log = logging.getLogger("lrm")
 # 3: exact tensors packed (lrm.checkpoint.compress), a piece of every row stores no ids;
@@ -288,7 +288,7 @@ class Store:
             elif path.stat().st_size != int(f["bytes"]):
                 problems.append(f"{path}: {path.stat().st_size} bytes, the manifest says "
                                 f"{f['bytes']} (truncated or changed)")
-            elif sha256_file(path) != f["sha256"]:
+            elif read_sha256(path) != f["sha256"]:
                 problems.append(f"{path}: sha256 differs from the manifest's (corrupt)")
         self._verified[key] = problems
         return problems
@@ -385,7 +385,7 @@ class Store:
         for r in sorted(parts):
             files.update(parts[r]["files"])
             files[_PART.format(rank=r)] = {"bytes": (tmp / _PART.format(rank=r)).stat().st_size,
-                                           "sha256": sha256_file(tmp / _PART.format(rank=r))}
+                                           "sha256": read_sha256(tmp / _PART.format(rank=r))}
         manifest = {**manifest, "format": FORMAT, "files": files,
                     "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
         merge(manifest, [parts[r] for r in sorted(parts)])

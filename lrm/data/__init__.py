@@ -1,7 +1,8 @@
 """Data: the schema, where days come from, RecD's sessions, and the batches models read.
 
     schema.py      the schema once for every producer and consumer: features, the two
-                   layouts (impressions, sessions), day folders (day_files, pick_day)
+                   layouts (impressions, sessions), day folders (day_files, pick_day,
+                   pick_days)
     dataset.py     a dataset folder looked at once: schema, layout, day files
     parquet.py     every Parquet read goes through here (damage named by file and row
                    group); lrm's writer settings

@@ -225,6 +225,22 @@ def pick_day(available: Sequence[int], day: int, key: str = "day") -> int:
     return day
 
 
+def pick_days(available: Sequence[int], lo: int, hi: int, key: str = "days") -> list[int]:
+    """The days of `available` from `lo` to `hi` (inclusive; negatives count from the end)."""
+    days = sorted(available)
+    first, last = (pick_day(days, d, key) if d < 0 else d for d in (lo, hi))
+    chosen = [d for d in days if first <= d <= last]
+    if first > last or not chosen:
+        raise ConfigError(f"{key}: no days in {lo}..{hi} (days: {days})")
+    if first < days[0] or last > days[-1]:  # a typo, not "to the end" (that is A..-1)
+        raise ConfigError(f"{key}: {lo}..{hi} runs outside the data's days {days[0]}.."
+                          f"{days[-1]} (-1 is the last day)")
+    if missing := sorted(set(range(first, last + 1)) - set(chosen)):  # scored, not skipped
+        raise ConfigError(f"{key}: the data has no day {', '.join(map(str, missing))} of "
+                          f"{lo}..{hi} (days: {days})")
+    return chosen
+
+
 def read_schema(root_or_file: Path) -> tuple[FeatureSchema, str]:
     """Return (schema, layout) stored in a dataset's Parquet metadata."""
     p = Path(root_or_file)

@@ -93,7 +93,7 @@ def model_hash(model_dir: Path) -> str:
         raise DataError(model_dir, None, None, f"not a model folder (needs {CARD} and {WEIGHTS})")
     card.pop("info", None)
     h = hashlib.sha256(json.dumps(card, sort_keys=True).encode())
-    h.update(io.sha256_file(model_dir / WEIGHTS).encode())
+    h.update(io.read_sha256(model_dir / WEIGHTS).encode())
     return "sha256:" + h.hexdigest()
 
 

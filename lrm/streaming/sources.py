@@ -86,7 +86,7 @@ def _write_day(table: pa.Table, raw: Path, day: int, origin: dict[str, Any],
         if state is not None:
             shutil.copytree(state, tmp / STATE)
         doc = {"day": day, "origin": origin, "rows": table.num_rows,
-               "files": [{"file": f, "sha256": io.sha256_file(tmp / f)}]}
+               "files": [{"file": f, "sha256": io.read_sha256(tmp / f)}]}
         io.write_json(doc, tmp / SOURCE)
     return doc
 
@@ -194,7 +194,7 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
     nxt = days[-1] + 1 if days else 0
     new = []
     for f in _inbox(watch, ingest):
-        sha = io.sha256_file(f)
+        sha = io.read_sha256(f)
         if sha in held:
             continue
         content = _content_sha256(f)  # read again only when the bytes are new

@@ -288,7 +288,7 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
     """What a checkpoint must share with the run resuming it: the model, its tables, the
     batch cut (the batch size the schedule chose, the batches an epoch trains on) and the
     data by content (every file of the train days: its name, rows and sha256, the hash lrm
-    recorded when it wrote the file while the file is unchanged: lrm.io.file_sha256), as
+    recorded when it wrote the file while the file is unchanged: lrm.io.recorded_sha256), as
     JSON-able values. Data changed since the checkpoint (even with the same files and rows,
     e.g. labels rewritten) is another run: going on from it would mix two datasets."""
     files = data.data.files
@@ -301,6 +301,6 @@ def run_identity(kind: str, model_cfg: Any, sizes: dict[str, int], cfg: TrainCon
         # a checkpoint with no average cannot go on averaging (absent when off: checkpoints
         # from before the key existed resume as they did)
         **({"ema_decay": cfg.ema_decay} if cfg.ema_decay else {}),
-        "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows, io.file_sha256(f)]
+        "data": {str(d): [[f.name, parquet.read_metadata(f).num_rows, io.recorded_sha256(f)]
                           for f in files[d]] for d in data.train_days},
     }

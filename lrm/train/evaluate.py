@@ -7,13 +7,12 @@ streams: each batch's scores go into a lrm.metrics.StreamingScore and are droppe
 day of any size is scored in the memory of a batch (its AUC on scores binned finely). The
 training loop scores its sharded model the same way on every rank and adds the ranks'
 sums (StreamingScore.reduce), so a run's held-out metrics are those `lrm evaluate` gives
-of the model it saved. `predict` and `score` (every score kept; exact AUC) are for the
-benchmarks and tests that want the scores themselves.
+of the model it saved. `predict` (every score kept) is for the benchmarks and tests that
+want the scores themselves (lrm.metrics.score: their exact metrics).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
@@ -60,48 +59,6 @@ def predict(model: nn.Module, batches: Iterable[Batch], device: torch.device, *,
     if not pairs:
         return torch.zeros(0), torch.zeros(0)
     return torch.cat([x for x, _ in pairs]), torch.cat([y for _, y in pairs])
-
-
-def score(logits: torch.Tensor, labels: torch.Tensor, *, ci: bool = False,
-          resamples: int = metrics.BOOTSTRAP) -> dict[str, Any]:
-    """{ne, auc, calibration, rows, log_loss, ctr} of logits against 0/1 labels; with `ci`,
-    also {ne_ci, auc_ci, calibration_ci}: [low, high] at `ci_level` over `resamples`
-    bootstrap resamples of the rows."""
-    n = int(labels.numel())
-    if n == 0:
-        nan = math.nan
-        out: dict[str, Any] = {"ne": nan, "auc": nan, "calibration": nan, "rows": 0,
-                               "log_loss": nan, "ctr": nan}
-    else:
-        out = {
-            "ne": metrics.normalized_entropy(logits, labels),
-            "auc": metrics.auc(logits, labels),
-            "calibration": metrics.calibration(logits, labels),
-            "rows": n,
-            "log_loss": float(metrics.log_losses(logits, labels).mean()),
-            "ctr": float(labels.double().mean()),
-        }
-    if ci and resamples:
-        bounds = metrics.bootstrap_ci(logits, labels, resamples=resamples)
-        out.update({f"{k}_ci": list(v) for k, v in bounds.items()})
-        out.update(ci_level=metrics.CI_LEVEL, ci_resamples=resamples)
-    return out
-
-
-def pick_days(available: Sequence[int], lo: int, hi: int, key: str = "days") -> list[int]:
-    """The days of `available` from `lo` to `hi` (inclusive; negatives count from the end)."""
-    days = sorted(available)
-    first, last = (pick_day(days, d, key) if d < 0 else d for d in (lo, hi))
-    chosen = [d for d in days if first <= d <= last]
-    if first > last or not chosen:
-        raise ConfigError(f"{key}: no days in {lo}..{hi} (days: {days})")
-    if first < days[0] or last > days[-1]:  # a typo, not "to the end" (that is A..-1)
-        raise ConfigError(f"{key}: {lo}..{hi} runs outside the data's days {days[0]}.."
-                          f"{days[-1]} (-1 is the last day)")
-    if missing := sorted(set(range(first, last + 1)) - set(chosen)):  # scored, not skipped
-        raise ConfigError(f"{key}: the data has no day {', '.join(map(str, missing))} of "
-                          f"{lo}..{hi} (days: {days})")
-    return chosen
 
 
 def evaluate_days(model_dir: Path, data: Path, days: Sequence[int], *, batch_size: int = 8192,

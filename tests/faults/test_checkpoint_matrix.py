@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 
 from flows.cli import app
 from lrm.checkpoint import CheckpointManager
-from lrm.checkpoint.store import manifest_digest, sha256_file
+from lrm.checkpoint.store import manifest_digest
+from lrm.io import read_sha256
 from tests.checkpoint.conftest import CFG, ID, NAMES, build, chain, env, \
     tables_and_state  # noqa: F401  (fixtures)
 
@@ -71,7 +72,7 @@ def _pickled(folder, name, marker):
 
     def edit(m):
         m["files"][name] = {"bytes": (folder / name).stat().st_size,
-                            "sha256": sha256_file(folder / name)}
+                            "sha256": read_sha256(folder / name)}
     _rewrite(folder, edit, rehash=True)
 
 
@@ -138,7 +139,7 @@ TAMPERING = {
         shutil.copy(r / NAMES[8] / "rows-0.pt", d / "rows-0.pt"),
         _rewrite(d, lambda m: m["files"].update({"rows-0.pt": {
             "bytes": (d / "rows-0.pt").stat().st_size,
-            "sha256": sha256_file(d / "rows-0.pt")}}), False)), 8, f"{NEWEST}/{EDITED}"),
+            "sha256": read_sha256(d / "rows-0.pt")}}), False)), 8, f"{NEWEST}/{EDITED}"),
     "a parent swapped": (lambda r, d: _swap_parent(r), 6,
                          f"{NEWEST}: its parent {NAMES[8]} is not the checkpoint it was "
                          f"written after"),

@@ -24,6 +24,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from flows.cli import app as lrm_app
 from stages import ingest
 from stagekit.cli import app
 from tests.data._logs import T0, write
@@ -114,7 +115,7 @@ CASES = {
 
 
 def _run(*args: str) -> tuple[int, str]:
-    r = CliRunner().invoke(ingest.app(), ["logs", *args])
+    r = CliRunner().invoke(lrm_app, ["ingest", "logs", *args])
     return r.exit_code, r.stderr
 
 

@@ -1,4 +1,5 @@
-"""The one DAG: dvc.yaml is flows/dag.py's rendering, and its nodes are consistent."""
+"""The one DAG: dvc.yaml is flows/dag.py's rendering (flows/dvc_yaml.py, its code deps from
+flows/code_deps.py), its nodes are consistent, and imports flow one way."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import dag
+from flows import code_deps, dag, dvc_yaml
 from lrm.config import section_type
 from tests.conftest import REPO
 
@@ -16,8 +17,8 @@ from tests.conftest import REPO
 @pytest.mark.parametrize("name", sorted(dag.PIPELINES))
 def test_committed_dvc_yaml_is_the_rendering_of_the_table(name):
     pipe = dag.PIPELINES[name]
-    assert (REPO / pipe.dvc_file).read_text() == dag.render(pipe), (
-        f"{pipe.dvc_file} is stale: run `python -m flows.dag`")
+    assert (REPO / pipe.dvc_file).read_text() == dvc_yaml.render(pipe), (
+        f"{pipe.dvc_file} is stale: run `make dag`")
 
 
 @pytest.mark.parametrize("name", sorted(dag.PIPELINES))
@@ -81,7 +82,7 @@ def test_deps_cover_every_module_a_stage_imports():
         deps = set(body["deps"])
         stage = next(s for s in dag.STAGES.values() if s.run.__module__ == module)
         covered = lambda f: any(d == f or f.startswith(d + "/") for d in deps)  # noqa: E731
-        for f in dag.code_files(stage):
+        for f in code_deps.code_files(stage):
             assert covered(f), f"{name}: imports {f} but its deps do not cover it"
         assert covered("lrm/io.py") and covered("stagekit/runner.py")
         assert "stagekit" in deps  # a package a stage mostly runs is listed as its folder

@@ -9,14 +9,14 @@ import pytest
 
 from lrm.config import ParamsConfig
 from lrm.errors import LrmError
-from stagekit import Arg, Stage, execute
+from stagekit import Arg, Metrics, Stage, execute
 
 
 def _toy_stage(tmp_path: Path, calls: list) -> Stage:
-    def run(*, src: Path, out: Path, metrics: Path | None = None) -> dict:
+    def run(*, src: Path, out: Path, metrics: Path | None = None) -> Metrics:
         calls.append((src, out))
         out.mkdir()
-        return {"n": 1}
+        return Metrics({"n": 1})
 
     return Stage(name="toy", run=run, reads={},
                  args={"src": Arg("--in", "in", "in"), "out": Arg("--out", "out", "out"),
@@ -39,7 +39,7 @@ def test_the_runner_writes_the_metrics_the_run_returns(tmp_path):
     m = execute(_toy_stage(tmp_path, calls), {"src": tmp_path / "src", "out": tmp_path / "o",
                                               "metrics": tmp_path / "m" / "toy.json"},
                 ParamsConfig())
-    assert m == {"n": 1} and (tmp_path / "m" / "toy.json").read_text().strip().startswith("{")
+    assert m.metrics() == {"n": 1} and (tmp_path / "m" / "toy.json").read_text().strip().startswith("{")
     assert dataclasses.is_dataclass(ParamsConfig())
 
 
@@ -49,11 +49,11 @@ def test_an_optional_output_given_as_off_is_not_written_and_none_gets_its_defaul
     which takes the stage's default path (a stream day must not write ./metrics/...)."""
     from stagekit import OFF
 
-    def run(*, src: Path, table: Path | None = Path("metrics/table.md")) -> dict:
+    def run(*, src: Path, table: Path | None = Path("metrics/table.md")) -> Metrics:
         if table is not None:
             table.parent.mkdir(parents=True, exist_ok=True)
             table.write_text("| t |")
-        return {"n": 1}
+        return Metrics({"n": 1})
 
     stage = Stage(name="tabled", run=run, reads={},
                   args={"src": Arg("--in", "in", "in"),

@@ -64,7 +64,7 @@ def test_named_models_merge_into_one_file(datasets, model_dir, tmp_path):  # noq
     assert merged["student"] == first["student"] and merged["challenger"] == first["student"]
     # told otherwise: the first 100 rows, no intervals
     some = stage.run(models=[str(model_dir)], data=datasets["sessions"], out=tmp_path / "s.json",
-                     cfg=EvalConfig(day=1, batch_size=64, rows=100, bootstrap=0))
+                     cfg=EvalConfig(day=1, batch_size=64, rows=100, bootstrap=0)).metrics()
     assert some["rows"] == 100 < some["day_rows"] == first["student"]["rows"]
     assert "ne_ci" not in some
 

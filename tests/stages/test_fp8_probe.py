@@ -29,7 +29,7 @@ def test_the_stage_writes_the_report_and_the_table(datasets, model_dir, tmp_path
     params.train.device, params.train.batch_size = "cpu", 256
     m = execute(stage.STAGE, {"models": [str(model_dir)], "data": datasets["sessions"],
                               "out": out, "table": table, "metrics": tmp_path / "m.json"},
-                params)
+                params).metrics()
     doc = read_report(out)  # what train.fp8 reads
     probed = doc["models"]["student"]  # a bare DIR is named by its kind
     assert probed["kind"] == "student" and probed["batches"] in (2, 3)

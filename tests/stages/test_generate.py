@@ -50,7 +50,7 @@ def test_run_replaces_its_own_earlier_output_whole(tmp_path: Path) -> None:
         (tmp / "day=9").mkdir()
         (tmp / "day=9" / "part-00000.parquet").write_text("stale")
     cfg = GenerateConfig(users=500, ads=100, days=1, sessions_per_day=50, max_history=10)
-    metrics = generate.run(cfg=cfg, out=out)
+    metrics = generate.run(cfg=cfg, out=out).metrics()
     assert sorted(day_files(out)) == [0]  # the stale day is gone
     assert metrics["rows"] == pq.read_metadata(day_files(out)[0][0]).num_rows
 

@@ -1,5 +1,5 @@
 """Stage `ingest logs` through its front doors (`lrm ingest logs`, `python -m stages.ingest
-logs`): flags, a mapping file under them, params; bad input exits 2 with one line naming
+logs`, as before stages/ingest_logs.py was its own module): flags, a mapping file under them, params; bad input exits 2 with one line naming
 the file, row and column and leaves --out exactly as it was; the real MIND sample.
 
 Planted bugs that turn these red (each tried): the mapping file laid over the flags instead
@@ -18,8 +18,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from flows.cli import app as lrm_app
 from lrm.data.schema import day_files, read_schema
-from stages import ingest
+from stages import ingest_logs
 from tests.data._logs import T0, frame, write
 
 MIND_MAP = {"format": "tsv", "columns": ["impression_id", "user", "time", "history",
@@ -42,7 +43,7 @@ FLAGS = ["--label", "click", "--user", "uid", "--item", "ad", "--time", "when",
 
 
 def _run(*args: str) -> tuple[int, str, str]:
-    r = CliRunner().invoke(ingest.app(), ["logs", *args])
+    r = CliRunner().invoke(lrm_app, ["ingest", "logs", *args])
     return r.exit_code, r.stdout, r.stderr
 
 
@@ -119,7 +120,7 @@ def test_python_m_and_params(tmp_path):
     r = subprocess.run([sys.executable, "-m", "stages.ingest", "logs", "--out", "raw",
                         "--params", str(params), "--metrics", "m.json"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300,
-                       env={"PYTHONPATH": str(Path(ingest.__file__).parents[1]),
+                       env={"PYTHONPATH": str(Path(ingest_logs.__file__).parents[1]),
                             "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
                             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
     assert r.returncode == 0, r.stderr
@@ -179,7 +180,7 @@ def test_a_terminated_ingest_leaves_nothing_beside_out(tmp_path):
         [sys.executable, "-m", "stages.ingest", "logs", str(f), "--out", "out",
          "--metrics", "m.json", "--label", "clicked", "--user", "user_id", "--item", "item_id",
          "--time", "ts", "--session-gap", "30m"], cwd=tmp_path, stderr=subprocess.PIPE,
-        env={"PYTHONPATH": str(Path(ingest.__file__).parents[1]), "PATH": "/usr/bin:/bin",
+        env={"PYTHONPATH": str(Path(ingest_logs.__file__).parents[1]), "PATH": "/usr/bin:/bin",
              "HOME": str(tmp_path / "home"),
              "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
     deadline = time.monotonic() + 120

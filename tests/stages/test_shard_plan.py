@@ -30,7 +30,8 @@ def test_plans_every_model_and_writes_the_statistics_beside_the_data(tiny_data, 
 
     out = tmp_path / "plans" / "sharding.json"
     m = execute(shard_plan.STAGE, {"data": tiny_data, "calibration": CALIBRATIONS,
-                                   "out": out, "metrics": tmp_path / "m.json"}, _params())
+                                   "out": out, "metrics": tmp_path / "m.json"},
+                _params()).metrics()
     stats = tiny_data.parent / "sessions.stats.json"  # the derived default: beside the data
     st = Stats.read(stats)
     assert st.batch_size == 256 and st.batches == 4 and st.recd
@@ -84,7 +85,7 @@ def test_train_runs_with_the_plan_and_refuses_a_plan_for_other_ranks(tiny_data, 
                               "out": tmp_path / "model", "checkpoints": tmp_path / "ck",
                               "metrics": tmp_path / "t.json", "plot": None},
                 load_params([], over))
-    assert m["steps"] == 2
+    assert m.metrics()["steps"] == 2
     two = tmp_path / "plan2.json"
     execute(shard_plan.STAGE, {"data": tiny_data, "calibration": CALIBRATIONS, "out": two,
                                "stats": tmp_path / "s2.json", "metrics": tmp_path / "m2.json"},

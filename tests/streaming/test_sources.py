@@ -119,7 +119,7 @@ def test_a_compressed_copy_of_a_day_s_file_is_that_day_without_a_time_to_tell(tm
     (inbox / "d.csv").write_bytes(gzip.decompress((inbox / "b.csv.gz").read_bytes()))
     assert sources.folder_days(inbox, raw, ingest) == []
     assert sources.read_source(raw, 1)["origin"]["content_sha256"] == \
-        io.sha256_file(inbox / "d.csv")
+        io.read_sha256(inbox / "d.csv")
     write(log.tail(2), inbox / "e.csv.gz")  # other content: the next day
     assert sources.folder_days(inbox, raw, ingest) == [2]
 

@@ -1,0 +1,53 @@
+"""Input files as a user names them to the ingest stages: files, folders (their subfolders
+too), patterns."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+from lrm import io
+from lrm.errors import ConfigError
+
+
+def _files_below(folder: Path) -> list[Path]:
+    """Every file in `folder` and the folders below it, hidden ones (.name) aside: a log
+    exported a folder a day is taken whole, never skipped without a word."""
+    out: list[Path] = []
+    for f in folder.iterdir():
+        if f.name.startswith("."):
+            continue
+        if f.is_dir():
+            out += _files_below(f)
+        elif f.is_file():
+            out.append(f)
+    return out
+
+
+def expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[Path]:
+    """Files as given; a folder expands to its files whose names end with one of `names`,
+    those of its subfolders too, and (with `patterns`) a path with *, ? or ** (any folders
+    below) that is not a file to the files it matches, each in order (`lrm.io.in_order`:
+    a/day2 before a/day10 before b/day1)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = io.in_order(f for f in _files_below(p) if f.name.endswith(names))
+            if not found:
+                raise ConfigError(f"{p}: no {' or '.join('*' + n for n in names)} files in "
+                                  f"this folder")
+            out += found
+        elif patterns and not p.exists() and glob.has_magic(str(p)):
+            found = io.in_order(f for f in glob.glob(str(p), recursive=True)
+                                if Path(f).is_file())
+            if not found:
+                raise ConfigError(f"{p}: no file matches")
+            out += found
+        else:
+            out.append(p)
+    seen: dict[Path, Path] = {}
+    for p in out:  # its rows twice: a glob and a name, or a folder and a file in it
+        if (same := seen.setdefault(p.resolve(), p)) is not p:
+            raise ConfigError(f"{p}: given twice ({same} is the same file); its rows would "
+                              f"be read twice")
+    return out
