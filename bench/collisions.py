@@ -1,4 +1,5 @@
-"""Hashed tables vs torchrec's managed-collision tables: `python bench/collisions.py [--quick]`.
+"""Hashed tables vs torchrec's managed-collision tables: `python bench/collisions.py [--quick |
+--smoke]`.
 
 Question (issue 12): new users and ads keep arriving; the tables hash ids (`id mod rows`).
 Would torchrec's managed collision handling (MCH: `torchrec.modules.mc_modules.
@@ -39,13 +40,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import emit  # noqa: E402
+from bench.cases.data_profiles import tiny  # noqa: E402
+from bench.common import add_mode_flags, emit, shared_data, smoke, use_mode  # noqa: E402
 from lrm.config import GenerateConfig, IngestConfig, TableConfig  # noqa: E402
 from lrm.data import collisions, synthetic  # noqa: E402
 from lrm.data.schema import criteo_schema, synthetic_schema  # noqa: E402
 from lrm.models.tables import embedding_tables, hash_sizes  # noqa: E402
 
-CRITEO = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo_sample"
 BATCH = 4096  # lookups per MCH step
 
 
@@ -131,54 +132,62 @@ def criteo_case(quick: bool) -> None:
     from lrm.data import criteo
     from lrm.data.schema import day_files
 
-    if not (CRITEO / "train.tsv").exists():
-        print(f"# criteo case skipped: {CRITEO} is absent", file=sys.stderr)
+    criteo_dir = shared_data() / "criteo_sample"
+    if not (criteo_dir / "train.tsv").exists():
+        print(f"# criteo case skipped: {criteo_dir} is absent", file=sys.stderr)
         return
     with tempfile.TemporaryDirectory() as tmp:
-        files = [CRITEO / f for f in ("train.tsv", "dev.tsv", "test.tsv")]
+        files = [criteo_dir / f for f in ("train.tsv", "dev.tsv", "test.tsv")]
         criteo.ingest(files, Path(tmp), IngestConfig())  # a day per file
         tables = TableConfig(hash_size=2000)  # pipelines/criteo/params.yaml's
         sizes = hash_sizes(embedding_tables(criteo_schema(), tables, 8))
-        feats = [f"C{i}" for i in range(1, 27)][: 8 if quick else 26]
+        feats = [f"C{i}" for i in range(1, 27)][: 2 if smoke() else 8 if quick else 26]
         cand, base, per = compare(day_files(Path(tmp)), sizes, feats)
     emit("collisions.own_row", "criteo-sample", "share of lookups", round(cand, 5),
          round(base, 5), "higher", rows=2000, features=len(feats),
          per_feature={f: {"mch": round(a, 4), "hash": round(b, 4)} for f, (a, b) in per.items()})
 
 
-def ne_bound(name: str, cfg: GenerateConfig, small: TableConfig, steps: int) -> None:
+def ne_bound(name: str, world: GenerateConfig, small: TableConfig, steps: int) -> None:
     """Train the same student on hashed tables and on collision-free ones; NE on the last day."""
     from lrm.config import DedupConfig, LoaderConfig, ModelConfig, SplitConfig, TrainConfig
     from lrm.data import dedup
     from lrm.train import TrainJob, train
 
     with tempfile.TemporaryDirectory() as tmp:
-        synthetic.generate(cfg, Path(tmp) / "raw")
+        synthetic.generate(world, Path(tmp) / "raw")
         dedup.dedup_dataset(Path(tmp) / "raw", Path(tmp) / "sessions", DedupConfig())
         ne = {}
         for label, tables in (("hashed", small), ("free", TableConfig(max_rows=10**9))):
-            cfg = TrainConfig(batch_size=1024, steps=steps, lr=3e-3, threads=0, log_every=10**6)
+            cfg = TrainConfig(batch_size=256 if smoke() else 1024, steps=steps, lr=3e-3,
+                              threads=0, log_every=10**6)
             r = train(TrainJob(kind="student", train=cfg, model=ModelConfig(tables=tables),
                                data=Path(tmp) / "sessions", split=SplitConfig(eval_day=-1),
                                loader=LoaderConfig()))
             ne[label] = r.eval["ne"]
     emit("collisions.ne_bound", name, "NE", round(ne["free"], 5), round(ne["hashed"], 5),
-         "lower", rows=small.max_rows, ids={"users": cfg.users, "ads": cfg.ads}, steps=steps)
+         "lower", rows=small.max_rows, ids={"users": world.users, "ads": world.ads},
+         steps=steps)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    add_mode_flags(ap)
     args = ap.parse_args()
-    sessions = 2000 if args.quick else 20_000
-    default = GenerateConfig(days=3, sessions_per_day=sessions)
+    quick = use_mode(args)
+    if smoke():  # the default world's users and ads over the table rows, 10x: as below
+        default, big = tiny(days=3), tiny(days=3, users=50_000, ads=10_000)
+        rows = small = 1_000
+    else:
+        sessions = 2000 if quick else 20_000
+        default = GenerateConfig(days=3, sessions_per_day=sessions)
+        big = GenerateConfig(days=3, sessions_per_day=sessions, users=1_000_000, ads=100_000)
+        rows, small = (10_000 if quick else 100_000), 10_000
     synthetic_case("synthetic-default", default, TableConfig())
-    big = GenerateConfig(days=3, sessions_per_day=sessions, users=1_000_000, ads=100_000)
-    synthetic_case("synthetic-10x-ids", big, TableConfig(max_rows=100_000 if not args.quick
-                                                         else 10_000))
-    criteo_case(args.quick)
-    ne_bound("synthetic-10x-ids", big, TableConfig(max_rows=10_000),
-             steps=60 if args.quick else 300)
+    synthetic_case("synthetic-10x-ids", big, TableConfig(max_rows=rows))
+    criteo_case(quick)
+    ne_bound("synthetic-10x-ids", big, TableConfig(max_rows=small),
+             steps=8 if smoke() else 60 if quick else 300)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""ExFM benchmarks: `python bench/exfm.py [--quick]` prints one JSON line per case.
+"""ExFM benchmarks: `python bench/exfm.py [--quick | --smoke]` prints one JSON line per case.
 
 exfm.teacher_gain   a line per vertical: the foundation model's mean NE over its seeds on the
                     vertical's held-out last day (candidate; `fm_per_seed`, `fm_spread`)
@@ -27,12 +27,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import common  # noqa: E402
 from bench.cases import exfm_cases  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    common.add_mode_flags(ap)
     ap.add_argument("--only", choices=["augment", "gains"], default=None)
     ap.add_argument("--seeds", type=int, default=None,
                     help="seeds (default: 3; --quick: 1)")
@@ -40,6 +41,7 @@ def main() -> None:
                     help="FM seeds; student seed s distils from FM seed s mod this "
                          "(default: as many as --seeds, so each seed is the whole procedure's)")
     args = ap.parse_args()
+    common.use_mode(args)
     for flag, value in (("--seeds", args.seeds), ("--fm-seeds", args.fm_seeds)):
         if value is not None and value < 1:
             ap.error(f"{flag} must be >= 1, got {value}")

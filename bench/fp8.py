@@ -1,4 +1,4 @@
-"""FP8 benchmarks (LoKA): `python bench/fp8.py [--quick] [--large]` prints JSON lines.
+"""FP8 benchmarks (LoKA): `python bench/fp8.py [--quick | --smoke] [--large]` prints JSON lines.
 
 fp8.layer   one per Linear of the student and the teacher (probed on synthetic sessions at
             the training batch): ratio = the layer's forward + backward time in training
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from bench.common import emit  # noqa: E402
+from bench.common import add_mode_flags, emit, smoke, use_mode  # noqa: E402
 from lrm.config import (  # noqa: E402
     DedupConfig,
     FP8Config,
@@ -77,7 +77,8 @@ LOADER = LoaderConfig(prefetch=2, num_workers=1)
 
 def world(quick: bool, root: Path) -> Path:
     cfg = GenerateConfig(users=5000, ads=1000, advertisers=100, categories=20, days=3,
-                         sessions_per_day=2000 if quick else 10000, seed=5)
+                         sessions_per_day=400 if smoke() else 2000 if quick else 10000,
+                         seed=5)
     synthetic.generate(cfg, root / "raw")
     dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
     return root / "sessions"
@@ -121,15 +122,18 @@ def bench_layers(name: str, probed: dict[str, Any], recipe: str) -> None:
         emit("fp8.layer", f"{name}/{layer} ({sp['rows']}x{sp['k']}->{sp['n']})", "ms",
              sp["fp8_ms"], sp["base_ms"], "lower", sqnr_db=err["sqnr_db"]["mean"],
              row_sqnr_db=err["row_sqnr_db"]["mean"], sqnr_half_width_db=half[0],
-             precision=sp["precision"], safe=e["safe"], fast=e["fast"],
-             note="under load on a shared machine" if sp["precision"] == "float32" else "")
+             precision=sp["precision"], safe=e["safe"], fast=e["fast"])
 
 
 def bench_models(data: Path, root: Path, params: Any, quick: bool, large: bool) -> None:
+    tiny = smoke()
     cfg = FP8Config(max_batches=4 if quick else 8, speed_reps=3 if quick else 10)
-    batch = 512 if quick else params.train.batch_size
-    tcfg = TrainConfig(batch_size=batch, steps=15 if quick else 60, lr=3e-3, log_every=5,
-                       threads=0)
+    if tiny:
+        cfg = FP8Config(min_batches=1, max_batches=1, slow_device_batches=1, rows=256,
+                        speed_reps=1)
+    batch = 256 if tiny else 512 if quick else params.train.batch_size
+    tcfg = TrainConfig(batch_size=batch, steps=4 if tiny else 15 if quick else 60, lr=3e-3,
+                       log_every=5, threads=0)
     models = {"student": ModelConfig(tables=params.model.tables, student=params.model.student),
               "teacher": ModelConfig(tables=params.model.tables, teacher=params.model.teacher)}
     if large:
@@ -145,8 +149,10 @@ def bench_models(data: Path, root: Path, params: Any, quick: bool, large: bool) 
         if name == "teacher_large":
             continue  # its step on a CPU is too slow to train three times
         doc = R.build({name: probed}, cfg, dev, params.train.amp)
-        for case, rep in (("dispatched", doc), ("naive: every Linear in FP8",
-                                                 _forced(doc, name))):
+        cases = [("dispatched", doc), ("naive: every Linear in FP8", _forced(doc, name))]
+        if tiny and name != "student" and dev.type == "cpu":  # emulated FP8: minutes a step
+            cases = cases[:1]  # (the student's naive line runs the same code)
+        for case, rep in cases:
             path = root / f"{name}_{case.split(':')[0]}.json"
             path.write_text(json.dumps(rep))
             with_fp8 = _train(kind, mcfg, data, tcfg, None, fp8=str(path))
@@ -160,9 +166,8 @@ def bench_models(data: Path, root: Path, params: Any, quick: bool, large: bool) 
             emit("fp8.model", f"{name} {case}", "samples/s", t1, t0, "higher",
                  ne_delta=(ne1 - ne0) / ne0, ne=ne1, ne_baseline=ne0,
                  plan=rep["models"][name]["plan"], device=doc["device"],
-                 note="under load on a shared machine" + (
-                     "; empty plan: the same model, so the ratio is the machine's noise"
-                     if not rep["models"][name]["plan"] else ""))
+                 note="empty plan: the same model, so the ratio is the machine's noise"
+                 if not rep["models"][name]["plan"] else "")
 
 
 def bench_mods(data: Path, params: Any, quick: bool) -> None:
@@ -172,7 +177,8 @@ def bench_mods(data: Path, params: Any, quick: bool) -> None:
     # the padding is for GPU kernels: timed on the device at hand (the same as fp8.model's)
     at = R.resolve_device(params.train.device)
     schema, _ = read_schema(data)
-    batch = 512 if quick else params.train.batch_size
+    batch = 256 if smoke() else 512 if quick else params.train.batch_size
+    reps = 1 if smoke() else 5 if quick else 20
     times = {}
     for pad in (1, 8):
         mcfg = ModelConfig(tables=params.model.tables, student=dataclasses.replace(
@@ -181,7 +187,7 @@ def bench_mods(data: Path, params: Any, quick: bool) -> None:
         model = build_model("student", schema, mcfg, device=at, dense_device=at)
         b = next(iter(BatchLoader(data, batch, days=[0], hash_sizes=model_hash_sizes(model),
                                   prefetch=0))).to(at)
-        times[pad] = R.step_ms(model, [b], at, False, 5 if quick else 20)
+        times[pad] = R.step_ms(model, [b], at, False, reps)
     emit("fp8.mod", f"interaction padded to 8 (student step, batch {batch}, {at.type})", "ms",
          times[8], times[1], "lower", note="the padding is for GPU kernels" + (
              "; CPU under load" if at.type == "cpu" else ""))
@@ -190,7 +196,7 @@ def bench_mods(data: Path, params: Any, quick: bool) -> None:
     t = {}
     for epi in (True, False):
         f8 = Fp8Linear.from_linear(lin, epilogue=epi)
-        t[epi] = median_ms(lambda: f8(x), torch.device("cpu"), 5 if quick else 20)
+        t[epi] = median_ms(lambda: f8(x), torch.device("cpu"), reps)
     emit("fp8.mod", f"bias in the FP8 GEMM epilogue ({batch}x256->256, forward, CPU)", "ms",
          t[True], t[False], "lower", note="CPU _scaled_mm; the gain is a GPU epilogue's")
 
@@ -362,10 +368,11 @@ def bench_mod(mod: str, data: Path, root: Path, params: Any, quick: bool, large:
     for name, (model, batch, timed) in teachers.items():
         if not timed:
             continue
-        size = 512 if quick and dev.type == "cpu" else batch
+        size = 256 if smoke() else 512 if quick and dev.type == "cpu" else batch
         batches = _batches(data, model, size, 2, dev)
         base, cand = (_fused if fused else _residual)(model)
-        t_base, t_cand = paired_ms([base, cand], batches, amp, 3 if quick else 10)
+        t_base, t_cand = paired_ms([base, cand], batches, amp,
+                                   1 if smoke() else 3 if quick else 10)
         ref = _outputs(model, batches[0], False)  # float32: what both are compared with
         ob, oc = (_outputs(m, batches[0], amp) for m in (base, cand))
         err = {"logits_sqnr_db": _db(ref["logits"], oc["logits"]),
@@ -387,8 +394,7 @@ def bench_mod(mod: str, data: Path, root: Path, params: Any, quick: bool, large:
                    f"{dev.type})"
         shown = {n: v for n, v in sizes.items() if n == name or not teachers[n][2]}
         emit("fp8.mod", case, "ms", t_cand, t_base, "lower", **err, bytes=shown,
-             note=("under load on a shared machine; " if dev.type == "cpu" else "") +
-             ("eager on a CPU (compiled kernels on CUDA only); " if fused else
+             note=("eager on a CPU (compiled kernels on CUDA only); " if fused else
               "baseline: CUDA autocast's float32 LayerNorm (emulated on a CPU, whose "
               "autocast runs it in bf16); ") +
              "bytes: counted operator by operator for the Wukong stack (layers, top MLP, "
@@ -399,17 +405,18 @@ def bench_mod(mod: str, data: Path, root: Path, params: Any, quick: bool, large:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="small sizes, about a minute")
+    add_mode_flags(ap, "small sizes, about a minute")
     ap.add_argument("--large", action="store_true", help="also the large teacher's layers")
     args = ap.parse_args()
+    quick = use_mode(args)
     warnings.filterwarnings("ignore", category=UserWarning)
     params = load_params([ROOT / "params.yaml"])
     with tempfile.TemporaryDirectory(prefix="lrm-bench-fp8-") as tmp:
-        data = world(args.quick, Path(tmp))
-        bench_models(data, Path(tmp), params, args.quick, args.large)
-        bench_mods(data, params, args.quick)
+        data = world(quick, Path(tmp))
+        bench_models(data, Path(tmp), params, quick, args.large)
+        bench_mods(data, params, quick)
         for mod in ("fuse_norm", "bf16_residual"):
-            bench_mod(mod, data, Path(tmp), params, args.quick, args.large)
+            bench_mod(mod, data, Path(tmp), params, quick, args.large)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""Cost as a day grows: `python bench/scale.py [--quick | --full]` prints one JSON line per
-stage, size and measure.
+"""Cost as a day grows: `python bench/scale.py [--quick | --full | --smoke]` prints one JSON line
+per stage, size and measure.
 
 One synthetic day of the default world (100k users, 10k ads, sessions of 8 impressions,
 histories of up to 100 ads) at 1M and 10M impressions (and 50M with --full; --quick: 0.05M
-and 0.2M), through the stages a user runs, each in a process of its own, one after the
+and 0.2M; --smoke: 3,000 impressions of a tiny world, its own baseline, seconds), through the stages a user runs, each in a process of its own, one after the
 other on the machine's cores:
 
     generate   lrm.data.synthetic.generate: the day's impressions (lrm generate)
@@ -51,17 +51,21 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import emit  # noqa: E402
+from bench.common import add_mode_flags, emit, smoke, use_mode  # noqa: E402
 from lrm.config import GenerateConfig  # noqa: E402
 
 import pyarrow as pa  # noqa: E402  # after lrm, which picks its C++ pool (lrm/__init__.py)
 
 STAGES = ("generate", "dedup", "train", "evaluate")
-SIZES = {"quick": (50_000, 200_000), "default": (1_000_000, 10_000_000),
+SIZES = {"smoke": (3_000,), "quick": (50_000, 200_000), "default": (1_000_000, 10_000_000),
          "full": (1_000_000, 10_000_000, 50_000_000)}
 
 
 def _world(sessions: int) -> GenerateConfig:
+    if smoke():
+        from bench.cases.data_profiles import tiny
+
+        return tiny(days=1, sessions=sessions)
     return GenerateConfig(days=1, sessions_per_day=sessions)
 
 
@@ -275,22 +279,25 @@ def cluster_lines(quick: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="0.05M and 0.2M: under a minute")
-    mode.add_argument("--full", action="store_true", help="1M, 10M and 50M impressions")
+    add_mode_flags(ap, "0.05M and 0.2M: under a minute")
+    ap.add_argument("--full", action="store_true", help="1M, 10M and 50M impressions")
     ap.add_argument("--cluster", action="store_true", help="the data stages on Dask "
                     "clusters of 1, 2, 4 local workers (and Ray where installed) only")
     ap.add_argument("--stage", choices=STAGES, help=argparse.SUPPRESS)  # a child's work
     ap.add_argument("--size", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--root", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    use_mode(args)
+    if args.quick and args.full:
+        ap.error("--full and --quick (or --smoke) are exclusive")
     if args.stage:
         print(json.dumps(stage(args.stage, args.size, args.root)), flush=True)
         return
     if args.cluster:
         cluster_lines(args.quick)
         return
-    sizes = SIZES["quick" if args.quick else "full" if args.full else "default"]
+    sizes = SIZES["smoke" if smoke() else "quick" if args.quick else "full" if args.full
+                  else "default"]
     results: dict[int, dict[str, dict[str, Any]]] = {}
     load = [round(x, 2) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="lrm-bench-scale-") as tmp:

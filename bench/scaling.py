@@ -1,6 +1,6 @@
 """The foundation model's scaling law: Wukong's held-out NE against its training compute.
 
-    python bench/scaling.py [--quick] [--plot plots/scaling.png]
+    python bench/scaling.py [--quick | --smoke] [--plot plots/scaling.png]
 
 One world (params.yaml's `generate`, every vertical; --quick: a small one) is generated and
 deduplicated into a temporary folder. Each point trains the FM (Wukong, params.yaml's
@@ -25,7 +25,8 @@ Shapes grow width (FM and top MLPs), depth (layers), embeddings per layer and em
 together, from half the student's FLOPs to 6x the default FM's. --quick: three shapes on
 1-2 days of a small world, under a minute on 2 cores; the full run: five shapes (the four
 above and "m-e8", the default FM's layers on 8-wide tables) x 1, 2, 4 and 6 days of the
-default world (about 15 minutes on 2 cores).
+default world (about 15 minutes on 2 cores). --smoke: two shapes on a day of a tiny world,
+a few steps each (seconds: that it runs).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from bench.common import emit  # noqa: E402
+from bench.common import add_mode_flags, emit, smoke, use_mode  # noqa: E402
 from lrm import io  # noqa: E402
 from lrm.config import (  # noqa: E402
     DedupConfig,
@@ -76,13 +77,16 @@ SHAPES: dict[str, dict[str, Any]] = {
 FULL = {"shapes": list(SHAPES), "days": [1, 2, 4, 6]}
 QUICK = {"shapes": ["xs", "s", "m"], "days": [1, 2],
          "generate": {"users": 20_000, "ads": 4_000, "days": 3, "sessions_per_day": 2_000}}
+SMOKE = {"shapes": ["xs", "s"], "days": [1],
+         "generate": {"users": 5_000, "ads": 1_000, "days": 2, "sessions_per_day": 400},
+         "train": {"steps": 6, "batch_size": 256, "warmup_steps": 0}}
 
 
 def _params(quick: bool) -> ParamsConfig:
     path = REPO / "params.yaml"
     p = yaml.safe_load(path.read_text()) if path.exists() else {}
     if quick:
-        p.setdefault("generate", {}).update(QUICK["generate"])
+        p.setdefault("generate", {}).update((SMOKE if smoke() else QUICK)["generate"])
     return from_dict(ParamsConfig, p, "params")
 
 
@@ -110,6 +114,8 @@ def fit_law(compute: np.ndarray, ne: np.ndarray) -> dict[str, float]:
         method = "scipy.optimize.curve_fit"
     except ImportError:
         method = "numpy (grid over c, least squares for a and b)"
+    except (TypeError, ValueError):  # fewer points than the law's three parameters
+        method = f"numpy (grid over c, least squares for a and b): {len(x)} points"
     pred = a + b * x ** -c
     return {"a": float(a), "b": float(b) * float(np.min(compute)) ** float(c), "c": float(c),
             "rmse": float(np.sqrt(np.mean((pred - y) ** 2))), "method": method}
@@ -179,8 +185,10 @@ def run(quick: bool, plot: Path) -> list[dict[str, Any]]:
 
     quiet_libraries()
     pc = _params(quick)
-    grid = QUICK if quick else FULL
+    grid = SMOKE if smoke() else QUICK if quick else FULL
     cfg = pc.train_for("teacher")
+    if smoke():
+        cfg = dataclasses.replace(cfg, **SMOKE["train"])
     schema = synthetic.schema(pc.generate)
     points: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="lrm-bench-scaling-") as tmp:
@@ -236,10 +244,16 @@ def run(quick: bool, plot: Path) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small world, three shapes, under a minute")
-    ap.add_argument("--plot", type=Path, default=Path("plots/scaling.png"))
+    add_mode_flags(ap, "small world, three shapes, under a minute")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="the PNG drawn (default: plots/scaling.png; --smoke: a temporary one)")
     args = ap.parse_args()
-    run(args.quick, args.plot)
+    quick = use_mode(args)
+    if args.plot is not None or not smoke():
+        run(quick, args.plot or Path("plots/scaling.png"))
+        return
+    with tempfile.TemporaryDirectory(prefix="lrm-bench-scaling-plot-") as tmp:
+        run(quick, Path(tmp) / "scaling.png")
 
 
 if __name__ == "__main__":

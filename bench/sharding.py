@@ -17,7 +17,8 @@ calibration file yet). torchrec's planner runs in a child process, killed after 
 budget: on 1,000 tables its enumeration alone takes minutes, and that is the outcome
 reported. lrm's search gets 4 s (building its options comes on top). Cases: 10, 100,
 1,000 tables x 8, 64, 512 ranks, torchrec's budget 300 s (--quick: 10x8 and 100x8 with
-10 s, 1,000x512 with 5 s).
+10 s, 1,000x512 with 5 s; --smoke: 10x8 with lrm's search at 0.5 s, and the estimate on
+small tables, 256 impressions a rank, one step: seconds, that it runs).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import emit, machine  # noqa: E402
+from bench.common import add_mode_flags, emit, record, smoke, use_mode  # noqa: E402
 from lrm.sharding import compare, planner  # noqa: E402
 from lrm.sharding.cost import CALIBRATIONS, Calibration, CostModel  # noqa: E402
 from lrm.sharding.plan import Plan  # noqa: E402
@@ -47,6 +48,7 @@ from lrm.sharding.topology import GIB, Topology  # noqa: E402
 PER_RANK_BATCH = 512
 FULL = [(n, w) for n in (10, 100, 1000) for w in (8, 64, 512)]
 QUICK = [(10, 8), (100, 8), (1000, 512)]
+SMOKE = [(10, 8)]
 
 
 def tables(n: int, world: int, seed: int = 0, batch: int = PER_RANK_BATCH,
@@ -154,22 +156,22 @@ def plan_case(n: int, world: int, budget: float, time_limit: float,
              "by_torchrec_estimator": {k: round(v, 4) for k, v in est.items()},
              "types": {"lrm": ours.to_json()["sharding_types"],
                        "torchrec": theirs.to_json()["sharding_types"] if theirs else None},
-             "cost_model": cal.source, "load": "under load: shared 2-core machine"}
+             "cost_model": cal.source}
     if theirs is not None:
         emit("sharding.imbalance", case, "max/mean", round(ours.imbalance, 4),
              round(theirs.imbalance, 4), "lower", **extra)
         emit("sharding.plan_time", case, "s", round(ours.seconds, 3), round(theirs.seconds, 3),
-             "lower", greedy_s=round(greedy.seconds, 3), load=extra["load"])
+             "lower", greedy_s=round(greedy.seconds, 3))
         return
     why = tr.get("error") or f"torchrec's planner did not finish in {budget:.0f} s"
     for bench, unit, cand in (("sharding.imbalance", "max/mean", round(ours.imbalance, 4)),
                               ("sharding.plan_time", "s", round(ours.seconds, 3))):
-        rec = {"bench": bench, "case": case, "unit": unit, "candidate": cand,
-               "baseline": round(budget, 1) if unit == "s" and "error" not in tr else None,
-               "ratio": round(budget / cand, 2) if unit == "s" and "error" not in tr else None,
-               "better": "lower", "baseline_outcome": why, "machine": machine(),
-               **({"bound": "baseline and ratio are lower bounds"} if unit == "s" else extra)}
-        print(json.dumps(rec), flush=True)
+        record({"bench": bench, "case": case, "unit": unit, "candidate": cand,
+                "baseline": round(budget, 1) if unit == "s" and "error" not in tr else None,
+                "ratio": round(budget / cand, 2) if unit == "s" and "error" not in tr
+                else None, "better": "lower", "baseline_outcome": why,
+                **({"bound": "baseline and ratio are lower bounds"} if unit == "s"
+                   else extra)})
 
 
 # -- the cost model against 2 CPU processes --------------------------------------------
@@ -203,7 +205,7 @@ def _estimate_worker(rank: int, port: int, plan_doc: str, steps: int, out: str) 
         hooks = [m.register_forward_hook(lambda m, args, out: seen.append((m, args)))
                  for m in lookups]
         g = np.random.default_rng(rank)
-        B = PER_RANK_BATCH_CPU
+        B = doc["batch"]
         steps_s = []
         for step in range(steps + 2):
             lengths, values = [], []
@@ -242,7 +244,7 @@ def _estimate_worker(rank: int, port: int, plan_doc: str, steps: int, out: str) 
 PER_RANK_BATCH_CPU = 2048
 
 
-def estimate_case(steps: int) -> None:
+def estimate_case(steps: int, batch: int = PER_RANK_BATCH_CPU, max_rows: float = 2e6) -> None:
     """Plan 12 CPU-sized tables for 2 CPU ranks with the measured CPU calibration, train
     them under 2 processes and compare each step's time with the estimate."""
     import tempfile
@@ -252,10 +254,10 @@ def estimate_case(steps: int) -> None:
     topo = Topology(world_size=2, ranks_per_host=2, device="cpu", memory_bytes=4 * GIB,
                     intra_host_bw=2e9, inter_host_bw=2e9, hbm_bw=1.0)
     g = np.random.default_rng(7)
-    B = 2 * PER_RANK_BATCH_CPU
+    B = 2 * batch
     loads = []
-    for i in range(12):  # item-side tables: every rank looks up PER_RANK_BATCH_CPU rows
-        rows = int(min(g.lognormal(np.log(1e5), 1.5), 2e6)) + 16
+    for i in range(12):  # item-side tables: every rank looks up `batch` rows
+        rows = int(min(g.lognormal(np.log(1e5), 1.5), max_rows)) + 16
         pool = float(min(g.lognormal(1.0, 0.7), 20.0))
         loads.append(TableLoad(name=f"t{i}", module="", rows=rows,
                                dim=int(g.choice([16, 32, 64])), features=(f"f{i}",),
@@ -264,7 +266,7 @@ def estimate_case(steps: int) -> None:
     cal = Calibration.load(CALIBRATIONS, topo)
     model = CostModel(topo, cal, tables=len(loads))
     plan = planner.plan(loads, topo, model, time_limit=2)
-    doc = json.dumps({"topology": topo.to_json(), "plan": plan.to_json()})
+    doc = json.dumps({"topology": topo.to_json(), "plan": plan.to_json(), "batch": batch})
     with tempfile.TemporaryDirectory() as d, socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -276,11 +278,11 @@ def estimate_case(steps: int) -> None:
     lookup_got = [statistics.median(x["lookup"]) for x in got]
     step_est = max(r.total + cal.per_call for r in ranks)  # the ranks wait for each other
     step_got = max(statistics.median(x["step"]) for x in got)
-    common = {"cost_model": cal.source, "machine": machine(),
-              "load": "under load: shared 2-core machine, both ranks on it"}
+    common = {"cost_model": cal.source, "per_rank_batch": batch,
+              "ranks_on": "this machine, both ranks (its load: load_avg)"}
     for r in range(2):
         e, m = lookup_est[r], lookup_got[r]
-        print(json.dumps({
+        record({
             "bench": "sharding.estimate", "case": f"rank {r} lookups (fwd+bwd), 12 tables x "
             "2 CPU ranks", "unit": "s", "candidate": round(e, 6), "baseline": round(m, 6),
             "ratio": round(min(e, m) / max(e, m), 4), "better": "higher",
@@ -288,32 +290,36 @@ def estimate_case(steps: int) -> None:
                                                      if any(s.rank == r for s in p.shards)],
             "note": "candidate: the cost model's compute + memory (+ per_call) of the rank; "
                     "baseline: its lookup modules timed on their dist'd inputs; ratio: "
-                    "min/max", **common}), flush=True)
-    print(json.dumps({
+                    "min/max", **common})
+    record({
         "bench": "sharding.estimate", "case": "step (input dist, lookups, output dist, "
         "fwd+bwd), 12 tables x 2 CPU ranks (gloo)", "unit": "s", "candidate": round(step_est, 6),
         "baseline": round(step_got, 6), "ratio": round(min(step_est, step_got)
                                                       / max(step_est, step_got), 4),
         "better": "higher", "error": round(step_est / step_got - 1, 3),
         "note": "candidate: the slowest rank's estimate with communication; baseline: the "
-                "measured median step", **common}), flush=True)
+                "measured median step", **common})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="three cases, under a minute")
+    add_mode_flags(ap, "three cases, under a minute")
     ap.add_argument("--budget", type=float, default=None,
                     help="seconds torchrec's planner may take per case")
     args = ap.parse_args()
-    budget = args.budget or (10.0 if args.quick else 300.0)
+    quick = use_mode(args)
+    budget = args.budget or (10.0 if quick else 300.0)
     torchrec = TorchrecPlanner()
     try:
-        for n, w in (QUICK if args.quick else FULL):
-            b = min(budget, 5.0) if args.quick and n * w > 10_000 else budget
-            plan_case(n, w, budget=b, time_limit=4.0, torchrec=torchrec)
+        for n, w in (SMOKE if smoke() else QUICK if quick else FULL):
+            b = min(budget, 5.0) if quick and n * w > 10_000 else budget
+            plan_case(n, w, budget=b, time_limit=0.5 if smoke() else 4.0, torchrec=torchrec)
     finally:
         torchrec.close()
-    estimate_case(steps=3 if args.quick else 20)
+    if smoke():
+        estimate_case(steps=1, batch=256, max_rows=1e5)
+    else:
+        estimate_case(steps=3 if quick else 20)
 
 
 if __name__ == "__main__":

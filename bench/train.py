@@ -1,5 +1,5 @@
-"""Training benchmarks: `python bench/train.py [--quick] [--device cuda]` prints one JSON line
-per case.
+"""Training benchmarks: `python bench/train.py [--quick | --smoke] [--device cuda]` prints one
+JSON line per case.
 
 train.vs_torchrec        lrm's student vs torchrec's own DLRM on the same batches (samples/s, NE)
 train.dedup              student samples/s on RecD batches vs plain batches (session data)
@@ -12,7 +12,8 @@ train.end_to_end         lrm.train.train's steady samples/s (loader and loop inc
 train.real               lrm's default student and teacher vs torchrec's DLRM on the real logs
                          in ../shared/data, held out in time: NE with paired intervals
                          (--seeds N; only with --only real, or in a full run)
---quick: small sizes and a few steps (vs_torchrec: ~40k rows).
+--quick: small sizes and a few steps (vs_torchrec: ~40k rows). --smoke: every case at tiny
+sizes, batch 256 (unless --batch), a few steps: seconds each, that it runs.
 --batch B: every case's batch size (defaults: vs_torchrec 1024, the peers' benchmark; the
 others 2048, TrainConfig's); the days grow to hold enough batches of B. vs_torchrec's GPU
 aims are at 2048 and 16384; RecD's saving of device work shows at large batches
@@ -37,7 +38,7 @@ from bench.cases.train_common import dataset  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="small sizes, under a minute")
+    common.add_mode_flags(ap)
     ap.add_argument("--only", default=None,
                     choices=["vs_torchrec", "dedup", "plain", "scaling", "collections",
                              "end_to_end", "real"])
@@ -50,6 +51,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="train.real: seeds per model")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    quick = common.use_mode(args)
     if args.batch is not None and args.batch < 1:
         ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.worker is not None:  # one process of train.scaling (under lrm.launch or alone)
@@ -61,23 +63,25 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     train_common.use_device(args.device)
     common.DEVICE[0] = args.device
+    if args.batch is None and common.smoke():
+        args.batch = train_common.SMOKE_BATCH
     if args.batch is not None:
         train_common.use_batch(args.batch)
     if args.only in (None, "vs_torchrec"):  # its own ~200k-row dataset
-        train_vs_torchrec.run(quick=args.quick, device=args.device,
+        train_vs_torchrec.run(quick=quick, device=args.device,
                               batch=args.batch or train_vs_torchrec.BATCH)
     cases = {"dedup": train_dedup.run, "plain": train_plain.run, "scaling": train_scaling.run,
              "collections": train_collections.run}
     if args.only in (None, "end_to_end"):  # its own days: one pass over them
-        train_e2e.run(quick=args.quick)
+        train_e2e.run(quick=quick)
     if args.only in (None, "real"):  # the real logs beside the repo
-        train_real.run(quick=args.quick, seeds=args.seeds)
+        train_real.run(quick=quick, seeds=args.seeds)
     if args.only in ("vs_torchrec", "end_to_end", "real"):
         return
-    with dataset(args.quick) as data:  # one dataset for the other cases
+    with dataset(quick) as data:  # one dataset for the other cases
         for name, fn in cases.items():
             if args.only in (None, name):
-                fn(quick=args.quick, data=data)
+                fn(quick=quick, data=data)
 
 
 if __name__ == "__main__":

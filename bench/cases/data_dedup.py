@@ -29,8 +29,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.cases.data_profiles import history_heavy
-from bench.common import best_time, emit
+from bench.cases.data_profiles import history_heavy, tiny
+from bench.common import best_time, emit, smoke
 from lrm import io
 from lrm.config import DedupConfig, GenerateConfig
 from lrm.data import dedup, loader, parquet, synthetic
@@ -42,9 +42,9 @@ BATCH = {"batch_size": 2048, "prefetch": 4, "num_workers": 1}  # LoaderConfig's 
 
 
 def _config(days: int) -> GenerateConfig:
+    if smoke():
+        return tiny(days=days, max_history=128)
     return GenerateConfig(days=days, max_history=128)
-
-
 
 
 def _plain_tuned_options(cfg: GenerateConfig) -> dict[str, Any]:
@@ -142,7 +142,7 @@ def run_loader(quick: bool = False) -> None:
     for case, days in SIZES[:1] if quick else SIZES:
         with _dataset(_config(days)) as (root, info):
             raw, ses = root / "raw", root / "sessions"
-            n, repeat = info["rows"], (3 if days == 1 else 2)
+            n, repeat = info["rows"], (1 if smoke() else 3 if days == 1 else 2)
             recd = BatchLoader(ses, dedup=True, **BATCH)
             plain = BatchLoader(raw, dedup=False, **BATCH)
             recd_raw = BatchLoader(raw, dedup=True, **BATCH)

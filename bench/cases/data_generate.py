@@ -26,7 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import emit
+from bench.cases.data_profiles import tiny
+from bench.common import emit, smoke
 from lrm.config import GenerateConfig
 from lrm.data import synthetic
 from lrm.data.synthetic.world import World
@@ -41,13 +42,15 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
     w = World(cfg)
     rng = np.random.default_rng([cfg.seed, day])
     sch = w.schema
-    intercept = float(np.log(cfg.base_ctr / (1 - cfg.base_ctr))) - 0.5  # ~ the calibrated one
+    # each vertical's intercept ~ the calibrated one (the generator bisects on the day)
+    intercept = np.log(np.array(w.vertical_ctr) / (1 - np.array(w.vertical_ctr))) - 0.5
     rows = []
     for s in range(sessions):
         rank = w.users.sample(rng, 1, day)
         uid = w.users.ids(rank, day)
         user = w.user_attributes(uid)
         user["session_hour"] = (user["hour_pref"] + round(rng.normal(0, 2.5))) % 24
+        user["vertical"] = rng.choice(len(w.share), 1, p=w.share)  # the session's surface
         n = 1 + int(rng.poisson(cfg.mean_session_length - 1))
         hour = user["session_hour"] + 0.5
         base, rate = w.stream(uid, rank)  # the user's history stream, read at this hour
@@ -57,7 +60,10 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
         arank = w.ads.sample(rng, n, day)
         aid = w.ads.ids(arank, day)
         ad = w.ad_attributes(aid)
-        log_bid = 0.4 * ad["quality"] + rng.normal(0, 0.3, n)
+        log_bid = (w.adv_bid[synthetic._bucket(synthetic._hash(ad["advertiser_id"],
+                                                               w.salt["bid"]),
+                                               synthetic.HASH_ROWS)]
+                   + 0.4 * ad["quality"] + rng.normal(0, 0.3, n))
         order = np.argsort(-(log_bid + 0.5 * ad["quality"] + rng.normal(0, 0.5, n)))
         f = {"user_id": np.repeat(uid, n), **{c: np.repeat(user[c], n) for c in sch.user_sparse
                                                if c != "user_id"},
@@ -71,7 +77,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
         f.update(w.history_features(np.array([0, len(hist)]), hist_cat, hist_adv,
                                     np.zeros(n, np.int64), f["ad_category"],
                                     f["advertiser_id"]))
-        p = 1 / (1 + np.exp(-(w.raw_logit(day, f) + intercept)))
+        p = 1 / (1 + np.exp(-(w.raw_logit(day, f) + intercept[f["vertical"]])))
         history = hist.tolist()
         for i in range(n):
             row = {DAY: day, SESSION: day * cfg.sessions_per_day + s,
@@ -82,7 +88,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
     return pa.Table.from_pylist(rows, schema=sch.arrow("impressions"))
 
 
-def _case(cfg: GenerateConfig, label: str) -> None:
+def _case(cfg: GenerateConfig, label: str, naive_sessions: int = NAIVE_SESSIONS) -> None:
     """Per day: generate_day, then the atomic write generate() does, then a bare write."""
     gen_s = gen_cpu = atomic_s = bare_s = 0.0
     rows = 0
@@ -101,9 +107,9 @@ def _case(cfg: GenerateConfig, label: str) -> None:
             del table
         size = dir_bytes(Path(tmp) / "raw")
     t0 = time.perf_counter()
-    naive = _naive(cfg, NAIVE_SESSIONS).num_rows / (time.perf_counter() - t0)
+    naive = _naive(cfg, naive_sessions).num_rows / (time.perf_counter() - t0)
     emit("data.generate", f"{label}: generate_day in memory vs naive per-session loop "
-         f"({NAIVE_SESSIONS} sessions)", "rows/s", candidate=round(rows / gen_s),
+         f"({naive_sessions} sessions)", "rows/s", candidate=round(rows / gen_s),
          baseline=round(naive), better="higher", rows=rows,
          candidate_per_cpu_s=round(rows / gen_cpu))
     emit("data.generate", f"{label}: generate + atomic Parquet write vs pyarrow bare write of "
@@ -113,6 +119,9 @@ def _case(cfg: GenerateConfig, label: str) -> None:
 
 
 def run(quick: bool) -> None:
+    if smoke():
+        _case(tiny(), "smoke", naive_sessions=50)
+        return
     base = GenerateConfig()
     _case(base, "default")
     if not quick:

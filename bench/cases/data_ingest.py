@@ -20,12 +20,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from bench.common import emit
+from bench.common import emit, shared_data, smoke
 from lrm import io
 from lrm.config import IngestConfig
 from lrm.data import criteo
 
-SAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "criteo_sample"
 ROWS = 160_000  # default size (20 copies of the 8,000-row sample); 10x without --quick
 
 
@@ -45,11 +44,12 @@ def _synthetic_lines(n: int, seed: int = 0) -> list[str]:
 
 
 def _base_lines() -> tuple[list[str], str]:
-    if all((SAMPLE / f"{n}.tsv").exists() for n in ("train", "dev", "test")):
+    sample = shared_data() / "criteo_sample"
+    if all((sample / f"{n}.tsv").exists() for n in ("train", "dev", "test")):
         lines = [x for n in ("train", "dev", "test")
-                 for x in (SAMPLE / f"{n}.tsv").read_text().splitlines()]
+                 for x in (sample / f"{n}.tsv").read_text().splitlines()]
         return lines, "criteo_sample"
-    print(f"data.ingest: {SAMPLE} absent; using synthetic Criteo-format rows", file=sys.stderr)
+    print(f"data.ingest: {sample} absent; using synthetic Criteo-format rows", file=sys.stderr)
     return _synthetic_lines(8000), "synthetic"
 
 
@@ -100,6 +100,9 @@ def _case(tmp: Path, base: list[str], source: str, rows: int, repeat: int) -> No
 def run(quick: bool) -> None:
     base, source = _base_lines()
     with tempfile.TemporaryDirectory(prefix="lrm-bench-ingest-") as d:
+        if smoke():  # the sample once
+            _case(Path(d), base, source, len(base), repeat=1)
+            return
         _case(Path(d), base, source, ROWS, repeat=3)
         if not quick:
             _case(Path(d), base, source, ROWS * 10, repeat=2)

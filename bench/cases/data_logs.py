@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from bench.common import emit
+from bench.common import emit, smoke
 from lrm import io
 from lrm.config import LogsConfig
 from lrm.data.logs import ingest as logs
@@ -49,6 +49,7 @@ MAPPING = LogsConfig(label="clicked", user="user_id", item="item_id", time="ts",
                      session_gap="30m", categorical=["surface", "device"],
                      dense=["price", "dwell"])
 CHUNK = 200_000
+SMOKE_ROWS, SMOKE_CHUNK = 20_000, 5_000  # --smoke: a file of several chunks all the same
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -83,9 +84,13 @@ def _write_log(path: Path, rows: int, seed: int = 0) -> None:
             f.write(df.write_csv(include_header=start == 0).encode())
 
 
-def _ingest(path: Path, out: Path, chunk_rows: int = CHUNK) -> dict:
+def _chunk() -> int:
+    return SMOKE_CHUNK if smoke() else CHUNK
+
+
+def _ingest(path: Path, out: Path, chunk_rows: int = 0) -> dict:
     with io.atomic_dir(out) as d:
-        return logs.ingest([path], d, MAPPING, chunk_rows=chunk_rows)
+        return logs.ingest([path], d, MAPPING, chunk_rows=chunk_rows or _chunk())
 
 
 def _speed(tmp: Path, rows: int, repeat: int) -> None:
@@ -115,7 +120,7 @@ def _speed(tmp: Path, rows: int, repeat: int) -> None:
     emit("data.logs", f"logs_csv_{rows}_rows", "rows/s", rows / best["ingest"],
          rows / best["read"], "higher", rows=rows, aim=0.5, csv_mb=round(f.stat().st_size / 1e6),
          parquet_mb=round(io.dir_bytes(out) / 1e6, 1), sessions=m["sessions"],
-         days=m["days"], buckets=m["buckets"], chunk_rows=CHUNK,
+         days=m["days"], buckets=m["buckets"], chunk_rows=_chunk(),
          seconds=round(best["ingest"], 3), baseline_seconds=round(best["read"], 3),
          baseline_is="pl.read_csv of the same file (parse into memory, nothing else)",
          ceiling=round(best["read"] / best["floor"], 4))
@@ -182,11 +187,11 @@ def _memory(tmp: Path, rows: int) -> None:
     ingest_big = _peak("ingest", big, tmp / "o2")
     read_big = _peak("read", big, tmp / "o3")
     emit("data.logs", f"logs_peak_rss_{rows}_rows", "bytes", ingest_big, read_big, "lower",
-         rows=rows, csv_mb=round(big.stat().st_size / 1e6), chunk_rows=CHUNK,
+         rows=rows, csv_mb=round(big.stat().st_size / 1e6), chunk_rows=_chunk(),
          baseline_is="peak RSS of pl.read_csv of the same file, in a fresh process",
          candidate_is="peak RSS of lrm.data.logs.ingest of the file, in a fresh process")
     emit("data.logs", f"logs_peak_rss_{rows}_vs_{rows // 10}_rows", "bytes", ingest_big,
-         ingest_small, "lower", rows=rows, chunk_rows=CHUNK,
+         ingest_small, "lower", rows=rows, chunk_rows=_chunk(),
          baseline_is=f"peak RSS of the same ingest of a {rows // 10}-row file",
          candidate_is=f"peak RSS of the ingest of the {rows}-row file (bounded: ratio ~1)")
 
@@ -194,6 +199,10 @@ def _memory(tmp: Path, rows: int) -> None:
 def run(quick: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="lrm-bench-logs-") as d:
         tmp = Path(d)
+        if smoke():
+            _speed(tmp, SMOKE_ROWS, repeat=1)
+            _memory(tmp, SMOKE_ROWS)
+            return
         _speed(tmp, ROWS, repeat=2 if quick else 3)
         _memory(tmp, ROWS)
         if not quick:

@@ -11,7 +11,8 @@ is the whole procedure's: seed s trains the FM (its versions' init and data orde
 with seed s from those logits (the world is the same). The FM's NE moves by tenths of a
 percent per vertical from one FM seed to the next on the default world (the README's ExFM
 table), so one FM for every student seed would hide that part of the spread. --quick: a
-small world of two verticals, one size, two variants, one seed (under a minute).
+small world of two verticals, one size, two variants, one seed (under a minute); --smoke:
+the same with a few hundred sessions a day (seconds).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import torch
 import yaml
 
-from bench.common import emit
+from bench.common import emit, smoke
 from lrm.config import DedupConfig, DistillConfig, ModelConfig, ParamsConfig, from_dict
 from lrm.data import dedup, synthetic
 from lrm.data.loader import BatchLoader
@@ -59,12 +60,18 @@ QUICK = {
                               "aux_adapter": {"aux_head": True, "adapter": True}}},
 }
 
+# on top of QUICK: few sessions, and every run a few steps (not the schedule's floor of 50)
+SMOKE = {"generate": {"sessions_per_day": 400}, "train": {"steps": 6, "warmup_steps": 0},
+         "teacher": {"train": {"batch_size": 256}}, "students": {"train": {"batch_size": 256}}}
+
 
 def _params(quick: bool) -> dict[str, Any]:
     path = REPO / "params.yaml"
     p = yaml.safe_load(path.read_text()) if path.exists() else {}
-    if quick:
+    if quick or smoke():
         _merge(p, QUICK)
+    if smoke():
+        _merge(p, SMOKE)
     return p
 
 

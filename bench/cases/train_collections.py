@@ -28,7 +28,7 @@ from torch import nn
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
 
 from bench.cases.train_common import EMBEDDING_LR, MODEL, batch_size, batches, dataset, device, \
-    student_hash_sizes, time_steps
+    steps as steps_of, student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.data.batch import Batch
 from lrm.data.schema import read_schema
@@ -63,7 +63,7 @@ class _One(nn.Module):
 
 def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
     quiet_libraries()
-    steps, repeat = (16, 3) if quick else (60, 5)
+    steps, repeat = steps_of(quick, 60, 16, 3), steps_of(quick, 5, 3, 1)
     with (dataset(quick) if data is None else nullcontext(data)) as d, \
             process_group(device()) as env:
         path = d["sessions"]

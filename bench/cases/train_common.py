@@ -3,7 +3,8 @@
 Data: the synthetic log at its defaults (100k users, 10k ads, mean session length 8,
 histories of up to 100 ads, ~79 on average): day 0 trains, day 1 is the held-out day
 train() needs. --quick uses 5,000 sessions a day (~40k impressions), the full run 20,000
-(~160k, the default day); more where a larger batch (`use_batch`, bench/train.py --batch)
+(~160k, the default day), --smoke a tiny world (bench.cases.data_profiles.tiny) at batch
+256 and a few steps; more where a larger batch (`use_batch`, bench/train.py --batch)
 needs them for the most steps a case takes (MOST_STEPS).
 
 The throughput cases time optimizer steps on batches built beforehand (the loader has its
@@ -26,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from bench.cases.data_profiles import tiny
+from bench.common import smoke
 from lrm.config import DedupConfig, GenerateConfig, ModelConfig, TrainConfig
 from lrm.data import dedup, synthetic
 from lrm.data.batch import Batch
@@ -44,6 +47,7 @@ from lrm.train.step_graph import GraphSteps, unsupported
 from lrm.train.steps import Steps, dense_optimizer
 
 BATCH = 2048  # the cases' batch unless use_batch says otherwise (TrainConfig's default)
+SMOKE_BATCH = 256  # --smoke's
 MOST_STEPS = {True: 16, False: 60}  # the most batches of day 0 a case takes (quick, full)
 LR, EMBEDDING_LR = TrainConfig().lr, TrainConfig().embedding_lr  # the defaults
 MODEL = ModelConfig()  # the default student: d=16, bottom [64], top [128, 64]
@@ -79,14 +83,22 @@ def sessions_for(impressions: int) -> int:
 
 
 def sessions_per_day(quick: bool) -> int:
-    return max(5_000 if quick else 20_000, sessions_for(MOST_STEPS[quick] * batch_size()))
+    least = 0 if smoke() else 5_000 if quick else 20_000
+    return max(least, sessions_for(MOST_STEPS[quick] * batch_size()))
+
+
+def steps(quick: bool, full: int, fast: int, tiny_: int) -> int:
+    """A case's steps (or repeats): the full run's, --quick's or --smoke's."""
+    return tiny_ if smoke() else fast if quick else full
 
 
 @contextmanager
 def dataset(quick: bool, days: int = 2) -> Iterator[dict[str, Any]]:
     """{"raw": impressions layout, "sessions": its dedup, "rows": day 0 impressions, ...};
     the last of `days` is the held-out day."""
-    cfg = GenerateConfig(days=days, sessions_per_day=sessions_per_day(quick))
+    n = sessions_per_day(quick)
+    cfg = tiny(days=days, sessions=n) if smoke() else GenerateConfig(days=days,
+                                                                       sessions_per_day=n)
     with tempfile.TemporaryDirectory(prefix="lrm-bench-train-") as tmp:
         root = Path(tmp)
         synthetic.generate(cfg, root / "raw")

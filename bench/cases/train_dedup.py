@@ -28,7 +28,7 @@ import torch
 
 from bench.cases.data_profiles import history_heavy
 from bench.cases.train_common import MODEL, batch_size, batches, dataset, project_step, \
-    sessions_for, student_hash_sizes, time_steps
+    sessions_for, steps as steps_of, student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.config import DedupConfig, LoaderConfig, TrainConfig
 from lrm.data import dedup, synthetic
@@ -62,7 +62,8 @@ def _heavy(quick: bool, steps: int) -> None:
                  "session_rows": own,
                  "plain": batches(root / "sessions", False, steps, sizes)}
         with project_step(root / "sessions") as step:
-            t = time_steps({k: (step, v) for k, v in forms.items()}, 2, 3 if quick else 5)
+            t = time_steps({k: (step, v) for k, v in forms.items()}, 2,
+                           steps_of(quick, 5, 3, 1))
     n = steps * batch_size()
     info = {**_info(forms, steps), "mean_history_length": round(
         m["history_values"] / m["sessions"], 1), "max_history": cfg.max_history,
@@ -78,7 +79,7 @@ def _heavy(quick: bool, steps: int) -> None:
 
 
 def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
-    steps, repeat = (12, 3) if quick else (40, 5)
+    steps, repeat = steps_of(quick, 40, 12, 3), steps_of(quick, 5, 3, 1)
     with (dataset(quick) if data is None else nullcontext(data)) as d:
         sizes = student_hash_sizes(d["sessions"])
         recd = batches(d["sessions"], True, steps, sizes)
@@ -93,7 +94,7 @@ def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
              candidate_is="RecD batches, the loader's default form (user features once per "
              "session; histories this short are not shared across sessions)",
              baseline_is="plain batches (user features once per impression)", **info)
-        _heavy(quick, 8 if quick else 24)
+        _heavy(quick, steps_of(quick, 24, 8, 2))
         if quick:
             return
         rates = {}

@@ -16,7 +16,7 @@ import statistics
 import torch
 
 from bench.cases.train_common import MODEL, batch_size, batches, dataset, device, \
-    project_step, student_hash_sizes, time_steps
+    project_step, steps as steps_of, student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.config import LoaderConfig, TrainConfig
 from lrm.dist import loader_workers
@@ -28,7 +28,8 @@ DAYS = {True: 3, False: 4}  # days (the last held out), of the default size or -
 def run(quick: bool = False) -> None:
     """Its own data: one pass over several days (repeated passes over one day would
     overfit, and the held-out NE it reports would say so)."""
-    steps, repeat, log_every = (12, 3, 5) if quick else (40, 5, 10)
+    steps, repeat = steps_of(quick, 40, 12, 3), steps_of(quick, 5, 3, 1)
+    log_every = steps_of(quick, 10, 5, 5)
     with dataset(quick, DAYS[quick]) as d:
         sizes = student_hash_sizes(d["sessions"])
         recd = batches(d["sessions"], True, steps, sizes)

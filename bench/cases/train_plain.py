@@ -28,7 +28,7 @@ from torch import nn
 from torchrec.modules.embedding_configs import PoolingType
 
 from bench.cases.train_common import EMBEDDING_LR, LR, MODEL, batch_size, batches, dataset, \
-    device, project_step, student_hash_sizes, time_steps
+    device, project_step, steps as steps_of, student_hash_sizes, time_steps
 from bench.common import emit
 from lrm.config import StudentModelConfig
 from lrm.data.batch import Batch
@@ -113,7 +113,7 @@ def plain_step(model: PlainStudent) -> Callable[[Inputs], None]:
 
 
 def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
-    steps, repeat = (12, 3) if quick else (40, 5)
+    steps, repeat = steps_of(quick, 40, 12, 3), steps_of(quick, 5, 3, 1)
     with (dataset(quick) if data is None else nullcontext(data)) as d:
         schema, _ = read_schema(d["sessions"])
         sizes = student_hash_sizes(d["sessions"])

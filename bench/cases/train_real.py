@@ -33,7 +33,9 @@ Each model scores every row of the held-out day. A line per (log, model): candid
 NE, baseline = the DLRM's, ratio = baseline / candidate (> 1: lrm's NE is lower), with 95%
 paired-bootstrap intervals (the same resampled rows for both; 200 resamples) of the ratio
 and of each NE. --seeds N: every model with seeds 0..N-1; the headline is the mean NE, and
-each seed's NEs ride along. --quick: the students only, one seed.
+each seed's NEs ride along. --quick: the students only, one seed. --smoke: the students on
+every twentieth line of the MIND sample and a tiny synthetic log, a few steps each, and the
+DLRM's two recipes at one learning rate and at most two epochs (seconds: that it runs).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import torch
 import yaml
 
 from bench.cases.train_vs_torchrec import DIM, torchrec_batch, torchrec_dlrm
-from bench.common import emit
+from bench.common import emit, shared_data, smoke
 from lrm.config import DedupConfig, GenerateConfig, IngestConfig, LogsConfig, ModelConfig, \
     ParamsConfig, TableConfig, TrainConfig
 from lrm.data import criteo, dedup
@@ -65,18 +67,11 @@ from lrm.train import TrainJob, train
 from lrm.train.evaluate import predict
 
 ROOT = Path(__file__).resolve().parents[2]
-SHARED = ROOT.parent / "shared" / "data"
 BATCH = 1024  # the baseline's batch
 RESAMPLES = 200
 VAL_FRACTION = 0.1  # of the train batches, the tuned baseline's validation slice
 MAX_EPOCHS = 10  # the tuned baseline's most passes
 LRS = (1e-3, 3e-3)  # the baseline's dense learning rates (lrm's old default and its new)
-
-
-def shared_dir() -> Path:
-    import os
-
-    return Path(os.environ.get("LRM_SHARED_DATA", SHARED))
 
 
 def mind_mapping() -> LogsConfig:
@@ -86,7 +81,7 @@ def mind_mapping() -> LogsConfig:
 
 
 def _criteo(raw: Path) -> bool:
-    d = shared_dir() / "criteo_sample"
+    d = shared_data() / "criteo_sample"
     files = [d / f"{n}.tsv" for n in ("train", "dev", "test")]
     if not all(f.exists() for f in files):
         return False
@@ -95,22 +90,29 @@ def _criteo(raw: Path) -> bool:
 
 
 def _mind(raw: Path) -> bool:
-    f = shared_dir() / "mind_sample" / "behaviors.tsv"
+    f = shared_data() / "mind_sample" / "behaviors.tsv"
     if not f.exists():
         return False
+    if smoke():  # every twentieth page view: a few hundred, over all of the sample's days
+        lines = f.read_text().splitlines(keepends=True)[::20]
+        f = raw.parent / "behaviors.tsv"
+        raw.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text("".join(lines))
     raw.mkdir(parents=True)
     logs.ingest([f], raw, mind_mapping())
     return True
 
 
 SYNTHETIC = dict(users=80_000, ads=5_000, sessions_per_day=5_000, days=6)
+SMOKE_SYNTHETIC = dict(users=5_000, ads=1_000, sessions_per_day=300, days=3)
 SYNTHETIC_MAP = export.mapping()
 
 
 def _synthetic(raw: Path) -> bool:
     """The generator's world as a user's flat click log (CSV), through `lrm ingest logs`."""
     log = raw.parent / "log.csv"
-    export.write_log(GenerateConfig(**SYNTHETIC), log)  # type: ignore[arg-type]
+    world = {**SYNTHETIC, **SMOKE_SYNTHETIC} if smoke() else SYNTHETIC
+    export.write_log(GenerateConfig(**world), log)  # type: ignore[arg-type]
     raw.mkdir(parents=True)
     logs.ingest([log], raw, SYNTHETIC_MAP)
     return True
@@ -121,7 +123,7 @@ LOGS = {"criteo_sample": _criteo, "mind_sample": _mind, "synthetic_log": _synthe
 
 def _lrm(kind: str, data: Path, seed: int, out: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits, labels) of the held-out (last) day from lrm's `kind` with the defaults."""
-    cfg = TrainConfig(seed=seed, device="cpu")
+    cfg = TrainConfig(seed=seed, device="cpu", **({"steps": 8} if smoke() else {}))
     if kind == "teacher":  # as `lrm train --model teacher` trains it (teacher.train)
         cfg = ParamsConfig(train=cfg).train_for("teacher")
     train(TrainJob(kind=kind, train=cfg, model=ModelConfig(), data=data, out=out))
@@ -210,17 +212,18 @@ def run(quick: bool = False, seeds: int = 1) -> None:
         for name, make in LOGS.items():
             root = Path(tmp) / name
             if not make(root / "raw"):
-                print(f"train.real: {name} absent from {shared_dir()}; skipped",
+                print(f"train.real: {name} absent from {shared_data()}; skipped",
                       file=sys.stderr)
                 continue
             dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
             data = root / "sessions"
             days = list(day_files(data))
             base = []  # per seed: the best of the DLRM's recipes on the held-out day
+            lrs, epochs = (LRS[:1], 2) if smoke() else (LRS, MAX_EPOCHS)
             for s in range(seeds):
                 runs = {f"{what}, lr {lr:g}": _dlrm(data, s, *args, lr=lr)
-                        for lr in LRS for what, args in (("one pass", (1, False)), (
-                            "epochs by validation", (MAX_EPOCHS, True)))}
+                        for lr in lrs for what, args in (("one pass", (1, False)), (
+                            "epochs by validation", (epochs, True)))}
                 ne = {k: metrics.normalized_entropy(x, y) for k, (x, y, _) in runs.items()}
                 best = min(ne, key=ne.__getitem__)
                 x, y, ep = runs[best]

@@ -22,7 +22,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from bench.cases.train_common import MODEL, batch_size, dataset, device
+from bench.cases.train_common import MODEL, batch_size, dataset, device, steps as steps_of
 from bench.common import emit
 from lrm.config import LoaderConfig, TrainConfig, from_dict
 
@@ -56,7 +56,7 @@ def _launch(procs: int, spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
 
 
 def run(quick: bool = False, data: dict[str, Any] | None = None) -> None:
-    steps = 16 if quick else 60
+    steps = steps_of(quick, 60, 16, 4)
     if device() == "cuda" and torch.cuda.device_count() < 2:
         print("train.scaling: skipped on cuda (2 processes need 2 GPUs)", file=sys.stderr)
         return

@@ -4,7 +4,7 @@ The shape: the peers' standard benchmark, ~200k training impressions (synthetic 
 day 0; day 1 held out), batch 1024, embedding dim 16, bottom MLP 512-256-64 (then 16, the
 embedding dim), top MLP 512-256 (then the logit). --quick: ~40k impressions. `--batch B`
 trains at batch B on a day large enough for MIN_STEPS steps of it (the GPU aims: 2048 and
-16384).
+16384). --smoke: a tiny world, batch 256, a few steps.
 
 The baseline is what a torchrec user writes: `torchrec.models.dlrm.DLRM` (one
 EmbeddingBagCollection over every sparse feature, the same tables: rows, dim, pooling) in
@@ -44,8 +44,9 @@ from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from bench.cases.data_profiles import tiny
 from bench.cases.train_common import EMBEDDING_LR, LR, lrm_steps, sessions_for, sync
-from bench.common import emit
+from bench.common import emit, smoke
 from lrm import metrics
 from lrm.config import DedupConfig, GenerateConfig, ModelConfig, StudentModelConfig, \
     TableConfig
@@ -63,18 +64,22 @@ MODEL = ModelConfig(student=StudentModelConfig(embedding_dim=DIM, bottom_mlp=[51
                                                top_mlp=[512, 256]))
 WARMUP = 4
 MIN_STEPS = {True: 8, False: 80}  # batches a training day holds at least (quick, full)
+SMOKE_STEPS = 4
 SEGMENT = {"cpu": 4, "cuda": 32}  # steps a side runs in turn (on a GPU: room to overlap)
 
 
 def sessions_per_day(quick: bool, batch: int) -> int:
     """~200k impressions a day (quick: ~40k), more where MIN_STEPS batches need them."""
+    if smoke():
+        return sessions_for((WARMUP + SMOKE_STEPS) * batch)
     return max(5_000 if quick else 25_000, sessions_for((WARMUP + MIN_STEPS[quick]) * batch))
 
 
 @contextmanager
 def dataset(quick: bool, batch: int = BATCH) -> Iterator[dict[str, Any]]:
     """Day 0 trains, day 1 (as large) is held out; see sessions_per_day."""
-    cfg = GenerateConfig(days=2, sessions_per_day=sessions_per_day(quick, batch))
+    n = sessions_per_day(quick, batch)
+    cfg = tiny(days=2, sessions=n) if smoke() else GenerateConfig(days=2, sessions_per_day=n)
     with tempfile.TemporaryDirectory(prefix="lrm-bench-vs-torchrec-") as tmp:
         root = Path(tmp)
         synthetic.generate(cfg, root / "raw")

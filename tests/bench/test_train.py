@@ -1,0 +1,19 @@
+"""bench/train.py --smoke: every training case runs and prints its lines."""
+
+from __future__ import annotations
+
+from tests.bench._smoke import benches, cases, smoke
+from tests.conftest import CRITEO_DIR, MIND_DIR
+
+
+def test_every_train_case_prints_its_lines() -> None:
+    lines = smoke("train")
+    assert benches(lines) == {"train.vs_torchrec", "train.dedup", "train.vs_plain_pytorch",
+                              "train.scaling", "train.collections", "train.end_to_end",
+                              "train.real"}
+    vs = [x for x in lines if x["bench"] == "train.vs_torchrec"]
+    assert {"ne_candidate", "ne_baseline"} <= set(vs[0])  # NE beside the speed
+    real = cases(lines, "train.real")
+    assert "synthetic_log_student_vs_dlrm" in real
+    assert ("criteo_sample_student_vs_dlrm" in real) == (CRITEO_DIR / "train.tsv").exists()
+    assert ("mind_sample_student_vs_dlrm" in real) == (MIND_DIR / "behaviors.tsv").exists()
