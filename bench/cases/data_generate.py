@@ -30,8 +30,9 @@ from bench.cases.data_profiles import tiny
 from bench.common import emit, smoke
 from lrm.config import GenerateConfig
 from lrm.data import synthetic
-from lrm.data.synthetic.world import World
 from lrm.data.schema import DAY, LABEL, POSITION, SESSION, part_path
+from lrm.data.synthetic.hashing import bucket, hash_ids
+from lrm.data.synthetic.world import HASH_ROWS, World
 from lrm.io import dir_bytes, write_parquet
 
 NAIVE_SESSIONS = 1_000
@@ -60,9 +61,7 @@ def _naive(cfg: GenerateConfig, sessions: int, day: int = 0) -> pa.Table:
         arank = w.ads.sample(rng, n, day)
         aid = w.ads.ids(arank, day)
         ad = w.ad_attributes(aid)
-        log_bid = (w.adv_bid[synthetic._bucket(synthetic._hash(ad["advertiser_id"],
-                                                               w.salt["bid"]),
-                                               synthetic.HASH_ROWS)]
+        log_bid = (w.adv_bid[bucket(hash_ids(ad["advertiser_id"], w.salt["bid"]), HASH_ROWS)]
                    + 0.4 * ad["quality"] + rng.normal(0, 0.3, n))
         order = np.argsort(-(log_bid + 0.5 * ad["quality"] + rng.normal(0, 0.5, n)))
         f = {"user_id": np.repeat(uid, n), **{c: np.repeat(user[c], n) for c in sch.user_sparse
