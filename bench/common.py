@@ -102,8 +102,9 @@ def machine() -> dict[str, Any]:
         cores = os.cpu_count() or 1
     return {
         "cpu": cpu_name(),
-        "cpu_id": " ".join(info[k] for k in ("vendor_id", "cpu family", "model")
-                           if k in info) or platform.machine(),
+        "cpu_id": (f"{info['vendor_id']} family {info['cpu family']} model {info['model']}"
+                   if {"vendor_id", "cpu family", "model"} <= info.keys()
+                   else platform.machine()),
         "isa": [f for f in ISA_FLAGS if f in flags],
         "cores": cores,
         "torch": torch.__version__,

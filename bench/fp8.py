@@ -25,7 +25,9 @@ On a CPU every layer is slow (no fast FP8 GEMM): the plan is empty and fp8.model
 dispatched ratio is ~1.0 by construction; the GPU figures come from running this on one.
 `--large` adds the large teacher profile's layers (profiles/teacher_large.yaml) to
 fp8.layer, and to the two mods' fp8.mod lines its bytes per step (a CPU) or a line of its
-own, timed (a GPU): on a CPU that takes minutes.
+own, timed (a GPU): on a CPU that takes minutes. --smoke: a tiny world, batch 64, two
+steps, one timing round; on a CPU the student alone is probed and dispatched (the teacher's emulated FP8
+takes minutes), the teacher trained for the mods' lines.
 """
 
 from __future__ import annotations
@@ -73,11 +75,12 @@ from stagekit import load_params  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LOADER = LoaderConfig(prefetch=2, num_workers=1)
+SMOKE_BATCH = 64  # emulated FP8 on a CPU costs in proportion to the rows
 
 
 def world(quick: bool, root: Path) -> Path:
     cfg = GenerateConfig(users=5000, ads=1000, advertisers=100, categories=20, days=3,
-                         sessions_per_day=400 if smoke() else 2000 if quick else 10000,
+                         sessions_per_day=150 if smoke() else 2000 if quick else 10000,
                          seed=5)
     synthetic.generate(cfg, root / "raw")
     dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
@@ -95,7 +98,7 @@ def paired_throughput(base: torch.nn.Module, fp8: torch.nn.Module, batches: list
                       device: torch.device, amp: bool, reps: int) -> tuple[float, float]:
     """(samples/s of base, of fp8): timed in turn, best of 3 each (least disturbed)."""
     best = [float("inf"), float("inf")]
-    for _ in range(3):
+    for _ in range(1 if smoke() else 3):
         for i, m in enumerate((base, fp8)):
             best[i] = min(best[i], R.step_ms(m, batches, device, amp, reps))
     n = sum(b.size for b in batches) / len(batches)
@@ -131,8 +134,8 @@ def bench_models(data: Path, root: Path, params: Any, quick: bool, large: bool) 
     if tiny:
         cfg = FP8Config(min_batches=1, max_batches=1, slow_device_batches=1, rows=256,
                         speed_reps=1)
-    batch = 256 if tiny else 512 if quick else params.train.batch_size
-    tcfg = TrainConfig(batch_size=batch, steps=4 if tiny else 15 if quick else 60, lr=3e-3,
+    batch = SMOKE_BATCH if tiny else 512 if quick else params.train.batch_size
+    tcfg = TrainConfig(batch_size=batch, steps=2 if tiny else 15 if quick else 60, lr=3e-3,
                        log_every=5, threads=0)
     models = {"student": ModelConfig(tables=params.model.tables, student=params.model.student),
               "teacher": ModelConfig(tables=params.model.tables, teacher=params.model.teacher)}
@@ -142,17 +145,18 @@ def bench_models(data: Path, root: Path, params: Any, quick: bool, large: bool) 
     dev = R.resolve_device(params.train.device)
     for name, mcfg in models.items():
         kind = "student" if name == "student" else "teacher"
-        base = _train(kind, mcfg, data, tcfg, root / name)
+        base = _train(kind, mcfg, data, tcfg, root / name)  # (bench_mod reads the teacher)
+        if tiny and name != "student" and dev.type == "cpu":
+            continue  # emulated FP8 on a CPU: the teacher's probe takes minutes (the
+            # student's lines run the same code)
         probed = R.probe_saved(root / name, data, cfg, device=params.train.device,
                                amp=params.train.amp, batch_size=batch)
         bench_layers(name, probed, cfg.recipe)
         if name == "teacher_large":
             continue  # its step on a CPU is too slow to train three times
         doc = R.build({name: probed}, cfg, dev, params.train.amp)
-        cases = [("dispatched", doc), ("naive: every Linear in FP8", _forced(doc, name))]
-        if tiny and name != "student" and dev.type == "cpu":  # emulated FP8: minutes a step
-            cases = cases[:1]  # (the student's naive line runs the same code)
-        for case, rep in cases:
+        for case, rep in (("dispatched", doc), ("naive: every Linear in FP8",
+                                                 _forced(doc, name))):
             path = root / f"{name}_{case.split(':')[0]}.json"
             path.write_text(json.dumps(rep))
             with_fp8 = _train(kind, mcfg, data, tcfg, None, fp8=str(path))
@@ -177,7 +181,7 @@ def bench_mods(data: Path, params: Any, quick: bool) -> None:
     # the padding is for GPU kernels: timed on the device at hand (the same as fp8.model's)
     at = R.resolve_device(params.train.device)
     schema, _ = read_schema(data)
-    batch = 256 if smoke() else 512 if quick else params.train.batch_size
+    batch = SMOKE_BATCH if smoke() else 512 if quick else params.train.batch_size
     reps = 1 if smoke() else 5 if quick else 20
     times = {}
     for pad in (1, 8):
@@ -266,7 +270,7 @@ def paired_ms(models: list[torch.nn.Module], batches: list[Any], amp: bool, reps
     """Per model, ms per step: the models timed in turn, best of 3 medians (least disturbed)."""
     best = [float("inf")] * len(models)
     dev = batches[0].labels.device
-    for _ in range(3):
+    for _ in range(1 if smoke() else 3):
         for i, m in enumerate(models):
             ms = median_ms(lambda: [_step(m, b, amp) for b in batches], dev, reps)
             best[i] = min(best[i], ms / len(batches))
@@ -368,8 +372,8 @@ def bench_mod(mod: str, data: Path, root: Path, params: Any, quick: bool, large:
     for name, (model, batch, timed) in teachers.items():
         if not timed:
             continue
-        size = 256 if smoke() else 512 if quick and dev.type == "cpu" else batch
-        batches = _batches(data, model, size, 2, dev)
+        size = SMOKE_BATCH if smoke() else 512 if quick and dev.type == "cpu" else batch
+        batches = _batches(data, model, size, 1 if smoke() else 2, dev)
         base, cand = (_fused if fused else _residual)(model)
         t_base, t_cand = paired_ms([base, cand], batches, amp,
                                    1 if smoke() else 3 if quick else 10)

@@ -2,6 +2,9 @@
 JSON line per case.
 
 train.vs_torchrec        lrm's student vs torchrec's own DLRM on the same batches (samples/s, NE)
+train.profile            the same two steps under torch.profiler (CPU): ms per step by operator
+                         category (embedding lookups, sparse dist, matmuls, ...), each side's
+                         heaviest operators
 train.dedup              student samples/s on RecD batches vs plain batches (session data)
 train.vs_plain_pytorch   the project's student step vs the same student in plain PyTorch
 train.scaling            lrm.train.train as 2 processes vs 1 (lrm.launch; CPU, gloo)
@@ -32,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import common  # noqa: E402
 from bench.cases import train_collections, train_common, train_dedup, train_plain, \
-    train_e2e, train_real, train_scaling, train_vs_torchrec  # noqa: E402
+    train_e2e, train_profile, train_real, train_scaling, train_vs_torchrec  # noqa: E402
 from bench.cases.train_common import dataset  # noqa: E402
 
 
@@ -40,8 +43,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     common.add_mode_flags(ap)
     ap.add_argument("--only", default=None,
-                    choices=["vs_torchrec", "dedup", "plain", "scaling", "collections",
-                             "end_to_end", "real"])
+                    choices=["vs_torchrec", "profile", "dedup", "plain", "scaling",
+                             "collections", "end_to_end", "real"])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--batch", type=int, default=None,
                     help="every case's batch size (default: vs_torchrec 1024, the others "
@@ -72,11 +75,13 @@ def main() -> None:
                               batch=args.batch or train_vs_torchrec.BATCH)
     cases = {"dedup": train_dedup.run, "plain": train_plain.run, "scaling": train_scaling.run,
              "collections": train_collections.run}
+    if args.only in (None, "profile") and args.device == "cpu":  # vs_torchrec's data
+        train_profile.run(quick=quick, batch=args.batch or train_vs_torchrec.BATCH)
     if args.only in (None, "end_to_end"):  # its own days: one pass over them
         train_e2e.run(quick=quick)
     if args.only in (None, "real"):  # the real logs beside the repo
         train_real.run(quick=quick, seeds=args.seeds)
-    if args.only in ("vs_torchrec", "end_to_end", "real"):
+    if args.only in ("vs_torchrec", "profile", "end_to_end", "real"):
         return
     with dataset(quick) as data:  # one dataset for the other cases
         for name, fn in cases.items():

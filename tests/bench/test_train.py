@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.bench._smoke import benches, cases, smoke
 from tests.conftest import CRITEO_DIR, MIND_DIR
 
 
 def test_every_train_case_prints_its_lines() -> None:
     lines = smoke("train")
-    assert benches(lines) == {"train.vs_torchrec", "train.dedup", "train.vs_plain_pytorch",
-                              "train.scaling", "train.collections", "train.end_to_end",
-                              "train.real"}
+    assert benches(lines) == {"train.vs_torchrec", "train.profile", "train.dedup",
+                              "train.vs_plain_pytorch", "train.scaling", "train.collections",
+                              "train.end_to_end", "train.real"}
+    profile = [x for x in lines if x["bench"] == "train.profile"]
+    total = next(x for x in profile if x["case"] == "total")
+    # every category's time, both sides, adds up to the total profiled
+    for side in ("candidate", "baseline"):
+        assert sum(x[side] for x in profile if x is not total) == \
+            pytest.approx(total[side], rel=0.01, abs=0.05)
+    assert any(x["top_candidate"] for x in profile if "embedding" in x["case"])
     vs = [x for x in lines if x["bench"] == "train.vs_torchrec"]
     assert {"ne_candidate", "ne_baseline"} <= set(vs[0])  # NE beside the speed
     real = cases(lines, "train.real")
