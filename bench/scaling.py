@@ -114,8 +114,6 @@ def fit_law(compute: np.ndarray, ne: np.ndarray) -> dict[str, float]:
         method = "scipy.optimize.curve_fit"
     except ImportError:
         method = "numpy (grid over c, least squares for a and b)"
-    except (TypeError, ValueError):  # fewer points than the law's three parameters
-        method = f"numpy (grid over c, least squares for a and b): {len(x)} points"
     pred = a + b * x ** -c
     return {"a": float(a), "b": float(b) * float(np.min(compute)) ** float(c), "c": float(c),
             "rmse": float(np.sqrt(np.mean((pred - y) ** 2))), "method": method}

@@ -10,7 +10,7 @@ and CPU time of the same steps (the profiler's own cost is in all three).
 
 The profiler times operators by the wall clock, so on a shared machine an operator that
 lost its core counts the wait. Each operator's time per step is therefore its calls of one
-size (every dimension's power of two) taken at their first quartile (`QUANTILE`), times
+size (every dimension's power of two) taken at their tenth percentile (`QUANTILE`), times
 their count: on a quiet machine the
 same as the sum, on a loaded one far less disturbed (a call that waited is not typical of
 its kind). Annotations are grouped with their step numbers taken out. The threads are
@@ -55,7 +55,7 @@ CATEGORIES: list[tuple[str, str]] = [
     ("loss and reductions", r"^aten::(sum|mean|log_sigmoid\w*|binary_cross\w*|sigmoid\w*)$"),
 ]
 STEPS = {"smoke": 3, "quick": 12, "full": 24}
-QUANTILE = 0.25
+QUANTILE = 0.1
 
 
 def category(op: str) -> str:
