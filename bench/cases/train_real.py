@@ -111,6 +111,7 @@ SYNTHETIC_MAP = export.mapping()
 def _synthetic(raw: Path) -> bool:
     """The generator's world as a user's flat click log (CSV), through `lrm ingest logs`."""
     log = raw.parent / "log.csv"
+    raw.parent.mkdir(parents=True, exist_ok=True)  # write_log writes into an existing folder
     world = {**SYNTHETIC, **SMOKE_SYNTHETIC} if smoke() else SYNTHETIC
     export.write_log(GenerateConfig(**world), log)  # type: ignore[arg-type]
     raw.mkdir(parents=True)
