@@ -3,8 +3,9 @@ per stage, size and measure.
 
 One synthetic day of the default world (100k users, 10k ads, sessions of 8 impressions,
 histories of up to 100 ads) at 1M and 10M impressions (and 50M with --full; --quick: 0.05M
-and 0.2M; --smoke: 3,000 impressions of a tiny world, its own baseline, seconds), through the stages a user runs, each in a process of its own, one after the
-other on the machine's cores:
+and 0.2M; --smoke: 3,000 impressions of a tiny world, its own baseline, seconds), through
+the stages a user runs, each in a process of its own, one after the other on the machine's
+cores:
 
     generate   lrm.data.synthetic.generate: the day's impressions (lrm generate)
     dedup      lrm.data.dedup.dedup_dataset: impressions -> sessions (lrm dedup)
