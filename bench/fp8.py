@@ -26,8 +26,8 @@ dispatched ratio is ~1.0 by construction; the GPU figures come from running this
 `--large` adds the large teacher profile's layers (profiles/teacher_large.yaml) to
 fp8.layer, and to the two mods' fp8.mod lines its bytes per step (a CPU) or a line of its
 own, timed (a GPU): on a CPU that takes minutes. --smoke: a tiny world, batch 64, two
-steps, one timing round; on a CPU the student alone is probed and dispatched (the teacher's emulated FP8
-takes minutes), the teacher trained for the mods' lines.
+steps, one timing round; on a CPU the student alone is probed and dispatched (the
+teacher's emulated FP8 takes minutes), the teacher trained for the mods' lines.
 """
 
 from __future__ import annotations
