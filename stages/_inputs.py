@@ -4,6 +4,7 @@ too), patterns."""
 from __future__ import annotations
 
 import glob
+from collections.abc import Sequence
 from pathlib import Path
 
 from lrm import io
@@ -51,3 +52,13 @@ def expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[Pa
             raise ConfigError(f"{p}: given twice ({same} is the same file); its rows would "
                               f"be read twice")
     return out
+
+
+def given(files: list[Path] | None, listed: Sequence[str], command: str, key: str
+          ) -> list[Path]:
+    """The inputs named on the command line, else those of params key `key`; none is an
+    error saying both."""
+    chosen = list(files or []) or [Path(f) for f in listed]
+    if not chosen:
+        raise ConfigError(f"{command}: no input files; pass FILE... or set {key}")
+    return chosen

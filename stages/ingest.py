@@ -19,9 +19,8 @@ from pathlib import Path
 
 from lrm import io
 from lrm.config import IngestConfig
-from lrm.errors import ConfigError
 from stagekit import Arg, Metrics, Stage, main
-from stages._inputs import expand
+from stages._inputs import expand, given
 
 NAME = "ingest"
 
@@ -39,10 +38,7 @@ def run(*, listed: list[str], skip_bad: bool, days: str, chunk_rows: int,
     from lrm.data import criteo  # polars import: only when the stage runs
 
     cfg = IngestConfig(files=listed, skip_bad=skip_bad, days=days, chunk_rows=chunk_rows)
-    chosen = list(files or []) or [Path(f) for f in cfg.files]
-    if not chosen:
-        raise ConfigError("ingest: no input files; pass FILE... or set ingest.files")
-    paths = input_files(chosen)
+    paths = input_files(given(files, cfg.files, "ingest", "ingest.files"))
     io.check_paths(paths, [out])
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
         return Metrics(criteo.ingest(paths, tmp, cfg))

@@ -21,9 +21,8 @@ from pathlib import Path
 from lrm import io
 from lrm.config import LogsConfig
 from lrm.data.logs import LOG_SUFFIXES
-from lrm.errors import ConfigError
 from stagekit import Arg, Metrics, Stage, main
-from stages._inputs import expand
+from stages._inputs import expand, given
 
 NAME = "ingest_logs"
 
@@ -40,10 +39,7 @@ def run(*, cfg: LogsConfig, chunk_rows: int, max_history: int,
     """Convert a click log (Parquet, CSV/TSV, JSON lines) to Parquet days, by a column mapping."""
     from lrm.data.logs import ingest  # polars import: only when the stage runs
 
-    chosen = list(files or []) or [Path(f) for f in cfg.files]
-    if not chosen:
-        raise ConfigError("ingest logs: no input files; pass FILE... or set ingest.logs.files")
-    paths = log_files(chosen)
+    paths = log_files(given(files, cfg.files, "ingest logs", "ingest.logs.files"))
     io.check_paths(paths, [out])
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
         return Metrics(ingest.ingest(paths, tmp, cfg, chunk_rows=chunk_rows,

@@ -94,6 +94,22 @@ def test_a_file_the_user_changed_inside_an_output_folder_stops_the_replace(tmp_p
     assert f.read_bytes() != b"weights"  # the user's file is still there
 
 
+def test_recorded_sha256_trusts_lrms_record_only_while_the_file_is_unchanged(tmp_path):
+    """A dataset's identity (a resume's check, lrm.train.data) takes the hash lrm recorded
+    when it wrote a file, and reads the file again once it changed. Plant: drop the
+    unchanged check in io._written (a stale hash is returned for an edited file)."""
+    with io.atomic_dir(tmp_path / "d", stage="s") as tmp:
+        (tmp / "a.bin").write_bytes(b"first")
+    f = tmp_path / "d" / "a.bin"
+    assert io.recorded_sha256(f) == io.read_sha256(f) == hashlib.sha256(b"first").hexdigest()
+    f.write_bytes(b"other")  # same size: only the hash (and the mtime) tell
+    os.utime(f, ns=(1, 1))
+    assert io.recorded_sha256(f) == io.read_sha256(f) == hashlib.sha256(b"other").hexdigest()
+    mine = tmp_path / "mine.bin"  # a file lrm did not write: read
+    mine.write_bytes(b"x")
+    assert io.recorded_sha256(mine) == hashlib.sha256(b"x").hexdigest()
+
+
 def test_a_writer_naming_no_stage_records_the_stage_running(tmp_path):
     with io.running("train"):
         with io.atomic_dir(tmp_path / "m") as tmp:

@@ -231,3 +231,41 @@ def test_streaming_scores_of_ranks_add_up_to_the_score_of_all_their_rows():
     alone.update(x[:3_000], y[:3_000])
     alone.reduce(lambda t: t)  # one process: its own score
     assert alone.compute()["rows"] == 3_000
+
+
+@pytest.mark.parametrize("how", ["score", "streaming"])
+def test_each_scorer_reports_every_metric_under_its_name(how):
+    """Both scorers build their dict in one place (lrm.metrics._summary): each value checked
+    against its own formula here, not against the other scorer. Plant: swap two values
+    there (log_loss and ctr), report rows for an empty day, or drop the intervals' level."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5_000, generator=g)
+    y = (torch.rand(5_000, generator=g) < torch.sigmoid(x - 2)).double()
+
+    def scored(logits, labels):
+        if how == "score":
+            return metrics.score(logits, labels, ci=True, resamples=40)
+        s = metrics.StreamingScore(resamples=40)
+        s.update(logits, labels)
+        return s.compute()
+
+    got = scored(x, y)
+    ctr = float(y.mean())
+    log_loss = float(torch.nn.functional.binary_cross_entropy_with_logits(
+        x.double(), y))
+    assert got["rows"] == 5_000
+    assert got["ctr"] == pytest.approx(ctr, rel=1e-12)
+    assert got["log_loss"] == pytest.approx(log_loss, rel=1e-9)
+    assert got["ne"] == pytest.approx(log_loss / metrics.entropy(ctr), rel=1e-9)
+    assert got["calibration"] == pytest.approx(float(torch.sigmoid(x.double()).mean()) / ctr,
+                                               rel=1e-9)
+    assert 0.5 < got["auc"] < 1
+    assert (got["ci_level"], got["ci_resamples"]) == (metrics.CI_LEVEL, 40)
+    for k in ("ne", "auc", "calibration"):
+        low, high = got[f"{k}_ci"]
+        assert math.isfinite(low) and low < high, k
+    empty = scored(torch.zeros(0), torch.zeros(0))
+    assert empty["rows"] == 0 and set(empty) == set(got)
+    assert all(math.isnan(v) for k, v in empty.items() if k in ("ne", "auc", "calibration",
+                                                                  "log_loss", "ctr"))
+    assert all(math.isnan(x) for k in ("ne", "auc", "calibration") for x in empty[f"{k}_ci"])

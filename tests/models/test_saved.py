@@ -12,7 +12,7 @@ from lrm.config import TrainConfig, from_dict
 from lrm.data import synthetic
 from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError, DataError
-from lrm.models.saved import CARD, load_model, read_card
+from lrm.models.saved import CARD, load_model, load_weights, model_hash, read_card, save_model
 from lrm.serving.pyfunc import OUTPUT, column_types, example_frame, input_columns, predict_frame
 from tests.conftest import SMALL_MODEL, TINY
 
@@ -31,6 +31,25 @@ def test_card_round_trips_and_rejects_other_formats(model_dir, tmp_path):
     (tmp_path / CARD).write_text(json.dumps({**json.loads(card.to_json()), "format": 99}))
     with pytest.raises(DataError, match="format 99"):
         read_card(tmp_path)
+
+
+def test_the_content_hash_follows_what_predicts_not_the_training_log(model_dir, tmp_path):
+    """Two folders hash alike exactly when they predict alike (the registry's "registered
+    already", augment's teacher version). Plant: keep `info` in the hashed card, or hash
+    the card alone."""
+    import dataclasses
+
+    card = read_card(model_dir)
+    weights = load_weights(model_dir)
+    logged = save_model(tmp_path / "a", dataclasses.replace(card, info={"steps": 999}),
+                        weights)
+    assert model_hash(logged) == model_hash(model_dir)  # another training summary
+    k = next(k for k, v in weights.items() if v.is_floating_point())
+    other = save_model(tmp_path / "b", card, {**weights, k: weights[k] + 1})
+    assert model_hash(other) != model_hash(model_dir)  # another weight
+    sizes = save_model(tmp_path / "c", dataclasses.replace(
+        card, hash_sizes={**card.hash_sizes, "user_id": 1}), weights)
+    assert model_hash(sizes) != model_hash(model_dir)  # fed otherwise
 
 
 def test_pyfunc_scores_rows_as_the_loader_feeds_them(datasets, model_dir):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -39,8 +39,9 @@ def test_the_runner_writes_the_metrics_the_run_returns(tmp_path):
     m = execute(_toy_stage(tmp_path, calls), {"src": tmp_path / "src", "out": tmp_path / "o",
                                               "metrics": tmp_path / "m" / "toy.json"},
                 ParamsConfig())
-    assert m.metrics() == {"n": 1} and (tmp_path / "m" / "toy.json").read_text().strip().startswith("{")
-    assert dataclasses.is_dataclass(ParamsConfig())
+    # the file holds exactly what the run returned (a file of anything else, or none, fails)
+    assert m.metrics() == {"n": 1} == json.loads((tmp_path / "m" / "toy.json").read_text())
+    assert calls == [(tmp_path / "src", tmp_path / "o")]  # the run ran once, with its args
 
 
 def test_an_optional_output_given_as_off_is_not_written_and_none_gets_its_default(
