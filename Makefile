@@ -52,7 +52,7 @@ dag: $(STAMP)
 	$(BIN)/python -m flows.dvc_yaml
 
 test: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # Every benchmark's --quick, each in its own process (python -m bench): all run, and the end
 # says which failed (exit 1 if any did). BENCH_FLAGS=--smoke: seconds each, that they run.

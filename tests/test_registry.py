@@ -259,8 +259,8 @@ def test_the_champion_loads_back_and_answers_mlflow_models_serve(folders, store)
         assert status == 200, answer
         assert len(answer["predictions"]) == len(frame)
         assert 0 < answer["predictions"][0]["probability"] < 1
-        # the request the README shows beside `mlflow models serve`
-        readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+        # the request the docs show beside `mlflow models serve` (docs/streaming.md)
+        readme = (Path(__file__).resolve().parents[1] / "docs" / "streaming.md").read_text()
         example = readme.split("/invocations -H 'Content-Type: application/json' -d '", 1)[1]
         status, answer = _invoke(port, example.split("'", 1)[0].encode())
         assert status == 200 and len(answer["predictions"]) == 2, answer
