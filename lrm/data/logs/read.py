@@ -197,15 +197,32 @@ class Parser:
         (one query per vocabulary, run together)."""
         vocab_of = {**self.vocab_of, **({ITEM: item_name(self.cfg)} if ITEM in texts and
                                         ITEM not in self.vocab_of else {})}
+        # a chunk in day order (a log in time order: most are): a value's first row holds
+        # its first day, and the rows where a value is first are found without a group-by
+        # (a third of its time)
+        days = frame[DAY].to_numpy()
+        in_order = bool((days[1:] >= days[:-1]).all())
         parts: dict[str, list[pl.LazyFrame]] = {}
         for name in texts:
             piece = frame.lazy().select(pl.col(name).alias("h"), pl.col(TEXT + name).alias("s"),
                                         pl.col(DAY).alias("day"))
             if name.startswith("q:"):
                 piece = piece.explode(["h", "s"])
-            parts.setdefault(vocab_of[name], []).append(piece.drop_nulls("h"))
-        # (a group-by, not the rows where each value is first: those are views into the
-        # chunk's text, which they keep alive: +70 MB at 10M rows for 3% less time)
-        queries = [pl.concat(ps).group_by("h").agg(pl.col("s").first(), pl.col("day").min())
-                   for ps in parts.values()]
-        return dict(zip(parts, pl.collect_all(queries), strict=True))
+            piece = piece.drop_nulls("h")
+            if in_order:
+                piece = piece.filter(pl.col("h").is_first_distinct())
+            parts.setdefault(vocab_of[name], []).append(piece)
+        queries = [_distinct(ps, in_order) for ps in parts.values()]
+        # (the rows where a value is first hold views into the chunk's text, which keep all
+        # of it alive, +70 MB at 10M rows: shrunk, each holds its own)
+        got = [df.shrink_to_fit() if in_order else df for df in pl.collect_all(queries)]
+        return dict(zip(parts, got, strict=True))
+
+
+def _distinct(pieces: list[pl.LazyFrame], first_rows: bool) -> pl.LazyFrame:
+    """(h, s, day) rows -> each h once, with its text and its least day (`first_rows`: each
+    piece holds each h once already, at its least day; where a vocabulary has two columns,
+    `vocab.Values` merges their rows)."""
+    if first_rows:
+        return pl.concat(pieces)
+    return pl.concat(pieces).group_by("h").agg(pl.col("s").first(), pl.col("day").min())
