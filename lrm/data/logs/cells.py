@@ -269,11 +269,30 @@ class Unscalable(Exception):
         self.file, self.row, self.column, self.value = file, row, column, value
 
 
+class NotFinite(Exception):
+    """A dense column's scaling takes a value of the cell past float32; the cell, read again
+    (`first_unscalable`), says which (`build` lets it go before it knows)."""
+
+    def __init__(self, column: str) -> None:
+        super().__init__(column)
+        self.column = column
+
+
+def first_unscalable(cell: pl.DataFrame, plan: Plan, column: str) -> Unscalable:
+    """The first row of `cell` (file, row) whose `column` its scaling takes past float32."""
+    x = pl.col(f"d:{column}")
+    bad = cell.filter(~dense_mod.scaled(x, plan.dense[column]).is_finite()).sort(FILE, ROW)
+    return Unscalable(int(bad[FILE][0]), int(bad[ROW][0]), column, float(bad[f"d:{column}"][0]))
+
+
 def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
           first_session: int) -> tuple[pa.Table, dict[str, int]]:
-    """The cell's impressions table (`plan.schema`, impressions layout) and its counts."""
+    """The cell's impressions table (`plan.schema`, impressions layout) and its counts.
+    `NotFinite` where a dense value cannot be scaled. The cell is let go once sorted (the
+    caller holds no other reference: memory holds one copy of it, not two)."""
     cfg, schema = plan.cfg, plan.schema
     df = sessions(cell, cfg)
+    del cell
     key = df[KEY].to_numpy()
     starts = _run_starts(key)
     lens = np.diff(np.r_[starts, df.height])
@@ -290,6 +309,9 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
     first = df[starts] if n_sessions else df.clear()
     stats = {"rows": df.height, "sessions": n_sessions, "clicks": int(df[LABEL].sum()),
              "history_values": 0}
+    # per-row lookups and the dense scalings: one query (its columns run side by side)
+    query: dict[str, pl.Expr] = {n: dense_mod.scaled(pl.col(f"d:{n}"), plan.dense[n])
+                                 for n in schema.dense}
     for feat, (col, vocab) in plan.features.items():
         lookup = plan.lookups[vocab]
         if col == "auto":  # the history: the user's earlier clicks
@@ -306,6 +328,8 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
             cols[feat] = _per_row(offsets, ids, session_of_row)
             if col[2:] == cfg.history:
                 stats["history_values"] += int(offsets[-1])
+        elif feat not in schema.user_sparse and (e := lookup.expr(col, df.height)) is not None:
+            query[feat] = e  # (a missing id stays missing)
         else:
             session_level = feat in schema.user_sparse
             src = first[col] if session_level else df[col]
@@ -320,13 +344,13 @@ def build(cell: pl.DataFrame, clicks: pl.DataFrame | None, plan: Plan, day: int,
                 ids = ids[session_of_row]
                 valid = valid[session_of_row] if valid is not None else None
             cols[feat] = _arrow(ids, valid)
-    scaled = df.select(dense_mod.scaled(pl.col(f"d:{n}"), plan.dense[n]).alias(n)
-                       for n in schema.dense)
+    try:
+        done = df.select(**query)
+    except pl.exceptions.InvalidOperationError:  # (replace_strict: a value it cannot map)
+        raise KeyError("a value is missing from its vocabulary") from None
     for n in schema.dense:  # a continued ingest's scaling may not reach a new value
-        if not scaled[n].is_finite().all():  # (the cell still has the rows' places)
-            x = pl.col(f"d:{n}")
-            bad = cell.filter(~dense_mod.scaled(x, plan.dense[n]).is_finite()).sort(FILE, ROW)
-            raise Unscalable(int(bad[FILE][0]), int(bad[ROW][0]), n, float(bad[f"d:{n}"][0]))
-    cols.update({n: scaled[n].to_arrow() for n in schema.dense})
+        if not done[n].is_finite().all():
+            raise NotFinite(n)
+    cols.update({n: done[n].to_arrow() for n in query})
     target = schema.arrow("impressions")
     return pa.table([cols[f.name] for f in target], schema=target), stats

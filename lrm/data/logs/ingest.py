@@ -497,17 +497,17 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
     try:
         for group in groups:
             with _BUILDING if one_build else contextlib.nullcontext():
-                cell = spill.read_cell(spilled, unit.day, group)
-                assert cell is not None
                 clicks = spill.read_clicks(spilled, group, through_day=unit.day) \
                     if p.cfg.history == "auto" else None
-                try:
-                    table, st = cells.build(cell, clicks, p, unit.out_day, totals["sessions"])
-                except cells.Unscalable as e:
-                    raise unscalable(e, reads, p) from None
+                try:  # (the cell only in build's hands: it lets it go once sorted)
+                    table, st = cells.build(_cell(spilled, unit.day, group), clicks, p,
+                                            unit.out_day, totals["sessions"])
+                except cells.NotFinite as e:
+                    bad = cells.first_unscalable(_cell(spilled, unit.day, group), p, e.column)
+                    raise unscalable(bad, reads, p) from None
                 except cells.Repeated as e:
                     raise repeated(e, reads) from None
-                del cell, clicks
+                del clicks
             parts.add(table)  # a row group per cell (fewer, larger groups: 20% less to
             # encode than one per bucket, and smaller files)
             for k, v in st.items():
@@ -515,6 +515,12 @@ def write_day(unit: DayUnit, reads: list[FileRead], p: cells.Plan, out: Path,
     finally:
         parts.close()
     return {**totals, "parts": parts.parts, "bytes": parts.bytes}
+
+
+def _cell(spilled: list[spill.Spilled], day: int, group: list[int]) -> pl.DataFrame:
+    cell = spill.read_cell(spilled, day, group)
+    assert cell is not None  # (`pack` groups buckets with rows)
+    return cell
 
 
 def repeated(e: cells.Repeated, reads: list[FileRead]) -> culprits.RowError:

@@ -111,6 +111,14 @@ class Lookup:
         except pl.exceptions.InvalidOperationError:
             raise KeyError("a value is missing from its vocabulary") from None
 
+    def expr(self, column: str, rows: int) -> pl.Expr | None:
+        """The ids of a column of `rows` hashes as an expression (run in one query with
+        others), where `__call__` would map them by a hash lookup of the whole vocabulary;
+        None: call it. A value missing from the vocabulary fails the query."""
+        if self.keys is None or not SMALL < rows or not 0 < self.size <= rows:
+            return None
+        return pl.col(column).replace_strict(self.keys, self.row_ids)
+
     def _search(self, h: np.ndarray) -> np.ndarray:
         at = np.searchsorted(self.hashes, h).clip(0, self.size - 1)
         if not np.array_equal(self.hashes[at], h):
