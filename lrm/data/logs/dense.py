@@ -74,8 +74,10 @@ class Moments:
         u = np.ldexp(x, -k) if k else x
         mean = float(u.mean())
         d = u - mean
-        return cls(int(x.size), mean, float((d * d).sum()), float((d * d * d).sum()), lo, hi,
-                   k)
+        d2 = d * d  # (then d**3 in its place: one temporary, not three; the same sums)
+        m2 = float(d2.sum())
+        d2 *= d
+        return cls(int(x.size), mean, m2, float(d2.sum()), lo, hi, k)
 
     def at(self, k: int) -> Moments:
         """The same moments with the values divided by 2**k (k >= self.k: what is lost is
@@ -132,8 +134,11 @@ class Moments:
 
 
 def signed_log(x: pl.Expr | np.ndarray) -> Any:
-    if isinstance(x, np.ndarray):
-        return np.sign(x) * np.log1p(np.abs(x))
+    if isinstance(x, np.ndarray):  # (in one array: sign * log1p(|x|), the same values)
+        r = np.abs(x)
+        np.log1p(r, out=r)
+        r *= np.sign(x)
+        return r
     return x.sign() * x.abs().log1p()
 
 
@@ -147,7 +152,7 @@ class Stats:
 
     @classmethod
     def of(cls, x: pl.Series) -> Stats:
-        v = x.drop_nulls().to_numpy().astype(np.float64)
+        v = x.drop_nulls().to_numpy().astype(np.float64, copy=False)
         # (the parsed frame names a dense column "d:<column>")
         return cls(Moments.of(v), Moments.of(signed_log(v)), x.name.removeprefix("d:"))
 

@@ -242,21 +242,40 @@ def read_file(src: Source, cfg: LogsConfig, buckets: int, spill_dir: Path,
                 out.times, out.time_rows = (lo, hi), rows
             for name, piece in p.values.items():
                 values.setdefault(name, vocab.Values()).add(piece)
-            for c in frame.dense_names(cfg):
-                st = Stats.of(p.frame[f"d:{c}"])
-                out.dense[c] = out.dense[c].merge(st) if c in out.dense else st
-            if p.frame.height:
-                before = spilling.submit(spill.write, p.frame,
-                                         spill_dir / f"f{src.index}-c{k}.arrow", auto)
+            if p.frame.height:  # (its dense moments there too: a tenth of the read)
+                before = spilling.submit(_spill, p.frame,
+                                         spill_dir / f"f{src.index}-c{k}.arrow", auto, cfg)
                 if before is not None:  # (the chunk before's)
-                    out.spilled.append(before)
+                    _took(out, *before)
+            else:
+                _took(out, None, _moments(p.frame, cfg))
     except BaseException:
         spilling.close(quiet=True)  # (the error raised here says what went wrong first)
         raise
     if (last := spilling.close()) is not None:
-        out.spilled.append(last)
+        _took(out, *last)
     out.values = {n: v.flush() for n, v in values.items()}
     return out
+
+
+def _spill(chunk: pl.DataFrame, path: Path, clicks: bool, cfg: LogsConfig
+           ) -> tuple[spill.Spilled, dict[str, Stats]]:
+    """A parsed chunk spilled (`spill.write`) and its dense columns' moments (`Stats`),
+    on the thread beside the read."""
+    return spill.write(chunk, path, clicks), _moments(chunk, cfg)
+
+
+def _moments(chunk: pl.DataFrame, cfg: LogsConfig) -> dict[str, Stats]:
+    return {c: Stats.of(chunk[f"d:{c}"]) for c in frame.dense_names(cfg)}
+
+
+def _took(out: FileRead, spilled: spill.Spilled | None, moments: dict[str, Stats]) -> None:
+    """A chunk's spill and moments into the file's read (in chunk order: the moments'
+    merge is exact only in one order)."""
+    if spilled is not None:
+        out.spilled.append(spilled)
+    for c, st in moments.items():
+        out.dense[c] = out.dense[c].merge(st) if c in out.dense else st
 
 
 def _text_chunk(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig,
