@@ -16,6 +16,7 @@ columns.
   session-level ingest into Parquet does: `pl.read_csv`, a sort by user and time (sessions
   and histories are per user, in time order) and one zstd Parquet file, polars on every core.
   The main line's `ceiling` is that floor against the bare read: the most its ratio could be.
+  The aim (`aim`): 0.8 of the floor.
 * convert (`logs_csv_N_rows_convert`, rows/s): polars' own streaming CSV -> Parquet of the
   same file (`scan_csv(...).sink_parquet(zstd)`: no sort, no check, nothing of an ingest's
   own) against the bare read, with the same aim: where polars itself stands against it.
@@ -49,6 +50,7 @@ MAPPING = LogsConfig(label="clicked", user="user_id", item="item_id", time="ts",
                      session_gap="30m", categorical=["surface", "device"],
                      dense=["price", "dwell"])
 CHUNK = 200_000
+FLOOR_AIM = 0.8  # the ingest's rows/s against the floor's (issue 49)
 SMOKE_ROWS, SMOKE_CHUNK = 20_000, 5_000  # --smoke: a file of several chunks all the same
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,6 +101,9 @@ def _speed(tmp: Path, rows: int, repeat: int) -> None:
         _write_log(f, rows)
     best = {"ingest": float("inf"), "read": float("inf"), "floor": float("inf"),
             "convert": float("inf")}
+    # CPU seconds too (every thread of this process): a shared machine's load stretches
+    # the wall times, and the floor's (polars on every core) more than the ingest's
+    cpu = {"ingest": float("inf"), "floor": float("inf")}
     m: dict = {}
     for _ in range(repeat):  # alternating: load that comes and goes hits all four
         t = time.perf_counter()
@@ -106,16 +111,18 @@ def _speed(tmp: Path, rows: int, repeat: int) -> None:
         best["read"] = min(best["read"], time.perf_counter() - t)
         assert df.height == rows
         del df
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         _floor(f, tmp / "floor.parquet")
         best["floor"] = min(best["floor"], time.perf_counter() - t)
+        cpu["floor"] = min(cpu["floor"], time.process_time() - c)
         t = time.perf_counter()
         _convert(f, tmp / "convert.parquet")
         best["convert"] = min(best["convert"], time.perf_counter() - t)
         shutil.rmtree(out, ignore_errors=True)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         m = _ingest(f, out)
         best["ingest"] = min(best["ingest"], time.perf_counter() - t)
+        cpu["ingest"] = min(cpu["ingest"], time.process_time() - c)
     assert m["rows"] == rows
     emit("data.logs", f"logs_csv_{rows}_rows", "rows/s", rows / best["ingest"],
          rows / best["read"], "higher", rows=rows, aim=0.5, csv_mb=round(f.stat().st_size / 1e6),
@@ -125,8 +132,11 @@ def _speed(tmp: Path, rows: int, repeat: int) -> None:
          baseline_is="pl.read_csv of the same file (parse into memory, nothing else)",
          ceiling=round(best["read"] / best["floor"], 4))
     emit("data.logs", f"logs_csv_{rows}_rows_vs_floor", "rows/s", rows / best["ingest"],
-         rows / best["floor"], "higher", rows=rows, seconds=round(best["ingest"], 3),
-         baseline_seconds=round(best["floor"], 3),
+         rows / best["floor"], "higher", rows=rows, aim=FLOOR_AIM,
+         seconds=round(best["ingest"], 3),
+         baseline_seconds=round(best["floor"], 3), cpu_seconds=round(cpu["ingest"], 3),
+         baseline_cpu_seconds=round(cpu["floor"], 3),
+         cpu_ratio=round(cpu["floor"] / cpu["ingest"], 4),
          baseline_is="pl.read_csv, sort by user and time, one zstd Parquet file: the least a "
                      "session-level ingest does")
     emit("data.logs", f"logs_csv_{rows}_rows_convert", "rows/s", rows / best["convert"],

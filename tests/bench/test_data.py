@@ -15,3 +15,5 @@ def test_every_data_case_prints_its_lines() -> None:
     assert len(cases(lines, "data.loader")) == 4
     logs = cases(lines, "data.logs")
     assert any("peak_rss" in c for c in logs) and any(c.endswith("_vs_floor") for c in logs)
+    floor = next(x for x in lines if x["case"].endswith("_vs_floor"))  # issue 49's figures
+    assert floor["aim"] == 0.8 and floor["cpu_seconds"] > 0 and floor["cpu_ratio"] > 0
