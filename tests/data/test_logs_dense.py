@@ -170,3 +170,26 @@ def test_a_continued_ingest_names_the_row_its_scaling_cannot_reach(tmp_path):
     ok, rows = run([day([1.0, 25.0], 1, "d2.parquet")], tmp_path / "d2", prior=tmp_path / "d0",
                    **mapping)
     assert rows["price"].is_finite().all() and ok["rows"] == 2
+
+
+def test_a_csv_read_in_many_chunks_is_scaled_by_all_of_its_values(tmp_path):
+    """A CSV export (a blank price among them) read 7 rows at a time: the scaling in the
+    state and the written features are those of the whole column, every chunk's moments
+    merged in. Red with a chunk's moments replacing those before (the last chunk's only)."""
+    from tests.data._logs import write
+
+    prices = [round(1.5 * i + (i % 4) * 0.25, 2) for i in range(60)]  # rising: each chunk
+    rows = [{"uid": f"u{i % 5}", "item": f"ad{i % 7}", "ts": T0 + i * 60, "click": i % 2,
+             "price": None if i == 23 else p} for i, p in enumerate(prices)]
+    src = write(frame(rows), tmp_path / "log.csv")
+    _, got = run([src], tmp_path / "out", label="click", user="uid", item="item", time="ts",
+                 dense=["price"], chunk_rows=7)
+    how = strict_json((tmp_path / "out" / "_ingest" / "state.json").read_text())["dense"]
+    x = np.array([p for i, p in enumerate(prices) if i != 23])
+    assert how["price"]["transform"] == "none" and how["price"]["values"] == 59
+    assert math.isclose(how["price"]["mean"], x.mean(), rel_tol=1e-12)
+    assert math.isclose(how["price"]["std"], x.std(), rel_tol=1e-12)
+    f = got["price"].to_numpy()
+    assert got.height == 60 and (f == 0).sum() >= 1  # the blank reads 0
+    np.testing.assert_allclose(np.sort(f[f != 0]), np.sort((x - x.mean()) / x.std()),
+                               rtol=1e-5, atol=1e-6)
