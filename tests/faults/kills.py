@@ -42,10 +42,13 @@ def forkserver() -> mp.context.ForkServerContext:
     return ctx
 
 
-def _new_entry(folder: Path, seen: set[str], timeout: float) -> bool:
-    """Wait until an entry this loop has not seen appears in `folder`."""
+def _new_entry(folder: Path, seen: set[str], timeout: float,
+               alive: Callable[[], bool]) -> bool:
+    """Wait until an entry this loop has not seen appears in `folder`, while the work is
+    `alive` (a loaded machine takes minutes to get there: a fixed 30 s let the aimed kill
+    fall early, in the imports)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and alive():
         for p in folder.iterdir() if folder.is_dir() else ():
             if not p.name.startswith(".old-") and p.name not in seen:
                 seen.add(p.name)
@@ -66,7 +69,7 @@ def kill_loop(start: Callable[[], mp.process.BaseProcess], *, kills: int, seed: 
         p = start()
         if i % 2 == 0 and writes_in is not None:
             for _ in range(1 + i // 2 % 2):
-                if not _new_entry(writes_in, seen, timeout=30):
+                if not _new_entry(writes_in, seen, timeout=600, alive=p.is_alive):
                     break
             else:
                 aimed += 1
