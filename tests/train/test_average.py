@@ -136,9 +136,14 @@ def test_a_run_with_an_average_resumes_bit_for_bit(datasets, tmp_path, stopped):
     of the run never stopped, and its best state comes back averaged, whether the resume
     starts from the best state's own checkpoint (copied then) or a later one (read back at
     the end)."""
-    exact = CheckpointConfig(every=6, deltas=0, keep=1, quantize="none")
+    # stopped early, a run stops patience x val_every = 6 steps past its best validation,
+    # whichever step that is on this CPU's trajectory: a checkpoint every 4 steps puts one
+    # strictly between the best and the stop on any trajectory (every 6 did not where the
+    # best was step 30 and the stop 36)
+    exact = CheckpointConfig(every=4, deltas=0, keep=1, quantize="none")
     cfg = tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2, log_every=1,
                      val_every=3, ema_decay=0.9, device="cpu")
+    assert exact.every < cfg.patience * cfg.val_every
 
     def job(name, **kw):
         return TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=datasets["sessions"],
@@ -147,7 +152,7 @@ def test_a_run_with_an_average_resumes_bit_for_bit(datasets, tmp_path, stopped):
 
     ref = train(job("ref"))
     best, stop = ref.validation["best_step"], ref.steps
-    assert ref.validation["stopped_early"] and best < stop
+    assert ref.validation["stopped_early"] and stop == best + cfg.patience * cfg.val_every
     kill = best if stopped == "at-the-best" else \
         next(s for s in range(best + 1, stop) if s % exact.every == 0)
 
