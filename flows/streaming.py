@@ -291,7 +291,8 @@ def streaming(days: int | None = None, day: int | None = None,
                 try:
                     sources.folder_days(inbox, paths.raw, cfg.ingest,
                                         cfg.generate.max_history,
-                                        unfit=partial(sdays.unfit, cfg=cfg))
+                                        unfit=partial(sdays.unfit, cfg=cfg),
+                                        settle=cfg.streaming.settle)
                 except DataError as e:  # the days before the file run; the run fails after
                     refused = e
                 available = sources.raw_days(paths.raw)
@@ -314,6 +315,9 @@ def no_new_day(cfg: ParamsConfig, inbox: Path, available: list[int] | None,
     if cfg.streaming.source != "folder":
         return "no new day to process"
     line = f"no new day to process (the inbox {inbox} holds no new file"
+    if waiting := sources.settling(inbox, cfg.ingest, cfg.streaming.settle):
+        line += f" that has settled: {', '.join(waiting)} changed within the last " \
+                f"{cfg.streaming.settle:g} s (streaming.settle), taken once unchanged that long"
     if available and available[-1] < first:
         line += f"; its days {available} are the first teacher's: the stream starts at day " \
                 f"{first}"

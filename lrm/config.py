@@ -826,6 +826,10 @@ class StreamingConfig:
     days: int = 1  # new days one run processes (`python -m flows.streaming --days N` overrides)
     cron: str = "0 2 * * *"  # the deployment's schedule (`lrm serve --cron` overrides)
     holdout: float = 0.2  # day D+1 not there yet: D's last share of sessions, held out to evaluate
+    # seconds an inbox file must go unchanged (size and mtime) before it is taken: a file still
+    # being written waits, and the files after it too (a file renamed in whole is taken at once
+    # when its mtime is older; lrm.streaming.sources)
+    settle: float = 60.0
     # where the models' tables go: a plan file of `lrm shard-plan` (its entries teacher and
     # students.NAME), as --plan gives the stages; "": torchrec's planner (lrm.sharding)
     plan: str = ""  # a sharding plan file for the stream's models ("": the default placement)
@@ -838,6 +842,7 @@ class StreamingConfig:
         _check(len(self.cron.split()) == 5, "cron",
                f"must be a 5-field cron expression, got {self.cron!r}")
         _check(0 < self.holdout < 1, "holdout", "must be in (0, 1)")
+        _check(self.settle >= 0, "settle", "must be >= 0 (seconds)")
 
 
 # the section whose `train` keys override `train` for each kind of model that trains: a

@@ -26,7 +26,7 @@ from lrm.streaming.layout import STAGE, StreamPaths
 # params sections whose values change what a day computes (not tracking, split, evaluate)
 SECTIONS = ("generate", "ingest", "dedup", "loader", "model", "train", "checkpoint", "exfm",
             "teacher", "augment", "students", "registry")
-STREAMING_KEYS = ("source", "holdout", "plan")  # not root, watch, days, cron
+STREAMING_KEYS = ("source", "holdout", "plan")  # not root, watch, days, cron, settle
 
 
 def digest(cfg: ParamsConfig) -> dict[str, Any]:

@@ -15,6 +15,14 @@ ledger), so a day is the same day whatever path it was read from.
   ingest criteo`'s reader). Its rows are renumbered to the day it becomes. The inbox's
   files are only read, never moved or removed.
 
+  A file is taken whole, once it has settled: unchanged (size and mtime) for
+  `streaming.settle` seconds before it is read, and while it is read. One still being
+  written waits, and the files after it too (days keep the inbox's order). A writer that
+  cannot pause writes under a name the inbox does not read (`.day2.csv`, `day2.csv.part`)
+  and renames the file in when it is whole (a rename keeps the mtime of the last write).
+  A day's file is read once: the same name with other bytes later is refused, named ("day2.csv
+  changed since it became day 2"), not taken as another day.
+
 A log day continues the one before it: its ids come from the vocabularies of the days
 before (a value keeps its id; new ones are appended), its dense columns are scaled as day
 0's were, and its histories reach back over every earlier day's clicks, so its times come
@@ -32,6 +40,7 @@ import json
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,7 +50,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from lrm import io
-from lrm.config import GenerateConfig, IngestConfig
+from lrm.config import GenerateConfig, IngestConfig, StreamingConfig
 from lrm.data.logs import LOG_SUFFIXES
 from lrm.data.logs.files import content_sha256
 from lrm.data.schema import DAY, META_KEY, SESSION, FeatureSchema, day_files, part_path, \
@@ -177,29 +186,68 @@ def not_taken(watch: Path, ingest: IngestConfig) -> list[str]:
                   and not p.name.startswith("."))
 
 
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _unsettled(path: Path, settle: float) -> str | None:
+    """Why `path` is not taken yet (None: it has gone unchanged for `settle` seconds)."""
+    age = time.time() - path.stat().st_mtime
+    if age >= settle:
+        return None
+    return (f"{path.name} changed {max(age, 0):.0f} s ago: taken once it has not changed for "
+            f"{settle:g} s (streaming.settle; or write it under another name and rename it "
+            f"in whole); the files after it wait")
+
+
+def settling(watch: Path, ingest: IngestConfig, settle: float) -> list[str]:
+    """The names of the inbox's files a source reads that changed within `settle` seconds
+    (not taken yet: said when no day is new)."""
+    if not Path(watch).is_dir():
+        return []
+    return [p.name for p in _inbox(Path(watch), ingest) if _unsettled(p, settle)]
+
+
 def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
                 max_history: int = GenerateConfig().max_history,
-                unfit: Callable[[pa.Table], str | None] | None = None) -> list[int]:
-    """Make every inbox file no day holds yet the next raw day; the new days, in order.
-    max_history: a log's histories' longest (generate.max_history); unfit: why a file's
-    impressions cannot be a day (None: they can), a DataError naming the file (it is no day;
-    the days after it wait until it is removed or replaced)."""
+                unfit: Callable[[pa.Table], str | None] | None = None,
+                settle: float = StreamingConfig().settle) -> list[int]:
+    """Make every settled inbox file no day holds yet the next raw day; the new days, in
+    order. max_history: a log's histories' longest (generate.max_history); unfit: why a
+    file's impressions cannot be a day (None: they can), a DataError naming the file (it is no
+    day; the days after it wait until it is removed or replaced); settle: the seconds a file
+    must go unchanged before it is taken (streaming.settle: one still being written and the
+    files after it wait for a later run). A day's file changed since it became that day is a
+    DataError naming both."""
     watch = Path(watch)
     if not watch.is_dir():
         return []
     days = raw_days(raw)
-    held = {(read_source(raw, d) or {}).get("origin", {}).get(k) for d in days
-            for k in ("sha256", "content_sha256")} - {None}
+    origins = {d: (read_source(raw, d) or {}).get("origin", {}) for d in days}
+    held = {o.get(k) for o in origins.values() for k in ("sha256", "content_sha256")} - {None}
+    became = {o["file"]: d for d, o in origins.items() if o.get("file")}  # the newest day's
     first = read_schema(raw)[0] if days else None
     nxt = days[-1] + 1 if days else 0
     new = []
     for f in _inbox(watch, ingest):
+        if why := _unsettled(f, settle):
+            log.warning("stream: %s", why)
+            break
+        stamp = _stamp(f)
         sha = io.read_sha256(f)
         if sha in held:
             continue
         content = _content_sha256(f)  # read again only when the bytes are new
         if content in held:
             continue
+        if f.name in became:  # its day was made of other bytes: half a file, or appended to
+            d = became[f.name]
+            raise DataError(f, None, None, f"{f.name} changed since it became day {d} "
+                                           f"(sha256 {origins[d]['sha256'][:12]} then, "
+                                           f"{sha[:12]} now): a day's file is read once, "
+                                           f"whole. Put later rows in a file of a new name, "
+                                           f"and restore or remove this one")
         with tempfile.TemporaryDirectory(prefix="lrm-inbox-") as tmp:
             state = None
             if maps_logs(ingest) and not _lrm_parquet(f):
@@ -216,6 +264,11 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
                 raise DataError(f, None, None, f"cannot be the stream's day {nxt}: {why}. "
                                                f"Join it to a bigger file, or remove it from "
                                                f"the inbox (no day is made of it)")
+            if _stamp(f) != stamp:
+                log.warning("stream: %s changed while it was read: taken once it has not "
+                            "changed for %g s (streaming.settle); the files after it wait",
+                            f.name, settle)
+                break
             first = first or schema
             i = table.schema.get_field_index(DAY)
             table = table.set_column(i, table.schema.field(i),

@@ -309,6 +309,8 @@ def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
     pq.write_table(synthetic.generate_day(cfg, 3).slice(0, 40), inbox / "export-3.parquet")
     (inbox / "zz-copy-of-day-1.parquet").write_bytes((inbox / "export-1.parquet").read_bytes())
     (inbox / "notes.txt").write_text("not data")
+    for f in inbox.iterdir():  # dropped a while ago: settled (streaming.settle)
+        os.utime(f, (time.time() - 3600,) * 2)
     params = _write_params(tmp_path, streaming={"source": "folder"})
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.chdir(tmp_path)
@@ -358,6 +360,11 @@ def test_an_inbox_that_is_not_there_or_holds_nothing_read_is_said(harness, tmp_p
                     f"[0] are the first teacher's: the stream starts at day 2; no source "
                     f"reads clicks.csv (a click log needs the ingest.logs mapping: its label "
                     f"or explode))")
+    (inbox / "day-0.tsv").write_text("0\t1\n")  # being written: waits (streaming.settle)
+    assert no_new_day(cfg, inbox, [], 0).startswith(
+        f"no new day to process (the inbox {inbox} holds no new file that has settled: "
+        f"day-0.tsv changed within the last 60 s (streaming.settle), taken once unchanged "
+        f"that long;")
 
 
 def test_bad_days_and_a_file_as_the_root_are_exit_2(harness, tmp_path, monkeypatch):
