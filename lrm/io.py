@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import lrm
-from lrm.errors import OutputError
+from lrm.errors import DataError, OutputError
 
 if TYPE_CHECKING:  # torch only where tensors are written (save_tensors)
     import torch
@@ -663,6 +663,33 @@ def _written(path: Path) -> dict[str, Any] | None:
 def written_by_lrm(path: Path) -> bool:
     """Whether lrm wrote the file as it is now (recorded with its hash, unchanged since)."""
     return _written(Path(path)) is not None
+
+
+def verify_recorded(folder: Path, names: Sequence[str]) -> None:
+    """Raise DataError naming the file unless each of `names` in `folder` has the sha256 the
+    folder's MARKER recorded when lrm wrote it (hashed here in full: a file copied over with
+    its mtime kept is caught too). What is loaded is what was written and scored."""
+    folder = Path(folder)
+    marker = _read_marker(folder)
+    listed = marker.get("files") if marker is not None else None
+    if not isinstance(listed, dict):
+        why = "missing" if not (folder / MARKER).exists() else "holds no file hashes"
+        raise DataError(folder / MARKER, None, None, f"{why}: lrm cannot tell that this "
+                        f"folder's files are the ones it wrote; refused unread (copy a folder "
+                        f"whole, its {MARKER} too, or write it again)")
+    for name in names:
+        rec, path = listed.get(name), folder / name
+        if not isinstance(rec, dict) or "sha256" not in rec:
+            raise DataError(path, None, None, f"not recorded in {MARKER}: not a file lrm "
+                                              f"wrote in this folder; refused unread")
+        try:
+            now = read_sha256(path)
+        except FileNotFoundError:
+            raise DataError(path, None, None, f"missing (recorded in {MARKER})") from None
+        if now != rec["sha256"]:
+            raise DataError(path, None, None, f"changed since lrm wrote it (sha256 "
+                            f"{rec['sha256'][:12]} recorded in {MARKER}, {now[:12]} now): "
+                            f"refused unread; restore it or write the folder again")
 
 
 def recorded_sha256(path: Path) -> str:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from lrm.config import DedupConfig, GenerateConfig, LoaderConfig, ModelConfig, \
     StudentModelConfig, TrainConfig
@@ -136,3 +137,11 @@ def mind_dir() -> Path:
     if not (MIND_DIR / "behaviors.tsv").exists():
         pytest.skip(f"real MIND sample not found at {MIND_DIR} (shared data absent)")
     return MIND_DIR
+
+
+def other_weights(folder: Path) -> None:
+    """Another model's state dict of the same shapes put in model folder `folder` in place
+    of its own (the issue-45 probe copied another model's state_dict.pt in)."""
+    sd = torch.load(folder / "state_dict.pt", weights_only=True)
+    torch.save({k: v + 0.1 if v.is_floating_point() else v for k, v in sd.items()},
+               folder / "state_dict.pt")

@@ -75,10 +75,21 @@ def save_model(out: Path, card: ModelCard, state_dict: dict[str, torch.Tensor]) 
 
 
 def read_card(path: Path) -> ModelCard:
+    """The card of a model folder, checked against the hash lrm recorded when it wrote it."""
     f = Path(path) / CARD
     if not f.is_file():
         raise DataError(path, None, None, f"not a model folder (no {CARD})")
+    io.verify_recorded(path, [CARD])
     return ModelCard.from_json(f.read_text(), f)
+
+
+def verify_model(path: Path) -> None:
+    """A DataError naming the file unless the folder's card and weights are the bytes lrm
+    recorded when it wrote them (before a folder is packaged or copied on unread)."""
+    read_card(path)
+    if not (Path(path) / WEIGHTS).is_file():
+        raise DataError(path, None, None, f"not a model folder (no {WEIGHTS})")
+    io.verify_recorded(path, [WEIGHTS])
 
 
 def model_hash(model_dir: Path) -> str:
@@ -99,8 +110,11 @@ def model_hash(model_dir: Path) -> str:
 
 def load_weights(path: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """A model folder's state dict: plain tensors only (weights-only load: a pickled object
-    is refused, its code never runs); anything else is a DataError naming the file."""
+    is refused, its code never runs), the bytes lrm recorded when it wrote the folder (another
+    model's weights copied in are refused); anything else is a DataError naming the file."""
     f = Path(path) / WEIGHTS
+    if f.is_file():
+        io.verify_recorded(path, [WEIGHTS])
     try:
         sd = torch.load(f, map_location=device, weights_only=True)
     except FileNotFoundError:

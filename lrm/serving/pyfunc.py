@@ -41,7 +41,7 @@ from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import DAY, LABEL, POSITION, SESSION, FeatureSchema, day_files, read_schema
 from lrm.errors import DataError
-from lrm.models.saved import ModelCard, load_model, read_card
+from lrm.models.saved import ModelCard, load_model, read_card, verify_model
 
 OUTPUT = "probability"
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
@@ -173,7 +173,10 @@ def _requirements() -> list[str]:
 
 
 def log_model(model_dir: Path, data: Path, day: int, name: str = "model") -> Any:
-    """Log the model folder as a pyfunc to the active MLflow run; returns MLflow's ModelInfo."""
+    """Log the model folder as a pyfunc to the active MLflow run; returns MLflow's ModelInfo.
+    The folder is verified first (lrm.train.export.verify_model): what is served is what was
+    scored."""
+    verify_model(model_dir)
     card = read_card(model_dir)
     example = example_frame(data, day)
     return mlflow.pyfunc.log_model(

@@ -3,6 +3,7 @@ versioned, idempotent per day, atomic, and strict about what it reads."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -20,10 +21,11 @@ from lrm.data.schema import day_files
 from lrm.errors import ConfigError, DataError
 from lrm.exfm import augment
 from lrm.exfm.augment import MANIFEST, META_VERSION, TEACHER_COLUMN, augment_dataset
-from lrm.models.saved import load_model, model_hash
+from lrm.models.saved import load_model, load_weights, model_hash, read_card, save_model
 from lrm.train.evaluate import predict
 from lrm.data import parquet
 from tests.data.test_parquet import assert_names, corrupt
+from tests.conftest import other_weights
 from tests.exfm.conftest import random_teacher
 
 
@@ -121,10 +123,8 @@ def test_another_teacher_or_changed_input_reaugments(datasets, teacher, tmp_path
     other = random_teacher(src, tmp_path / "other", seed=1)
     assert model_hash(other) != model_hash(teacher)
     # the training summary is not part of the version
-    same = random_teacher(src, tmp_path / "same", seed=0)
-    card = json.loads((same / "model.json").read_text())
-    card["info"] = {"note": "retrained"}
-    (same / "model.json").write_text(json.dumps(card))
+    same = save_model(tmp_path / "same", dataclasses.replace(
+        read_card(teacher), info={"note": "retrained"}), load_weights(teacher))
     assert model_hash(same) == model_hash(teacher)
     assert augment_dataset(same, src, dst, days=[1, 2])["written"] == []
     r = augment_dataset(other, src, dst, days=[1, 2])
@@ -135,6 +135,17 @@ def test_another_teacher_or_changed_input_reaugments(datasets, teacher, tmp_path
     pq.write_table(t.slice(0, t.num_rows - 1).replace_schema_metadata(t.schema.metadata), f)
     r = augment_dataset(other, src, dst, days=[1, 2])
     assert r["written"] == [1] and r["skipped"] == [2]
+
+
+def test_a_teacher_whose_weights_were_swapped_is_refused(datasets, teacher, tmp_path):  # noqa: F811
+    """A teacher folder holding other weights than lrm wrote (copied over) augments nothing:
+    its logits would be recorded under its card's version. Red with load_weights' check
+    dropped."""
+    swapped = Path(shutil.copytree(teacher, tmp_path / "teacher"))
+    other_weights(swapped)
+    with pytest.raises(DataError, match=r"teacher/state_dict\.pt: changed since lrm wrote it"):
+        augment_dataset(swapped, datasets["sessions"], tmp_path / "aug", days=[2])
+    assert not (tmp_path / "aug").exists()
 
 
 def test_failure_midway_leaves_the_previous_day_in_place(datasets, teacher, tmp_path,  # noqa: F811

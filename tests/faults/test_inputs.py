@@ -1,14 +1,16 @@
 """Bad input and hostile folders through the `lrm` command, as a user meets them: exit 2 and
 one line on stderr naming what is wrong (no traceback), and what was there is kept: a bad
 value inside lrm's Parquet (dedup; train, caught before a step), a fresh run on another
-run's checkpoints, a pickled state dict in a model folder. And the same command run twice
-(and resumed once finished) is rc 0 each time: every writer names its stage. (Each bad
+run's checkpoints, a pickled state dict in a model folder, another model's weights copied
+into one. And the same command run twice (and resumed once finished) is rc 0 each time:
+every writer names its stage. (Each bad
 value and the day=two folder in-process: tests/data/test_values.py; a symlinked lock file:
 tests/test_lock.py.) Cases run two at a time, each in its own folder and MLflow store."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -22,7 +24,8 @@ import torch
 import yaml
 
 from lrm.data.schema import day_files
-from tests.conftest import REPO
+from lrm.io import MARKER, read_sha256
+from tests.conftest import REPO, other_weights
 from tests.data.test_values import set_value
 
 pytestmark = pytest.mark.slow
@@ -52,11 +55,24 @@ def _train(cwd: Path, data: str = "sessions", out: str = "m", ck: str = "ck") ->
 
 
 def _pickled(cwd: Path) -> list[str]:
-    """A copy of the trained model whose state dict is a pickled object; evaluate it."""
+    """A copy of the trained model whose state dict is a pickled object, its hash recorded
+    again in the folder's .lrm-output.json (a hostile folder); evaluate it."""
     shutil.copytree(cwd / "m", cwd / "model")
     torch.save({"w": _Evil()}, cwd / "model" / "state_dict.pt")
+    marker = json.loads((cwd / "model" / MARKER).read_text())
+    marker["files"]["state_dict.pt"]["sha256"] = read_sha256(cwd / "model" / "state_dict.pt")
+    (cwd / "model" / MARKER).write_text(json.dumps(marker))
     return ["evaluate", "--model-dir", "model", "--data", str(cwd / "sessions"),
             "--out", "eval.json"]
+
+
+def _swapped(cwd: Path) -> list[str]:
+    """A copy of the trained model holding another model's weights (the issue-45 probe: it
+    was scored, NE 0.9639 against the folder's own 0.9477); evaluate it."""
+    shutil.copytree(cwd / "m", cwd / "model2")
+    other_weights(cwd / "model2")
+    return ["evaluate", "--model-dir", "model2", "--data", str(cwd / "sessions"),
+            "--out", "eval2.json"]
 
 
 # Each case is a sequence of commands in one folder: (argv, or a callable making it; what
@@ -74,6 +90,7 @@ CASES: dict[str, tuple[str, list[Step]]] = {  # name: (data layout to copy, its 
         (lambda c: _train(c, out="m_other"), "holds ", "ck"),  # another run: refused
         (_pickled, "state_dict.pt: not a state dict of plain tensors, refused unread",
          "model"),
+        (_swapped, "model2/state_dict.pt: changed since lrm wrote it", "model2"),
     ]),
 }
 BAD = {"dedup: label 2": ("raw", "label", 2), "train: label 2": ("sessions", "label", 2)}

@@ -202,7 +202,7 @@ def test_a_file_changed_while_it_is_read_is_not_taken(tmp_path, monkeypatch):
     assert sources.raw_days(raw) == []
     assert sources.folder_days(inbox, raw, LOG_INGEST, settle=0) == [0]
     assert _rows(raw, 0) == 4
-    assert sources.read_source(raw, 0)["origin"]["sha256"] == io.sha256_file(inbox / "day0.csv")
+    assert sources.read_source(raw, 0)["origin"]["sha256"] == io.read_sha256(inbox / "day0.csv")
 
 
 def test_a_day_s_file_changed_since_is_named_not_taken_again(tmp_path):

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from lrm.config import CheckpointConfig, SplitConfig
-from lrm.errors import ConfigError
+from lrm.errors import ConfigError, DataError
 from lrm.models.saved import WEIGHTS
 from lrm.train import TrainJob, days, train
 from lrm.train.job import bce_loss
-from tests.conftest import LOADER, SMALL_MODEL, tiny_train
+from tests.conftest import LOADER, SMALL_MODEL, other_weights, tiny_train
 
 OWNER = "test"
 
@@ -118,6 +118,19 @@ def test_a_day_of_another_model_is_refused(datasets, tmp_path):  # noqa: F811
     with pytest.raises(ConfigError, match="another config or table sizes"):
         days.train_day(_job(datasets["sessions"], 1).but(model=other), chain, 1, owner=OWNER)
     assert days.finished(chain) == [0]
+
+
+def test_a_day_whose_model_was_swapped_since_is_not_started_from(datasets, tmp_path):  # noqa: F811
+    """The issue-45 probe swapped day 7's state_dict.pt: day 8 started from it, trained and
+    promoted. The day before's folder is checked against what lrm recorded; the next day
+    fails naming the file and writes nothing. Red with load_weights' check dropped."""
+    chain = tmp_path / "chain"
+    days.train_day(_job(datasets["sessions"], 0), chain, 0, owner=OWNER)
+    other_weights(chain / "day=0" / "model")
+    with pytest.raises(DataError, match=r"day=0/model/state_dict\.pt: changed since lrm "
+                                        r"wrote it"):
+        days.train_day(_job(datasets["sessions"], 1), chain, 1, owner=OWNER)
+    assert days.finished(chain) == [0] and not (chain / "day=1" / "model").exists()
 
 
 def test_the_held_out_day_may_come_from_another_dataset(datasets, tmp_path):  # noqa: F811
