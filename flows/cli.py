@@ -177,22 +177,32 @@ def list_models(params: list[Path] = PARAMS_OPT) -> None:
 def promote(name: str = typer.Argument(..., help="registered model, e.g. lrm-student-small"),
             version: str = typer.Argument(..., help="the version to make @champion"),
             data: Path = typer.Option(None, "--data", help="dataset both are scored on "
-                                                          "(default: the stream's sessions)"),
+                                                          "(default: the rows the stream "
+                                                          "judged its newest day on)"),
             day: int = typer.Option(-1, "--day", help="its day (-1: the last)"),
             params: list[Path] = PARAMS_OPT) -> None:
     """Promote VERSION to @champion through the same check as the flow: its NE and the
-    champion's on the same day; exit 1 when it does not beat the champion by the margin."""
+    champion's on the same rows, by default those the stream judged its newest day on (a day
+    either model trained on is refused); exit 1 when it does not beat the champion by the
+    margin."""
     from lrm import registry
     from lrm.data.schema import day_files, pick_day
+    from lrm.streaming import days as sdays
     from lrm.streaming.layout import StreamPaths
 
     setup_logging()
     try:
         cfg = _cfg(params)
-        data = data or StreamPaths(Path(cfg.streaming.root)).sessions
-        chosen = pick_day(list(day_files(data)), day, "--day")
+        paths = StreamPaths(Path(cfg.streaming.root))
+        if data is None:
+            plan = sdays.judged_on(paths)
+            data, chosen, label = plan.eval_data, plan.eval_day, plan.label
+        else:
+            chosen, label = pick_day(list(day_files(data)), day, "--day"), None
+        held = data.resolve() == paths.split(chosen)[1].resolve()
         d = registry.promote(name, version, eval_data=data, eval_day=chosen,
-                             margin=cfg.registry.margin, cfg=cfg.tracking)
+                             margin=cfg.registry.margin, cfg=cfg.tracking, held_out=held,
+                             evaluated_on=label)
     except LrmError as e:
         raise fail(e) from None
     verb = "promoted to @champion" if d.promoted else "not promoted"

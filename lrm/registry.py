@@ -283,22 +283,56 @@ def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, mar
                   evaluated_on=evaluated_on, cfg=cfg, promote=promote)
 
 
+def seen(model_dir: Path, day: int, held_out: bool = False) -> str | None:
+    """How a model folder's training saw day `day` (its card's train_days; a model carried
+    from an earlier one, init_from, saw the days before its own too), else None: scored on
+    that day it would be judged on rows it fit. held_out: the rows are the held-out slice of
+    the day (the stream's), unseen by a model that fit the rest of that day and was scored
+    on the slice (its eval_day is its train day)."""
+    from lrm.train.export import read_card
+
+    info = read_card(model_dir).info
+    days = sorted(int(d) for d in info.get("train_days") or [])
+    if not days:
+        return None
+    if held_out and day == days[-1] and info.get("eval_day") == day:
+        return None
+    if day in days:
+        return f"trained on day {day} (train_days {days})"
+    if info.get("init_from") and day < days[-1]:
+        return f"went on from a model of the days before day {days[-1]} ({info['init_from']})"
+    return None
+
+
 def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: float,
-            cfg: TrackingConfig | None = None, batch_size: int = 8192) -> Decision:
+            cfg: TrackingConfig | None = None, batch_size: int = 8192,
+            held_out: bool = False, evaluated_on: str | None = None) -> Decision:
     """A manual promotion through the same check: `version` and the champion scored on the
-    same day of `eval_data`; @champion moves only when the rule says so."""
+    same day of `eval_data`; @champion moves only when the rule says so. A day either model
+    trained on is refused, naming the overlap (its NE there says how well it fit, not how it
+    does on new rows: the stream's champion scored 0.872 on its own training day, 0.991 on
+    its held-out slice); held_out: `eval_data` is the stream's held-out slice of the day."""
     _version(name, version, cfg)
     champ_version = alias_version(name, CHAMPION, cfg)
     if champ_version == str(version):
         raise ConfigError(f"registry: {name} v{version} is already @{CHAMPION}")
     with tempfile.TemporaryDirectory(prefix="lrm-promote-") as tmp:
-        mine = scores(model_folder(name, version, Path(tmp) / "challenger", cfg), eval_data,
-                      eval_day, batch_size)
+        folders = {version: model_folder(name, version, Path(tmp) / "challenger", cfg)}
+        if champ_version is not None:
+            folders[champ_version] = model_folder(name, champ_version, Path(tmp) / "champion",
+                                                  cfg)
+        for v, folder in folders.items():
+            if why := seen(folder, eval_day, held_out):
+                raise ConfigError(f"registry: {name} v{v} {why}: scored on day {eval_day} of "
+                                  f"{eval_data} it would be judged on rows it trained on; "
+                                  f"score both on a day neither saw (--data, --day), or leave "
+                                  f"--data out (the rows the stream judged its newest day on)")
+        mine = scores(folders[version], eval_data, eval_day, batch_size)
         theirs = None if champ_version is None else scores(
-            model_folder(name, champ_version, Path(tmp) / "champion", cfg), eval_data,
-            eval_day, batch_size)
+            folders[champ_version], eval_data, eval_day, batch_size)
     return decide(name, str(version), mine, theirs, champ_version, margin=margin,
-                  evaluated_on=f"day {eval_day} of {eval_data} (manual promotion)", cfg=cfg)
+                  evaluated_on=f"{evaluated_on or f'day {eval_day} of {eval_data}'} "
+                               f"(manual promotion)", cfg=cfg)
 
 
 def rollback(name: str, version: str, cfg: TrackingConfig | None = None, *,

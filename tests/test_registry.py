@@ -5,6 +5,7 @@ a promotion stopped half-way finished by the next run, manual promotion and roll
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -194,6 +195,37 @@ def test_rollback_goes_to_an_earlier_champion_unless_forced(folders):
     assert "made champion by force" in _tags(name, "2")["lrm.rollback"]
     r = runner.invoke(app, ["models", "rollback", name, "1"])  # an earlier champion
     assert r.exit_code == 0 and "@champion is v1 again (was v2)" in r.output, r.output
+
+
+def _trained_on(model: Path, out: Path, **info) -> Path:
+    """A model's weights, its card saying it trained as `info` says."""
+    card = read_card(model)
+    return save_model(out, dataclasses.replace(card, info={**card.info, **info}),
+                      torch.load(model / WEIGHTS, weights_only=True))
+
+
+def test_a_promotion_by_hand_refuses_a_day_either_model_trained_on(folders, tmp_path):
+    """Scored on a day it trained on, a model is judged on how it fit (issue 45: the
+    stream's champion 0.872 on its training day, 0.991 on its held-out slice). Red with the
+    check dropped (each promote below was judged)."""
+    name = "lrm-student-overlap"
+    _challenge(folders, "good", name)  # v1 @champion, trained on days 0 and 1
+    _challenge(folders, "bad", name)  # v2, the same days
+    with pytest.raises(ConfigError, match=r"registry: lrm-student-overlap v2 trained on day 1 "
+                                          r"\(train_days \[0, 1\]\): scored on day 1 of "):
+        registry.promote(name, "2", eval_data=folders["sessions"], eval_day=1, margin=0.0)
+    later = _trained_on(folders["worse"], tmp_path / "later", train_days=[2], eval_day=2)
+    _challenge({**folders, "later": later}, "later", name)  # v3, kept: trained on day 2
+    with pytest.raises(ConfigError, match="lrm-student-overlap v1 trained on day 1"):
+        registry.promote(name, "3", eval_data=folders["sessions"], eval_day=1, margin=0.0)
+    assert registry.alias_version(name, "champion") == "1"
+    # a stream day's model: fit on day 2's first part, carried from the day before's
+    day2 = _trained_on(folders["good"], tmp_path / "day2", train_days=[2], eval_day=2,
+                       init_from="stream/checkpoints/day=1/model")
+    assert registry.seen(day2, 2, held_out=True) is None  # its own held-out slice
+    assert registry.seen(day2, 2) == "trained on day 2 (train_days [2])"  # all of day 2
+    assert registry.seen(day2, 1).startswith("went on from a model of the days before day 2")
+    assert registry.seen(day2, 3) is None
 
 
 def test_lrm_models_commands(folders):

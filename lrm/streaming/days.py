@@ -29,7 +29,7 @@ from lrm import io
 from lrm.config import DedupConfig, ParamsConfig, TableConfig, TrainConfig
 from lrm.data import collisions, parquet
 from lrm.data.schema import META_KEY, FeatureSchema, day_files, part_path, read_schema
-from lrm.errors import DataError
+from lrm.errors import ConfigError, DataError
 from lrm.exfm.augment import read_manifest
 from lrm.exfm.students import vertical_models
 from lrm.streaming import sources
@@ -89,6 +89,29 @@ def plan(paths: StreamPaths, day: int, holdout: float) -> EvalPlan:
     return EvalPlan(fit, held, day,
                     f"day {day}'s last {holdout:.0%} of sessions in storage order (held out: "
                     f"day {day + 1} is not there yet)", False)
+
+
+def judged_on(paths: StreamPaths) -> EvalPlan:
+    """The rows the stream judged its newest recorded day's models on (day D + 1, or D's
+    held-out slice: `plan` as that day ran it), for a promotion by hand to judge on the same
+    rows. A ConfigError where the stream has recorded no day (or pruned those rows)."""
+    from lrm.streaming import ledger
+
+    done = ledger.recorded_days(paths)
+    if not done:
+        raise ConfigError(f"no stream day recorded under {paths.root}: pass --data and --day "
+                          f"(a day neither model trained on)")
+    day = done[-1]
+    rec = ledger.read(paths, day) or {}
+    if rec.get("next_day"):
+        return EvalPlan(paths.augmented, paths.augmented, day + 1,
+                        f"day {day + 1} (the next day)", True)
+    fit, held = paths.split(day)
+    if not held.is_dir():
+        raise ConfigError(f"{held}: the held-out rows day {day} was judged on are gone: pass "
+                          f"--data and --day (a day neither model trained on)")
+    return EvalPlan(fit, held, day, f"day {day}'s held-out last slice (as the stream judged "
+                                    f"it)", False)
 
 
 def fit_rows(n: int, holdout: float) -> int:

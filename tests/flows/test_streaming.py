@@ -250,6 +250,38 @@ def test_running_a_day_again_changes_nothing(world):
     assert after["runs"] == before["runs"] and after["artifacts"] == before["artifacts"]
 
 
+def test_a_promotion_by_hand_is_judged_on_the_rows_the_stream_judged_on(world, monkeypatch):
+    """The issue-45 probe: `lrm models promote` scored the champion on all of its own
+    training day (NE 0.872, against 0.991 on its held-out slice), so a better challenger
+    was refused. By default both are scored on the rows the stream judged its newest day
+    on (the champion gets the NE the stream gave it there), and a day a model trained on is
+    refused, named. Red with the old default (the stream's sessions, the last day) or the
+    overlap check dropped."""
+    from flows.cli import app
+    from lrm.streaming import ledger
+    from lrm.streaming.layout import StreamPaths
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{world['root']}/mlflow.db")
+    monkeypatch.chdir(world["root"])
+    paths = StreamPaths(world["root"] / "stream")
+    newest = ledger.recorded_days(paths)[-1]  # (day 4 where the test above ran first)
+    judged = ledger.read(paths, newest)["students"]["small"]["decision"]
+    champion = registry.alias_version(STUDENT, "champion")
+    theirs = judged["challenger"] if judged["version"] == champion else judged["champion"]
+    params = ["--params", str(world["params"])]
+    r = CliRunner().invoke(app, ["models", "promote", STUDENT, str(PLANTED_DAY), *params])
+    assert r.exit_code == 1 and "not promoted" in r.output, r.output  # the planted one
+    t = registry.client().get_model_version(STUDENT, str(PLANTED_DAY)).tags
+    assert t["lrm.evaluated_on"] == (f"day {newest}'s held-out last slice (as the stream "
+                                     f"judged it) (manual promotion)")
+    assert float(t["lrm.champion_ne"]) == pytest.approx(theirs["ne"], rel=1e-9)
+    r = CliRunner().invoke(app, ["models", "promote", STUDENT, str(PLANTED_DAY), "--data",
+                                 str(paths.sessions), "--day", str(PLANTED_DAY), *params])
+    assert r.exit_code == 2 and f"{STUDENT} v{PLANTED_DAY} trained on day {PLANTED_DAY} " \
+        f"(train_days [{PLANTED_DAY}]): scored on day {PLANTED_DAY} of " in r.output, r.output
+    assert registry.alias_version(STUDENT, "champion") == champion
+
+
 def test_a_failure_mid_day_leaves_everything_and_the_next_run_completes_the_day(world):
     from lrm.exfm import distill
 
