@@ -718,20 +718,43 @@ def _shown(p: Path, real: Path) -> str:
     return f"{p}" if Path(os.path.abspath(p)) == real else f"{p} (= {real})"
 
 
+def _linked(folder: Path) -> Iterator[tuple[Path, Path]]:
+    """(link, its target resolved) of every symbolic link under `folder` (not followed): an
+    input read through a linked day folder reads its target too."""
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    for d, dirs, files in os.walk(folder, onerror=lambda e: None):
+        for n in (*dirs, *files):
+            if os.path.islink(p := os.path.join(d, n)):
+                yield Path(p), Path(p).resolve()
+
+
+def _input_forms(p: Path) -> Iterator[tuple[Path, Path]]:
+    """(as shown, as compared) of an input: its path as written (absolute, links not
+    followed), resolved, and the targets of the links under it."""
+    yield p, Path(os.path.abspath(p))
+    yield p, _real(p)
+    for link, target in _linked(_real(p)):
+        yield link, target
+
+
 def check_paths(inputs: Iterable[Path], outputs: Iterable[Path]) -> None:
     """Raise OutputError when an output is, lies inside or contains an input, or overlaps
-    another output (two equal outputs included); paths are compared resolved, symbolic links
-    followed. Call it before anything is written."""
-    ins = [(Path(p), _real(p)) for p in inputs]
+    another output (two equal outputs included); paths are compared as written and resolved
+    (symbolic links followed, the links under an input folder too: a day folder linked into
+    an input is read, so an output inside its target would overwrite the input). Call it
+    before anything is written."""
+    ins = [form for p in inputs for form in _input_forms(Path(p))]
     outs = [(Path(p), _real(p)) for p in outputs]
     for o, ro in outs:
-        for i, ri in ins:
-            how = _overlap(ro, ri)
-            if how is not None:
-                raise OutputError(
-                    f"output {_shown(o, ro)} {how} input {_shown(i, ri)}: writing it would "
-                    "destroy the input; choose an --out outside every input (--force does not "
-                    "apply)")
+        for ao in dict.fromkeys([Path(os.path.abspath(o)), ro]):  # as written first
+            for i, ri in ins:
+                how = _overlap(ao, ri)
+                if how is not None:
+                    raise OutputError(
+                        f"output {_shown(o, ro)} {how} input {_shown(i, ri)}: writing it "
+                        "would destroy the input; choose an --out outside every input "
+                        "(--force does not apply)")
     for k, (a, ra) in enumerate(outs):
         for b, rb in outs[k + 1:]:
             how = _overlap(ra, rb)

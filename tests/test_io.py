@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -295,6 +296,23 @@ def test_check_paths_refuses_output_overlapping_an_input(tmp_path, out, how):
     msg = str(e.value)
     assert how in msg and str(tmp_path / out) in msg and str(p["raw"]) in msg
     assert "--out" in msg
+
+
+def test_check_paths_follows_a_day_folder_linked_into_an_input(tmp_path):
+    """The issue-45 probe: `ln -s raw-b/day=2 s2/day=2; lrm dedup --in s2 --out
+    s2/day=2/x` wrote into raw-b. An output inside a linked day, by its path or by its
+    target, lies inside the input. Red with the links under an input not followed (the
+    second case) or the output compared resolved only (the first)."""
+    day = tmp_path / "raw-b" / "day=2"
+    day.mkdir(parents=True)
+    (tmp_path / "s2").mkdir()
+    (tmp_path / "s2" / "day=2").symlink_to(day)
+    s2 = tmp_path / "s2"
+    for out, inside in ((s2 / "day=2" / "x", f"{s2}:"),
+                        (day / "x", f"{s2 / 'day=2'} (= {day}):")):
+        with pytest.raises(OutputError, match=re.escape(f"lies inside input {inside}")):
+            io.check_paths([s2], [out])
+    io.check_paths([tmp_path / "s2"], [tmp_path / "raw-b" / "day=3"])  # not read: fine
 
 
 def test_check_paths_accepts_disjoint_paths(tmp_path):

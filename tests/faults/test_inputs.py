@@ -75,6 +75,14 @@ def _swapped(cwd: Path) -> list[str]:
             "--out", "eval2.json"]
 
 
+def _linked_day(cwd: Path) -> list[str]:
+    """The issue-45 probe: a day folder of another dataset linked into the input, the output
+    inside it (it wrote into the other dataset)."""
+    (cwd / "s2").mkdir()
+    (cwd / "s2" / "day=2").symlink_to(cwd / "raw" / "day=2")
+    return ["dedup", "--in", "s2", "--out", "s2/day=2/x"]
+
+
 # Each case is a sequence of commands in one folder: (argv, or a callable making it; what
 # the one line says, "" for rc 0; the path whose content must not change)
 Step = tuple[object, str, str]
@@ -92,6 +100,8 @@ CASES: dict[str, tuple[str, list[Step]]] = {  # name: (data layout to copy, its 
          "model"),
         (_swapped, "model2/state_dict.pt: changed since lrm wrote it", "model2"),
     ]),
+    "dedup: an output inside a linked day": ("raw", [(_linked_day, "lies inside input",
+                                                      "raw")]),
 }
 BAD = {"dedup: label 2": ("raw", "label", 2), "train: label 2": ("sessions", "label", 2)}
 
