@@ -594,6 +594,21 @@ def start_over(path: Path, stage: str) -> None:
     claim_dir(path, stage)
 
 
+def marked_by_claim(path: Path) -> bool:
+    """Whether `claim_dir(path, ...)` would mark a folder that is there already (a user's
+    empty folder): `unmark` undoes it when the run fails before writing."""
+    path = Path(path)
+    return path.is_dir() and not path.is_symlink() and _read_marker(path) is None
+
+
+def unmark(path: Path) -> None:
+    """Take back the marker a claim put in a folder that was there before, while nothing but
+    it is inside (a run that failed before writing leaves the folder as it found it)."""
+    with contextlib.suppress(OSError):
+        if _listing(Path(path)) == [] and _read_marker(Path(path)) is not None:
+            (Path(path) / MARKER).unlink()
+
+
 def release_claim(created: Sequence[Path]) -> None:
     """Undo a `claim_dir` that created these folders (its return), when nothing but its
     marker is in the first and nothing else in the rest: a run that failed before writing

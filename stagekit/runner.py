@@ -61,13 +61,17 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
     outputs = stage.paths(args, "out", "metrics", "summary", "plot", "state")
     io.check_paths(inputs, outputs)
     claimed: list[list[Path]] = []
+    marked: list[Path] = []  # a user's empty folder the claim marked
     for k, a in stage.args.items():  # every output is lrm's to replace, before any work
         for p in stage.paths({k: args.get(k)}, "out", "metrics", "summary", "plot", "state"):
             if a.file or a.role in ("metrics", "summary", "plot"):
                 io.check_file_replaceable(p, stage.name, force=force)
             elif a.role == "state" or a.persist:  # kept and added to, run after run
+                mark = io.marked_by_claim(p)
                 if made := io.claim_dir(p, stage.name, force=force):
                     claimed.append(made)
+                elif mark:
+                    marked.append(p)
             else:
                 io.check_replaceable(p, stage.name, force=force)
     try:
@@ -75,6 +79,8 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
     except BaseException:
         for made in claimed:  # a run that failed before writing leaves no empty folder
             io.release_claim(made)
+        for p in marked:  # nor a marker in a folder it found empty
+            io.unmark(p)
         raise
 
 

@@ -12,7 +12,8 @@ shard_plan, its entry KIND). Values come from params.yaml (`train`, `split`, `ch
 `teacher.train`'s overrides, ParamsConfig.train_for); every `--section.key` option overrides
 one.
 Periodic checkpoints go to `--checkpoints` (kept out of DVC's outputs); `--resume` goes on
-from the newest one; a run without it refuses a checkpoint folder holding another run's
+from the newest one (exit 2 where that folder is missing or holds no checkpoint: a typo
+would start afresh); a run without it refuses a checkpoint folder holding another run's
 checkpoints (another --out) unless `--force`. Only rank 0 logs to MLflow (params, per-step
 metrics, the final model as a pyfunc) and writes the metrics and plot.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lrm import plots, tracking
+from lrm.checkpoint import resumable
 from lrm.config import (
     MODEL_KINDS,
     CheckpointConfig,
@@ -50,6 +52,8 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig,
     from lrm.train import build_job
     from lrm.train import train as train_model
 
+    if resume:  # a resume that finds nothing to go on from is a mistake, not a fresh start
+        resumable(checkpoints)
     job = build_job(kind, train=train, model=ModelConfig(tables=tables, **{kind: model}),
                     data=data, split=split, loader=loader, checkpoint=checkpoint,
                     checkpoints=checkpoints, start="resume" if resume else "fresh",

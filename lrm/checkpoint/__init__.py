@@ -13,6 +13,6 @@
 """
 
 from lrm.checkpoint.manager import CheckpointManager, Stateful
-from lrm.checkpoint.store import CheckpointError, Store
+from lrm.checkpoint.store import CheckpointError, Store, resumable
 
-__all__ = ["CheckpointError", "CheckpointManager", "Stateful", "Store"]
+__all__ = ["CheckpointError", "CheckpointManager", "Stateful", "Store", "resumable"]

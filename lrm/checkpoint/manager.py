@@ -234,9 +234,10 @@ class CheckpointManager:
             out["error"] = (f"no checkpoint in {self.root} can be restored ({'; '.join(skipped)}"
                             f"); start afresh without --resume")
             return out
-        if lineage is None:
+        if lineage is None:  # (a resume that was asked for: stages check there is one)
             why = f" ({'; '.join(skipped)})" if skipped else ""
-            log.info("no restorable checkpoint in %s%s: starting from scratch", self.root, why)
+            (log.warning if skipped else log.info)(
+                "no restorable checkpoint in %s%s: starting from scratch", self.root, why)
             return out
         if skipped:
             log.warning("passing over %d checkpoint(s) that do not verify (%s); restoring %s",

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from lrm.errors import LrmError, first_sentence
+from lrm.errors import ConfigError, LrmError, first_sentence
 from lrm.io import fsync_dir, read_sha256
 
 log = logging.getLogger("lrm")
@@ -450,3 +450,16 @@ class Store:
         for p in gone:
             self._remove(p)
         return gone
+
+
+def resumable(folder: Path | None) -> None:
+    """A ConfigError unless `folder` is a checkpoint folder holding at least one checkpoint
+    (verified when a run restores it): a `--resume` of a mistyped or empty folder is a
+    mistake to say, not a fresh start to make quietly. (A library resume of an empty
+    folder starts fresh: a stream day's first run.)"""
+    if folder is None:
+        raise ConfigError("--resume: no checkpoint folder to resume from (--checkpoints)")
+    if not Store(Path(folder)).entries():  # (a stage's runner made a missing one: empty)
+        raise ConfigError(f"--resume: --checkpoints {folder} holds no checkpoint to go on "
+                          f"from (mistyped? or the run stopped before its first); run "
+                          f"without --resume to start afresh")

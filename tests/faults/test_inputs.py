@@ -83,6 +83,11 @@ def _linked_day(cwd: Path) -> list[str]:
     return ["dedup", "--in", "s2", "--out", "s2/day=2/x"]
 
 
+def _empty(cwd: Path, ck: str) -> list[str]:
+    (cwd / ck).mkdir()
+    return _train(cwd, ck=ck)
+
+
 # Each case is a sequence of commands in one folder: (argv, or a callable making it; what
 # the one line says, "" for rc 0; the path whose content must not change)
 Step = tuple[object, str, str]
@@ -102,6 +107,12 @@ CASES: dict[str, tuple[str, list[Step]]] = {  # name: (data layout to copy, its 
     ]),
     "dedup: an output inside a linked day": ("raw", [(_linked_day, "lies inside input",
                                                       "raw")]),
+    "train --resume of nothing": ("sessions", [
+        (lambda c: [*_train(c, ck="ckk"), "--resume"],  # a typo: was a fresh start, rc 0
+         "--resume: --checkpoints ckk holds no checkpoint to go on from (mistyped?", "ckk"),
+        (lambda c: [*_empty(c, "ck2"), "--resume"],
+         "--resume: --checkpoints ck2 holds no checkpoint", "ck2"),
+    ]),
 }
 BAD = {"dedup: label 2": ("raw", "label", 2), "train: label 2": ("sessions", "label", 2)}
 

@@ -82,3 +82,21 @@ def test_off_stays_off_through_a_pickled_flow():
 
     assert cloudpickle.loads(cloudpickle.dumps(flow_task))() is OFF
     assert pickle.loads(pickle.dumps(OFF)) is OFF and copy.deepcopy(OFF) is OFF
+
+
+def test_a_run_that_fails_before_writing_leaves_its_state_folders_as_it_found_them(
+        tmp_path):
+    """A state folder (checkpoints) the runner claims: made, it goes again; there already
+    and empty (the user's), its marker goes again (a failed `--resume` of an empty folder
+    left one in it). Red with the unmark dropped."""
+    def run(*, src: Path, state: Path) -> dict:
+        raise LrmError("stopped before writing")
+
+    stage = Stage(name="stateful", run=run, reads={},
+                  args={"src": Arg("--in", "in", "in"), "state": Arg("--state", "s", "state")})
+    (tmp_path / "src").mkdir()
+    (tmp_path / "mine").mkdir()
+    for state in (tmp_path / "made" / "here", tmp_path / "mine"):
+        with pytest.raises(LrmError, match="stopped before writing"):
+            execute(stage, {"src": tmp_path / "src", "state": state}, ParamsConfig())
+    assert not (tmp_path / "made").exists() and list((tmp_path / "mine").iterdir()) == []
