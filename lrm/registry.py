@@ -289,7 +289,7 @@ def seen(model_dir: Path, day: int, held_out: bool = False) -> str | None:
     that day it would be judged on rows it fit. held_out: the rows are the held-out slice of
     the day (the stream's), unseen by a model that fit the rest of that day and was scored
     on the slice (its eval_day is its train day)."""
-    from lrm.train.export import read_card
+    from lrm.models.saved import read_card
 
     info = read_card(model_dir).info
     days = sorted(int(d) for d in info.get("train_days") or [])

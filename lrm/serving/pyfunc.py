@@ -174,7 +174,7 @@ def _requirements() -> list[str]:
 
 def log_model(model_dir: Path, data: Path, day: int, name: str = "model") -> Any:
     """Log the model folder as a pyfunc to the active MLflow run; returns MLflow's ModelInfo.
-    The folder is verified first (lrm.train.export.verify_model): what is served is what was
+    The folder is verified first (lrm.models.saved.verify_model): what is served is what was
     scored."""
     verify_model(model_dir)
     card = read_card(model_dir)
