@@ -83,6 +83,7 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
     Node("generate", STAGES["generate"], {"out": "data/raw"}),
     Node("dedup", STAGES["dedup"], {"src": "data/raw", "out": "data/sessions"}),
     Node("shard_plan", STAGES["shard_plan"], {"data": "data/sessions",
+                                              "calibration": "lrm/sharding/calibration",
                                               "out": "plans/sharding.json"},
          desc="Table statistics -> cost model -> where every model's tables go."),
     *(Node(f"train_{kind}", STAGES["train"], {

@@ -9,7 +9,8 @@ unique ids and sessions per batch) and writes the statistics beside it
 it, so no two stages write one folder; it sits with the data it describes and is
 recomputed with the plan, in seconds, whenever the data or the tables change). Then plans
 every model the pipeline trains for the `sharding.topology` in params (lrm.sharding:
-the cost model calibrated in `--calibration`/DEVICE.json; planner `sharding.planner`;
+the cost model calibrated in `--calibration`/DEVICE.json, by default the calibrations lrm
+ships, found through the package from any working folder; planner `sharding.planner`;
 DMT towers with `sharding.towers`) and writes them to one file: `teacher` and `student`
 (stage train, teacher) and `students.NAME` (stage student). Prints one table per plan.
 A topology that cannot hold a model's tables stops with exit 2, saying how much memory
@@ -18,18 +19,20 @@ is missing on which rank.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from lrm.config import ShardingConfig, StudentModelConfig, TableConfig
 from stagekit import Arg, Metrics, Stage, main
 
 NAME = "shard_plan"
+log = logging.getLogger("lrm")
 
 
 def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_dim: int,
         students: dict[str, StudentModelConfig], batch_size: int, recd: bool,
         data: Path = Path("data/sessions"),
-        calibration: Path = Path("lrm/sharding/calibration"),
+        calibration: Path | None = None,
         out: Path = Path("plans/sharding.json"), stats: Path | None = None,
         metrics: Path | None = Path("metrics/shard_plan.json"), force: bool = False
         ) -> Metrics:
@@ -43,7 +46,7 @@ def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_d
     from lrm.models import build_model
     from lrm.sharding import planner
     from lrm.sharding import stats as S
-    from lrm.sharding.cost import Calibration, CostModel
+    from lrm.sharding.cost import CALIBRATIONS, Calibration, CostModel
     from lrm.sharding.plan import summary_table, write_file
     from lrm.sharding.topology import Topology
 
@@ -59,7 +62,9 @@ def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_d
     models = {k: build_model(kind, schema, mc, device="meta", dense_device="meta")
               for k, (kind, mc) in shapes.items()}
     topo = Topology.from_config(cfg.topology)
-    cal = Calibration.load(calibration, topo)
+    cal = Calibration.load(CALIBRATIONS if calibration is None else calibration, topo)
+    if elsewhere := cal.elsewhere():
+        log.warning("shard-plan: %s", elsewhere)
     cost = CostModel(topo, cal)
 
     st = S.compute(data, S.table_specs(models["student"]), batch_size=batch_size, recd=recd,
@@ -83,10 +88,12 @@ def run(*, cfg: ShardingConfig, tables: TableConfig, teacher_dim: int, student_d
                        "greedy_imbalance": greedy.imbalance,
                        "sharding_types": p.to_json()["sharding_types"]}
         console.print(summary_table(p, key))
-    write_file(plans, out, calibration={"source": cal.source, "fit": cal.fit},
+    write_file(plans, out, calibration={"source": cal.source, "fit": cal.fit,
+                                        **({"note": elsewhere} if elsewhere else {})},
                stats=str(stats or ""), stage=NAME, force=force)
     return Metrics({"world_size": topo.world_size, "hosts": topo.hosts, "device": topo.device,
                     "planner": cfg.planner, "towers": cfg.towers, "calibration": cal.source,
+                    **({"calibration_note": elsewhere} if elsewhere else {}),
                     "stats": {"batches": st.batches, "impressions": st.impressions,
                               "batch_size": st.batch_size, "recd": st.recd},
                     "models": report})
@@ -99,8 +106,8 @@ STAGE = Stage(
            "student_dim": "model.student.embedding_dim", "students": "students.models",
            "batch_size": "train.batch_size", "recd": "loader.recd"},
     args={"data": Arg("--data", "dataset folder (the table statistics)", "in"),
-          "calibration": Arg("--calibration", "folder of cost-model calibrations (DEVICE.json)",
-                             "in"),
+          "calibration": Arg("--calibration", "folder of cost-model calibrations (DEVICE.json) "
+                             "[default: those lrm ships, lrm/sharding/calibration]", "in"),
           "out": Arg("--out", "the plans (JSON)", "out", file=True),
           "stats": Arg("--stats", "table statistics (JSON) [default: DATA.stats.json]", "out",
                        file=True),

@@ -24,6 +24,7 @@ bandwidth. A rank's cost is the sum of its shards' (`Plan.rank_costs`).
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +37,9 @@ from lrm.sharding.stats import TableLoad
 from lrm.sharding.topology import COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, TABLE_WISE, Topology
 
 FORMAT = "lrm.sharding-calibration/1"
-CALIBRATIONS = Path(__file__).resolve().parent / "calibration"
+# the calibrations lrm ships, found through the package (not the working directory: lrm runs
+# from the user's own project folder); a plain folder in a regular install
+CALIBRATIONS = Path(str(importlib.resources.files("lrm.sharding") / "calibration"))
 FLOAT, INDEX, MOMENTUM = 4, 8, 4  # bytes: an fp32 weight, an int64 id, a row-wise Adagrad state
 COEFFICIENTS = ("per_call", "per_shard", "per_id", "per_id_col", "per_miss", "per_miss_col",
                 "per_unique_col", "per_unique_miss", "per_out_col")
@@ -91,6 +94,23 @@ class Calibration:
                        fit=d.get("fit", {}), **{k: float(d[k]) for k in COEFFICIENTS})
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{path}: malformed calibration ({e!r})") from None
+
+    def elsewhere(self) -> str | None:
+        """A CPU calibration measured on another CPU model: a line saying so and how to
+        calibrate this one (None: measured on this CPU model, or not a measured CPU's). The
+        plan is still made: the costs' ratios carry over better than their seconds."""
+        if self.device != "cpu" or not self.source.startswith("measured: "):
+            return None
+        from lrm.dist import cpu_name
+
+        here = cpu_name()
+        if self.source.startswith(f"measured: {here}, "):
+            return None
+        there = self.source.removeprefix("measured: ").split(",")[0]
+        return (f"the cost model's cpu calibration was measured on {there}, not this CPU "
+                f"({here}): the plan's seconds are that CPU's. Calibrate this one (a few "
+                f"minutes): python -m lrm.sharding.calibrate --out calibration/cpu.json, then "
+                f"lrm shard-plan --calibration calibration")
 
     def to_json(self) -> dict[str, Any]:
         return {"format": FORMAT, **asdict(self)}

@@ -94,3 +94,27 @@ def test_train_runs_with_the_plan_and_refuses_a_plan_for_other_ranks(tiny_data, 
         execute(train.STAGE, {"kind": "student", "data": tiny_data, "plan": two,
                               "out": tmp_path / "model2", "checkpoints": tmp_path / "ck2",
                               "metrics": tmp_path / "t2.json", "plot": None}, load_params([], over))
+
+
+def test_the_shipped_calibration_is_found_from_any_folder_and_another_cpus_is_said(
+        tiny_data, tmp_path, monkeypatch):
+    """The issue-45 probe: `lrm shard-plan` run from any folder but the checkout failed ("no
+    cost-model calibration for cpu": looked up relative to the working folder). The shipped
+    one is found through the package; one measured on another CPU model says so in the plan
+    and how to calibrate this one. Red with the default path relative again, or the note
+    dropped."""
+    monkeypatch.chdir(tmp_path)  # a user's own project folder: no lrm/ in it
+    args = {"data": tiny_data, "out": tmp_path / "plans.json", "stats": tmp_path / "s.json"}
+    execute(shard_plan.STAGE, args, _params())
+    shipped = json.loads((tmp_path / "plans.json").read_text())["calibration"]
+    assert shipped["source"] == json.loads((CALIBRATIONS / "cpu.json").read_text())["source"]
+    other = tmp_path / "cal"
+    other.mkdir()
+    doc = json.loads((CALIBRATIONS / "cpu.json").read_text())
+    doc["source"] = "measured: Some Other CPU 9000, 2 cores, 1 thread, torch 2.13.0+cpu"
+    (other / "cpu.json").write_text(json.dumps(doc))
+    m = execute(shard_plan.STAGE, {**args, "calibration": other}, _params())
+    note = json.loads((tmp_path / "plans.json").read_text())["calibration"]["note"]
+    assert note.startswith("the cost model's cpu calibration was measured on Some Other CPU "
+                           "9000, not this CPU") and m["calibration_note"] == note
+    assert "python -m lrm.sharding.calibrate --out calibration/cpu.json" in note
