@@ -48,22 +48,84 @@ def tracking_uri(cfg: TrackingConfig | None = None) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or (cfg or TrackingConfig()).uri
 
 
+REACH_S = 10.0  # seconds an http(s) tracking server gets to answer before lrm gives up
+_opened: set[str] = set()  # stores this process has opened (each checked once)
+
+
+def _store(uri: str) -> str:
+    return f"tracking store {uri!r} (params tracking.uri; MLFLOW_TRACKING_URI wins over it)"
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(getattr(e, "message", None) or e).strip()
+    return (text.splitlines() or [type(e).__name__])[0][:300]
+
+
+def _reachable(uri: str) -> None:
+    """A ConfigError unless the http(s) server answers within REACH_S (any answer: a server
+    without /health is still up). MLflow's own client retries for minutes, saying nothing
+    (`http://127.0.0.1:9` hung past 120 s)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=REACH_S).close()
+    except urllib.error.HTTPError:
+        return  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        why = getattr(e, "reason", e)
+        raise ConfigError(f"{_store(uri)}: no answer within {REACH_S:g} s ({why}); start the "
+                          f"server, or use e.g. sqlite:///mlflow.db") from None
+
+
+@contextlib.contextmanager
+def _writing(uri: str) -> Iterator[None]:
+    """A store that opens but refuses a write (a SQLite file on a read-only mount) is a
+    ConfigError naming it, not SQLAlchemy's traceback."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except SQLAlchemyError as e:
+        raise ConfigError(f"{_store(uri)}: cannot write to it ({_first_line(e.orig or e)}); "
+                          f"a read-only file or mount?") from None
+    except MlflowException as e:
+        if not isinstance(e.__cause__ or e.__context__, SQLAlchemyError) and \
+                "sqlite3." not in str(e.message):
+            raise
+        raise ConfigError(f"{_store(uri)}: cannot write to it ({_first_line(e)}); a "
+                          f"read-only file or mount?") from None
+
+
 def connect(cfg: TrackingConfig | None = None) -> Any:
-    """An MlflowClient on the tracking store, mlflow pointed at it. A store MLflow refuses
-    (an unknown scheme, the file store MLflow 3 no longer opens) is a ConfigError naming
-    the URI and where it came from, not MLflow's traceback."""
+    """An MlflowClient on the tracking store, mlflow pointed at it, the store opened (once a
+    process). A store MLflow refuses (an unknown scheme, the file store MLflow 3 no longer
+    opens, a file that is not a database), or a server that does not answer within REACH_S,
+    is a ConfigError naming the URI and where it came from, not MLflow's traceback (or a
+    silent wait of minutes)."""
     import mlflow
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
 
     uri = tracking_uri(cfg)
     mlflow.set_tracking_uri(uri)
-    try:
+    if uri in _opened:
         return mlflow.MlflowClient()
+    if uri.startswith(("http://", "https://")):
+        _reachable(uri)
+    try:
+        client = mlflow.MlflowClient()
+        client.search_experiments(max_results=1)  # opens the store now, not mid-stage
     except MlflowException as e:
         first = str(e.message).strip().split(". ")[0]
-        raise ConfigError(f"tracking store {uri!r} (params tracking.uri; MLFLOW_TRACKING_URI "
-                          f"wins over it): {first}. Use e.g. sqlite:///mlflow.db or an "
+        raise ConfigError(f"{_store(uri)}: {first}. Use e.g. sqlite:///mlflow.db or an "
                           f"http:// server") from None
+    except SQLAlchemyError as e:
+        raise ConfigError(f"{_store(uri)}: cannot be opened ({_first_line(e.orig or e)})"
+                          ) from None
+    _opened.add(uri)
+    return client
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -122,7 +184,8 @@ def _mlflow(cfg: TrackingConfig | None) -> Any:
     for noisy in ("mlflow", "alembic"):  # per-run INFO chatter: keep warnings only
         logging.getLogger(noisy).setLevel(logging.WARNING)
     connect(cfg)
-    _use_experiment(_experiment(cfg), tracking_uri(cfg))
+    with _writing(tracking_uri(cfg)):
+        _use_experiment(_experiment(cfg), tracking_uri(cfg))
     return mlflow
 
 
@@ -146,10 +209,14 @@ def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig 
     mlflow = _mlflow(cfg)
     nested = mlflow.active_run() is not None
     owner = {PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}  # close_dead_runs
-    with mlflow.start_run(run_name=name, nested=nested, tags={**owner, **dict(tags or {})},
-                          parent_run_id=None if nested else parent) as active:
+    with _writing(tracking_uri(cfg)):
+        active = mlflow.start_run(run_name=name, nested=nested,
+                                  tags={**owner, **dict(tags or {})},
+                                  parent_run_id=None if nested else parent)
+    with active:
         if params:
-            mlflow.log_params(_params(params))
+            with _writing(tracking_uri(cfg)):
+                mlflow.log_params(_params(params))
         yield active
 
 

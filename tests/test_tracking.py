@@ -89,3 +89,42 @@ def test_a_store_mlflow_refuses_is_one_line_and_exit_2(uri, tmp_path, monkeypatc
     assert done.returncode == 2, done.stderr[-2000:]
     assert uri in done.stderr and "tracking.uri" in done.stderr and "Traceback" not in \
         done.stderr, done.stderr[-2000:]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nobody listens there once closed
+
+
+@pytest.mark.parametrize("case", ["not a database", "read-only", "no server"])
+def test_a_store_that_cannot_be_opened_is_one_line_naming_it_in_bounded_time(
+        case, tmp_path, monkeypatch):
+    """The issue-45 probe: a SQLite file that is not a database (DatabaseError) and one on
+    a read-only mount (OperationalError at the first write) were tracebacks; a server that
+    is not there (`http://127.0.0.1:9`) hung past 120 s printing nothing. Red with the
+    SQLAlchemy errors not caught (first two) or the reachability check dropped (the
+    last: MLflow retries for minutes)."""
+    import time
+
+    from lrm.errors import ConfigError
+
+    if case == "not a database":
+        (tmp_path / "m.db").write_text("not a database, a note")
+        uri, says = f"sqlite:///{tmp_path}/m.db", "cannot be opened (file is not a database)"
+    elif case == "read-only":  # (root ignores file modes: SQLite's own read-only mode)
+        mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()
+        uri = f"sqlite:///file:{tmp_path}/m.db?mode=ro&uri=true"
+        says = "cannot write to it ((sqlite3.OperationalError) attempt to write a readonly"
+    else:
+        uri = f"http://127.0.0.1:{_closed_port()}"
+        says = f"no answer within {tracking.REACH_S:g} s"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError) as e, tracking.run("probe"):
+        pass
+    assert f"tracking store {uri!r} (params tracking.uri" in str(e.value) and \
+        says in str(e.value) and "\n" not in str(e.value)
+    assert time.monotonic() - t0 < 4 * tracking.REACH_S  # not MLflow's minutes of retries
