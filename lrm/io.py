@@ -680,23 +680,34 @@ def written_by_lrm(path: Path) -> bool:
     return _written(Path(path)) is not None
 
 
+def record_dir(folder: Path, stage: str = ANY_STAGE) -> None:
+    """Write `folder`'s MARKER listing its files: for a folder lrm itself just made from
+    bytes it verified against another record (a registered model's content hash)."""
+    _write_marker(Path(folder), stage, _listing(Path(folder)))
+
+
 def verify_recorded(folder: Path, names: Sequence[str]) -> None:
-    """Raise DataError naming the file unless each of `names` in `folder` has the sha256 the
-    folder's MARKER recorded when lrm wrote it (hashed here in full: a file copied over with
-    its mtime kept is caught too). What is loaded is what was written and scored."""
+    """Raise DataError naming the file unless each of `names` in `folder` has the sha256 that
+    lrm recorded when it wrote it: in the MARKER of `folder` or of the nearest lrm folder
+    holding it (model folders written inside a stage's output). Hashed here in full: a file
+    copied over with its mtime kept is caught too. What is loaded is what was written."""
     folder = Path(folder)
-    marker = _read_marker(folder)
+    home = next((d for d in (folder, *folder.resolve().parents)
+                 if _read_marker(d) is not None), None)
+    marker = _read_marker(home) if home is not None else None
     listed = marker.get("files") if marker is not None else None
-    if not isinstance(listed, dict):
-        why = "missing" if not (folder / MARKER).exists() else "holds no file hashes"
+    if home is None or not isinstance(listed, dict):
+        why = "missing" if home is None else f"{home / MARKER} holds no file hashes"
         raise DataError(folder / MARKER, None, None, f"{why}: lrm cannot tell that this "
                         f"folder's files are the ones it wrote; refused unread (copy a folder "
                         f"whole, its {MARKER} too, or write it again)")
     for name in names:
-        rec, path = listed.get(name), folder / name
+        path = folder / name
+        rel = path.resolve().relative_to(home.resolve()).as_posix() if home != folder else name
+        rec = listed.get(rel)
         if not isinstance(rec, dict) or "sha256" not in rec:
-            raise DataError(path, None, None, f"not recorded in {MARKER}: not a file lrm "
-                                              f"wrote in this folder; refused unread")
+            raise DataError(path, None, None, f"not recorded in {home / MARKER}: not a file "
+                                              f"lrm wrote there; refused unread")
         try:
             now = read_sha256(path)
         except FileNotFoundError:

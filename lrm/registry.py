@@ -36,6 +36,7 @@ from typing import Any
 
 from lrm.config import RegistryConfig, TrackingConfig
 from lrm.errors import ConfigError, DataError
+from lrm.io import MARKER, record_dir
 from lrm.tracking import connect
 
 CHAMPION, CHALLENGER = "champion", "challenger"
@@ -205,7 +206,21 @@ def model_folder(name: str, version: str, dst: Path, cfg: TrackingConfig | None 
         raise DataError(local / "MLmodel", None, "artifacts.model",
                         f"{name} v{version} is not an lrm model (no model folder artifact)"
                         ) from None
-    return local / rel
+    folder = local / rel
+    if not (folder / MARKER).is_file():  # logged before models carried their own record:
+        _check_content(name, version, folder, cfg)  # the registry's hash vouches for it
+        record_dir(folder)
+    return folder
+
+
+def _check_content(name: str, version: str, folder: Path, cfg: TrackingConfig | None) -> None:
+    """A DataError unless `folder` holds the content registered as `name` v`version`."""
+    from lrm.models.saved import model_hash
+
+    want = _version(name, version, cfg).tags.get(HASH_TAG)
+    if want is None or model_hash(folder) != want:
+        raise DataError(folder, None, None, f"{name} v{version}'s files are not the model "
+                                            f"registered (content hash {want})")
 
 
 def scores(model_dir: Path, data: Path, day: int, batch_size: int = 8192) -> dict[str, float]:

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import pytest
 import torch
@@ -25,7 +26,7 @@ from typer.testing import CliRunner
 
 from lrm import registry
 from lrm.config import SplitConfig
-from lrm.errors import ConfigError
+from lrm.errors import ConfigError, DataError
 from lrm.models.saved import WEIGHTS, load_model, read_card, save_model
 from lrm.serving import pyfunc
 from lrm.train import TrainJob, train
@@ -228,6 +229,30 @@ def test_a_promotion_by_hand_refuses_a_day_either_model_trained_on(folders, tmp_
     assert registry.seen(day2, 3) is None
 
 
+def test_a_registered_model_is_loaded_only_as_registered(folders, tmp_path):
+    """A version's model folder carries its own record (a model written inside a stage's
+    output has none: the students'); one logged before that is vouched for by the
+    registry's content hash, and files changed in the artifact store are refused. Red with
+    the packaged copy unrecorded (the first load fails) or the hash check dropped."""
+    name = "lrm-student-recorded"
+    _challenge(folders, "good", name)
+    got = registry.model_folder(name, "1", tmp_path / "a")
+    assert load_model(got)[1] == read_card(folders["good"])
+    source = _version(name, "1").source  # models:/m-... : the logged model's artifacts
+    where = mlflow.get_logged_model(source.split("/")[-1]).artifact_location
+    stored = list(Path(where.removeprefix("file://")).rglob(".lrm-output.json"))
+    assert len(stored) == 1
+    for marker in stored:  # as a version logged before the record travelled with it
+        marker.unlink()
+    assert load_model(registry.model_folder(name, "1", tmp_path / "b"))[1] == \
+        read_card(folders["good"])
+    for marker in stored:
+        (marker.parent / WEIGHTS).write_bytes((folders["bad"] / WEIGHTS).read_bytes())
+    with pytest.raises(DataError, match="lrm-student-recorded v1's files are not the model "
+                                        "registered"):
+        registry.model_folder(name, "1", tmp_path / "c")
+
+
 def test_lrm_models_commands(folders):
     from flows.cli import app
 
@@ -302,6 +327,12 @@ def test_the_champion_loads_back_and_answers_mlflow_models_serve(folders, store)
             row.append(1)
         status, answer = _invoke(port, json.dumps({"dataframe_split": split}).encode())
         assert status == 400 and "bogus_feature" in answer["message"], answer
+        # an id past 64 bits: a 400 naming the field and row, no stack trace (issue 45)
+        split["columns"].pop(), [row.pop() for row in split["data"]]
+        split["data"][1][ids] = 2**70
+        status, answer = _invoke(port, json.dumps({"dataframe_split": split}).encode())
+        assert status == 400 and "field user_id: row 2: " in answer["message"], answer
+        assert "stack_trace" not in answer, answer
     finally:
         _stop(server)
 

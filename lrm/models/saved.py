@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,16 @@ def verify_model(path: Path) -> None:
     if not (Path(path) / WEIGHTS).is_file():
         raise DataError(path, None, None, f"not a model folder (no {WEIGHTS})")
     io.verify_recorded(path, [WEIGHTS])
+
+
+def copy_model(src: Path, dst: Path) -> Path:
+    """A verified copy of model folder `src` at `dst`, a folder of its own with its own record
+    (what is packaged for serving: a model folder written inside a stage's output has none)."""
+    verify_model(src)
+    with io.atomic_dir(dst) as tmp:
+        for name in (CARD, WEIGHTS):
+            shutil.copy2(Path(src) / name, tmp / name)
+    return Path(dst)
 
 
 def model_hash(model_dir: Path) -> str:
