@@ -23,6 +23,7 @@ wrong type is).
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,11 +41,13 @@ from lrm.data import parquet
 from lrm.data.batch import Batch
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import DAY, LABEL, POSITION, SESSION, FeatureSchema, day_files, read_schema
-from lrm.errors import DataError
-from lrm.models.saved import ModelCard, load_model, read_card, verify_model
+from lrm.errors import DataError, first_sentence
+from lrm.models.saved import ModelCard, copy_model, load_model, read_card
 
 OUTPUT = "probability"
+REQUEST = "request"  # what a DataError about served input names as its file
 MODEL_CODE = Path(__file__).with_name("mlflow_model.py")
+_log = logging.getLogger(__name__)
 REQUIREMENTS = ("torch", "fbgemm-gpu-cpu", "torchrec", "numpy", "pandas", "pyarrow",
                 "polars", "tensordict", "torchmetrics", "pyre-extensions", "mlflow")
 
@@ -66,13 +69,64 @@ def signature() -> ModelSignature:
 
 
 def check_frame(frame: pd.DataFrame, schema: FeatureSchema) -> None:
-    """A column the model does not read is an error that names it (and the ones it reads)."""
+    """A column the model does not read, or one named twice, is an error that names it."""
     known = input_columns(schema)
+    twice = sorted({str(c) for c in frame.columns[frame.columns.duplicated()]})
+    if twice:
+        raise DataError(REQUEST, None, ", ".join(twice), "column named twice")
     unknown = [str(c) for c in frame.columns if c not in known]
     if unknown:
-        raise DataError("<input frame>", None, ", ".join(unknown),
+        raise DataError(REQUEST, None, ", ".join(unknown),
                         f"unknown column{'s' if len(unknown) > 1 else ''}: the model reads "
                         f"{', '.join(known)} (each optional)")
+
+
+def _why_not_id(v: Any) -> str | None:
+    """Why `v` is not an id (a JSON whole number in the 64-bit range, or null); None if it is.
+    pandas holds an id column with a null as floats, so a whole float is an id."""
+    if isinstance(v, (bool, np.bool_)):
+        return f"{str(v).lower()} is not an id"
+    if isinstance(v, (int, np.integer)):
+        return None if -2**63 <= v < 2**63 else f"{v} is outside the 64-bit id range"
+    if isinstance(v, (float, np.floating)):
+        if np.isnan(v):
+            return None
+        return None if v.is_integer() and -2.0**63 <= v < 2.0**63 else f"{v} is not an id"
+    return None if v is None else f"{type(v).__name__} {str(v)[:40]!r} is not an id"
+
+
+def _why_not_float(v: Any) -> str | None:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number)):
+        return None if v is None else f"{str(v)[:40]!r} is not a number"
+    return None
+
+
+def _why_not_ids(v: Any) -> str | None:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    if not isinstance(v, (list, tuple, np.ndarray)):
+        return f"{str(v)[:40]!r} is not a list of ids"
+    return next((f"in the list: {w}" for w in map(_why_not_id, v) if w is not None), None)
+
+
+def _check_values(col: pd.Series, kind: pa.DataType) -> None:
+    """A DataError naming the field and the request's row (from 1) of the first value that is
+    not of the column's type: a bool, a string, an id past 64 bits, a number for a list.
+    Checked here, not left to pyarrow: it takes true as 1 and "3" as 3, and an id past 64
+    bits or a scalar for a list escaped as a traceback (issue 45)."""
+    dtype = col.dtype
+    if pa.types.is_list(kind):
+        why = _why_not_ids
+    elif dtype.kind in "iu" and not (dtype.kind == "u" and len(col) and col.max() >= 2**63):
+        return  # whole numbers in range, no null: nothing to check per value
+    else:
+        why = _why_not_id if pa.types.is_integer(kind) else _why_not_float
+        if dtype.kind == "f" and why is _why_not_float:
+            return
+    for row, v in enumerate(col.tolist(), 1):
+        w = why(v)
+        if w is not None:
+            raise DataError(REQUEST, None, str(col.name), f"row {row}: {w}")
 
 
 def _to_table(frame: pd.DataFrame, schema: FeatureSchema) -> pa.Table:
@@ -85,13 +139,15 @@ def _to_table(frame: pd.DataFrame, schema: FeatureSchema) -> pa.Table:
     for f in target:
         if f.name in frame.columns:
             col = frame[f.name]
+            _check_values(col, f.type)
             if pa.types.is_list(f.type):  # lists (or numpy arrays) of ids; None: no value
                 col = [None if v is None or (np.isscalar(v) and pd.isna(v)) else list(v)
                        for v in col.tolist()]
             try:
                 arrays.append(pa.array(col, type=f.type, from_pandas=True))
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-                raise DataError("<input frame>", None, f.name, f"not {f.type}: {e}") from None
+                raise DataError(REQUEST, None, f.name, f"not {f.type}: {first_sentence(str(e))}"
+                                ) from None
         elif f.name in filled:
             arrays.append(pa.array(filled[f.name], type=f.type))
         else:
@@ -127,7 +183,7 @@ class LrmModel(mlflow.pyfunc.PythonModel):
     def predict(self, context: Any, model_input: pd.DataFrame,
                 params: dict[str, Any] | None = None) -> pd.DataFrame:
         from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+        from mlflow.protos.databricks_pb2 import INTERNAL_ERROR, INVALID_PARAMETER_VALUE
 
         frame = pd.DataFrame(model_input)
         try:
@@ -135,6 +191,10 @@ class LrmModel(mlflow.pyfunc.PythonModel):
             return predict_frame(self.model, self.card, frame)
         except DataError as e:  # the scoring server answers it with HTTP 400
             raise MlflowException(str(e), error_code=INVALID_PARAMETER_VALUE) from None
+        except Exception:  # the trace goes to the server's log, not to the client
+            _log.exception("scoring a request failed")
+            raise MlflowException("lrm could not score the request (the server's log has why)",
+                                  error_code=INTERNAL_ERROR) from None
 
 
 def example_frame(data: Path, day: int, rows: int = 5) -> pd.DataFrame:
@@ -174,15 +234,16 @@ def _requirements() -> list[str]:
 
 def log_model(model_dir: Path, data: Path, day: int, name: str = "model") -> Any:
     """Log the model folder as a pyfunc to the active MLflow run; returns MLflow's ModelInfo.
-    The folder is verified first (lrm.models.saved.verify_model): what is served is what was
-    scored."""
-    verify_model(model_dir)
+    A verified copy of the folder is packaged, with its own record (lrm.models.saved.copy_model):
+    what is served is what was scored, and serving checks it again when it loads it."""
     card = read_card(model_dir)
     example = example_frame(data, day)
-    return mlflow.pyfunc.log_model(
-        name=name, python_model=str(MODEL_CODE), artifacts={"model": str(model_dir)},
-        signature=signature(), input_example=example,
-        metadata={"input_columns": column_types(card.schema)},
-        code_paths=[str(Path(__file__).resolve().parents[1])],  # the lrm package
-        pip_requirements=_requirements(),
-    )
+    with tempfile.TemporaryDirectory(prefix="lrm-package-") as tmp:
+        packaged = copy_model(model_dir, Path(tmp) / "model")  # with its own record
+        return mlflow.pyfunc.log_model(
+            name=name, python_model=str(MODEL_CODE), artifacts={"model": str(packaged)},
+            signature=signature(), input_example=example,
+            metadata={"input_columns": column_types(card.schema)},
+            code_paths=[str(Path(__file__).resolve().parents[1])],  # the lrm package
+            pip_requirements=_requirements(),
+        )

@@ -103,6 +103,67 @@ def test_the_pyfunc_names_a_column_it_does_not_read(datasets, model_dir):
     assert e.value.get_http_status_code() == 400
 
 
+def _parsed(split: dict) -> "pd.DataFrame":
+    """A dataframe_split request body as MLflow's scoring server parses it (the same calls)."""
+    from mlflow.pyfunc.scoring_server import _split_data_and_params, infer_and_parse_data
+
+    return infer_and_parse_data(_split_data_and_params(json.dumps({"dataframe_split": split}))[0])
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda s: s["data"][1].__setitem__(s["columns"].index("user_id"), 2**70),
+     r"field user_id: row 2: 1180591620717411303424 is outside the 64-bit id range"),
+    (lambda s: s["data"][0].__setitem__(s["columns"].index("user_history"), 5),
+     r"field user_history: row 1: '5' is not a list of ids"),
+    (lambda s: s["data"][2].__setitem__(s["columns"].index("user_history"), [3, True]),
+     r"field user_history: row 3: in the list: true is not an id"),
+    (lambda s: [r.__setitem__(s["columns"].index("ad_id"), True) for r in s["data"]],
+     r"field ad_id: row 1: true is not an id"),
+    (lambda s: s["data"][3].__setitem__(s["columns"].index("ad_id"), "7"),
+     r"field ad_id: row 4: str '7' is not an id"),
+    (lambda s: s["data"][0].__setitem__(s["columns"].index("d_bid"), "high"),
+     r"field d_bid: row 1: 'high' is not a number"),
+    (lambda s: (s["columns"].append("ad_id"), [r.append(1) for r in s["data"]]),
+     r"field ad_id: column named twice"),
+])
+def test_a_bad_request_is_a_400_naming_the_field_and_row(datasets, model_dir, edit, says):
+    """The probe's serving bodies (issue 45): an id past 64 bits, a scalar for a list, a
+    column named twice each got a 400 "unexpected error" carrying a Python stack trace with
+    server paths, and true was taken as id 1. Parsed as the scoring server parses them.
+    Red with _check_values dropped (the traceback, or true scored) or check_frame's
+    duplicate check."""
+    from mlflow.exceptions import MlflowException
+
+    from lrm.serving.pyfunc import LrmModel
+
+    served = LrmModel()
+    served.model, served.card = load_model(model_dir)
+    split = json.loads(example_frame(datasets["sessions"], day=2, rows=4)
+                       .to_json(orient="split", index=False))
+    assert served.predict(None, _parsed(split))[OUTPUT].between(0, 1).all()
+    edit(split)
+    with pytest.raises(MlflowException, match=f"^request, {says}$") as e:
+        served.predict(None, _parsed(split))
+    assert e.value.get_http_status_code() == 400 and "Traceback" not in e.value.message
+    assert "stack_trace" not in json.loads(e.value.serialize_as_json())
+
+
+def test_an_internal_failure_answers_without_a_trace(datasets, model_dir, monkeypatch):
+    """Whatever else fails while scoring is logged on the server, and the client gets one
+    line (a 500), not the server's paths. Red with the catch-all dropped."""
+    from mlflow.exceptions import MlflowException
+
+    from lrm.serving import pyfunc
+
+    served = pyfunc.LrmModel()
+    served.model, served.card = load_model(model_dir)
+    monkeypatch.setattr(pyfunc, "predict_frame", lambda *a: 1 / 0)
+    with pytest.raises(MlflowException, match="could not score the request") as e:
+        served.predict(None, example_frame(datasets["sessions"], day=2, rows=2))
+    assert e.value.get_http_status_code() == 500
+    assert "stack_trace" not in json.loads(e.value.serialize_as_json())
+
+
 def test_train_config_validates_at_load():
     with pytest.raises(ConfigError, match="train.batch_size: must be >= 1"):
         from_dict(TrainConfig, {"batch_size": 0}, "train")
