@@ -313,6 +313,67 @@ def atomic_dir(out: Path, *, stage: Stage = None, force: bool = False) -> Iterat
         _remove(old)
 
 
+def remove_leftovers(out: Path) -> list[Path]:
+    """Remove what a run writing `out` that was killed left beside it: atomic_dir's temporary
+    folder (`.OUT.tmp-XXXXXXXX`, with the spill files of an ingest inside) and a replaced
+    output not yet removed (`.OUT.old-XXXXXXXX`), each named so and holding lrm's MARKER
+    (nothing else is touched). Call it holding `out`'s lock (lrm.lock): then no live run is
+    writing them. Returns what was removed."""
+    out = Path(out)
+    ours = re.compile(rf"^\.{re.escape(out.name)}\.(tmp|old)-[0-9a-f]{{8}}$")
+    gone = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in out.parent.iterdir():
+            if ours.match(entry.name) and not entry.is_symlink() and entry.is_dir() \
+                    and (entry / MARKER).is_file():
+                shutil.rmtree(entry, ignore_errors=True)
+                _log.info("removed %s, left by a run of %s that was stopped", entry, out)
+                gone.append(entry)
+    return gone
+
+
+SCRATCH_TAG = ".lrm-scratch"  # in a scratch folder: the process that made it
+
+
+def _stale_scratch(folder: Path) -> bool:
+    """Whether `folder` is a scratch folder whose process is gone (or its pid reused since)."""
+    try:
+        pid = int((folder / SCRATCH_TAG).read_text())
+        made = (folder / SCRATCH_TAG).stat().st_mtime
+    except (OSError, ValueError):
+        return False  # not one of ours, or being made
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # another user's process (a folder of ours would not be): leave it
+    with contextlib.suppress(OSError):  # Linux: a process started after the folder was made
+        return os.stat(f"/proc/{pid}").st_mtime > made + 1  # holds a reused pid
+    return False
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A temporary folder (the system's temp) removed after the block, like
+    tempfile.TemporaryDirectory; and the ones of `prefix` that killed processes left behind
+    (a SIGKILLed stream day left a 5-8 MB lrm-champion-* each time) are removed first. A
+    folder is recognised by its name and the SCRATCH_TAG file naming its process."""
+    import tempfile
+
+    root = Path(tempfile.gettempdir())
+    with contextlib.suppress(OSError):
+        for entry in root.glob(f"{prefix}*"):
+            if entry.is_dir() and not entry.is_symlink() and _stale_scratch(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    try:
+        (tmp / SCRATCH_TAG).write_text(str(os.getpid()))
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 # ---------------------------------------------------------------- files
 
 

@@ -28,7 +28,6 @@ pipeline registered), and nothing was decided now.
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any
 
 from lrm.config import RegistryConfig, TrackingConfig
 from lrm.errors import ConfigError, DataError
-from lrm.io import MARKER, record_dir
+from lrm.io import MARKER, record_dir, scratch_dir
 from lrm.tracking import connect
 
 CHAMPION, CHALLENGER = "champion", "challenger"
@@ -289,7 +288,7 @@ def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, mar
     mine = scores(model_dir, eval_data, eval_day, batch_size)
     theirs = None
     if champ_version is not None and champ_version != version:
-        with tempfile.TemporaryDirectory(prefix="lrm-champion-") as tmp:
+        with scratch_dir("lrm-champion-") as tmp:
             theirs = scores(model_folder(name, champ_version, Path(tmp), cfg), eval_data,
                             eval_day, batch_size)
     elif champ_version == version:  # an earlier attempt promoted it but left no tags
@@ -331,7 +330,7 @@ def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: 
     champ_version = alias_version(name, CHAMPION, cfg)
     if champ_version == str(version):
         raise ConfigError(f"registry: {name} v{version} is already @{CHAMPION}")
-    with tempfile.TemporaryDirectory(prefix="lrm-promote-") as tmp:
+    with scratch_dir("lrm-promote-") as tmp:
         folders = {version: model_folder(name, version, Path(tmp) / "challenger", cfg)}
         if champ_version is not None:
             folders[champ_version] = model_folder(name, champ_version, Path(tmp) / "champion",

@@ -133,6 +133,8 @@ def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                 progress.context(stage=title), io.running(stage.name), \
                 tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
                              tags={"lrm.stage": stage.name, **(tags or {})}, parent=parent):
+            for out in outputs:  # what a killed run of them left: none is live, they are locked
+                io.remove_leftovers(out)
             result = stage.run(**call)
             metrics = result.metrics()
             tracking.log_result(metrics)

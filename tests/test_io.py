@@ -538,3 +538,38 @@ def test_start_over_removes_the_stages_own_work_and_nothing_else(tmp_path):
     with pytest.raises(OutputError):
         io.start_over(tmp_path / "theirs", "student")
     assert (tmp_path / "theirs" / "chain").is_dir()
+
+
+def test_a_killed_process_scratch_folder_goes_with_the_next_one(tmp_path):
+    """The issue-45 probe: each SIGKILLed stream day left its `lrm-champion-*` folder (5-8 MB)
+    in the system's temp. The next scratch folder of that prefix removes the ones whose
+    process is gone; a live process's folder, and a folder of that name lrm did not make,
+    stay. A real SIGKILL (about a second: the child imports lrm.io). Red with the sweep in
+    io.scratch_dir dropped, or with _stale_scratch not asking whether the process lives."""
+    import shutil
+    import signal
+    import tempfile
+    import uuid
+
+    prefix = f"lrm-test-{uuid.uuid4().hex[:8]}-"
+    child = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from lrm.io import scratch_dir\n"
+        f"with scratch_dir({prefix!r}) as d:\n"
+        "    (d / 'scores').write_bytes(b'x' * 1000)\n"
+        "    print(d, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n")],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    left = Path(child.stdout.strip())
+    assert left.is_dir() and left.name.startswith(prefix)
+    foreign = Path(tempfile.mkdtemp(prefix=prefix))  # named alike, not made by scratch_dir
+    try:
+        with io.scratch_dir(prefix) as mine:
+            with io.scratch_dir(prefix) as second:  # made while `mine` is in use
+                assert not left.exists()
+                assert mine.is_dir() and foreign.is_dir() and second != mine
+        assert not mine.exists()
+    finally:
+        shutil.rmtree(foreign, ignore_errors=True)
+        shutil.rmtree(left, ignore_errors=True)

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +47,7 @@ def dedup_day(paths: StreamPaths, day: int, cfg: DedupConfig) -> dict[str, Any]:
     if out.is_dir() and (out / FROM).is_file() and src is not None and \
             json.loads((out / FROM).read_text()) == src["files"]:
         return {"skipped": True}
-    with tempfile.TemporaryDirectory(prefix="lrm-dedup-") as tmp:
+    with io.scratch_dir("lrm-dedup-") as tmp:
         view = Path(tmp) / "raw"  # a dataset of day D alone: the day's own folder, linked
         view.mkdir()
         os.symlink((paths.raw / f"day={day}").resolve(), view / f"day={day}")

@@ -39,7 +39,6 @@ import dataclasses
 import json
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -153,7 +152,7 @@ def _dropped_table(path: Path, ingest: IngestConfig) -> pa.Table:
     if path.suffix == ".tsv":
         from lrm.data import criteo
 
-        with tempfile.TemporaryDirectory(prefix="lrm-inbox-") as tmp:
+        with io.scratch_dir("lrm-inbox-") as tmp:
             criteo.ingest([path], Path(tmp) / "raw", IngestConfig(
                 skip_bad=ingest.skip_bad, days="one", chunk_rows=ingest.chunk_rows))
             files = [f for fs in day_files(Path(tmp) / "raw").values() for f in fs]
@@ -248,7 +247,7 @@ def folder_days(watch: Path, raw: Path, ingest: IngestConfig,
                                            f"{sha[:12]} now): a day's file is read once, "
                                            f"whole. Put later rows in a file of a new name, "
                                            f"and restore or remove this one")
-        with tempfile.TemporaryDirectory(prefix="lrm-inbox-") as tmp:
+        with io.scratch_dir("lrm-inbox-") as tmp:
             state = None
             if maps_logs(ingest) and not _lrm_parquet(f):
                 table, state = _log_day(f, ingest, Path(raw), nxt, max_history, Path(tmp))

@@ -580,7 +580,10 @@ def ingest(files: list[Path], out: Path, cfg: LogsConfig, *, chunk_rows: int = 2
     rows = sum(estimate_rows(s, lf, cfg) for s, lf in zip(srcs, scans, strict=True))
     buckets = max(1, math.ceil(rows / chunk_rows))
     prior_state = State.load(Path(prior) / STATE) if prior is not None else None
-    spill_dir = Path(tempfile.mkdtemp(prefix=".lrm-ingest-spill-", dir=Path(out).parent))
+    # the spill inside `out` (a stage's atomic_dir temporary folder): a killed ingest's spill
+    # goes with that folder when the next run takes the lock (lrm.io.remove_leftovers)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    spill_dir = Path(tempfile.mkdtemp(prefix=".lrm-ingest-spill-", dir=out))
     try:
         reads = fanout.map_units(
             "ingest file", partial(_read_unit, cfg=cfg, buckets=buckets, spill_dir=spill_dir,
