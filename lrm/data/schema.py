@@ -204,8 +204,17 @@ def day_files(root: Path) -> dict[int, list[Path]]:
         if m is None and d.name.startswith("day=") and d.is_dir():  # never skipped silently
             raise DataError(d, None, None, "not a day folder: its name must be day=N, N a "
                             "whole number of days (0, 1, ...)")
+        if m is None and d.suffix == ".parquet":  # never skipped silently either
+            raise DataError(d, None, None, "a Parquet file outside the day=N folders is not "
+                            "read: move it into its day's folder, or out of the dataset")
         if m and d.is_dir():
             files = sorted(d.glob("*.parquet"))
+            nested = next((f for sub in sorted(d.iterdir()) if sub.is_dir()
+                           for f in sorted(sub.rglob("*.parquet"))), None)
+            if nested is not None:
+                raise DataError(nested, None, None, f"a Parquet file in a subfolder of "
+                                f"{d.name} is not read (a day's files lie in its folder "
+                                f"itself): move it up into {d.name}, or out of the dataset")
             if files:
                 out[int(m.group(1))] = files
     if not out:

@@ -129,6 +129,20 @@ def test_stage_bad_input_exits_2_and_leaves_out_untouched(tmp_path, raw):
         assert not (tmp_path / f"m-{i}.json").exists()
 
 
+@pytest.mark.parametrize("stray", ["stray.parquet", "day=1/sub/x.parquet"])
+def test_a_stray_parquet_file_is_named_not_ignored(tmp_path, raw, monkeypatch, stray):
+    """The issue-45 probe: dedup read around `raw/stray.parquet` and `raw/day=1/sub/x.parquet`
+    without a word (their rows silently not in the dataset). One line, exit 2, no output.
+    In-process. Red with day_files' checks of either dropped."""
+    (raw / stray).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(day_files(raw)[1][0], raw / stray)
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["dedup", "--in", "raw", "--out", "s", "--metrics", "m.json"])
+    assert r.exit_code == 2, r.output
+    assert f"error: raw/{stray}: a Parquet file " in r.stderr and "is not read" in r.stderr
+    assert not (tmp_path / "s").exists()
+
+
 def test_stage_non_constant_user_field_exits_2_and_leaves_out_untouched(tmp_path, monkeypatch):
     """Found while writing (after the MLflow run started): exit 2, nothing left behind.
     In-process through the same typer command, to spare a second interpreter start."""
