@@ -116,5 +116,5 @@ def test_the_shipped_calibration_is_found_from_any_folder_and_another_cpus_is_sa
     m = execute(shard_plan.STAGE, {**args, "calibration": other}, _params())
     note = json.loads((tmp_path / "plans.json").read_text())["calibration"]["note"]
     assert note.startswith("the cost model's cpu calibration was measured on Some Other CPU "
-                           "9000, not this CPU") and m["calibration_note"] == note
+                           "9000, not this CPU") and m.metrics()["calibration_note"] == note
     assert "python -m lrm.sharding.calibrate --out calibration/cpu.json" in note
