@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from lrm import io
-from lrm.config import ModelConfig, from_dict
+from lrm.config import MODEL_KINDS, ModelConfig, from_dict
 from lrm.data.schema import FeatureSchema
 from lrm.errors import DataError, first_sentence
 from lrm.models import build_model
@@ -57,6 +57,9 @@ class ModelCard:
                 found = d.get("format") if isinstance(d, dict) else None
                 raise DataError(where, None, "format", f"model format {found!r}; this lrm "
                                                        f"reads format {FORMAT}")
+            if d.get("kind") not in MODEL_KINDS:  # a model of a kind this lrm cannot build
+                raise DataError(where, None, "kind", f"unknown model kind {d.get('kind')!r}; "
+                                                     f"this lrm builds {', '.join(MODEL_KINDS)}")
             return cls(kind=d["kind"], schema=FeatureSchema.from_json(json.dumps(d["schema"])),
                        model=from_dict(ModelConfig, d["model"], "model"),
                        hash_sizes={k: int(v) for k, v in d["hash_sizes"].items()},

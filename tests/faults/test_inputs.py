@@ -2,7 +2,8 @@
 one line on stderr naming what is wrong (no traceback), and what was there is kept: a bad
 value inside lrm's Parquet (dedup; train, caught before a step), a fresh run on another
 run's checkpoints, a pickled state dict in a model folder, another model's weights copied
-into one. And the same command run twice (and resumed once finished) is rc 0 each time:
+into one, a model card of a kind this lrm does not build, a Parquet file beside the day
+folders, a tracking store that is not a database. And the same command run twice (and resumed once finished) is rc 0 each time:
 every writer names its stage. (Each bad
 value and the day=two folder in-process: tests/data/test_values.py; a symlinked lock file:
 tests/test_lock.py.) Cases run two at a time, each in its own folder and MLflow store."""
@@ -66,6 +67,24 @@ def _pickled(cwd: Path) -> list[str]:
             "--out", "eval.json"]
 
 
+def _recorded(folder: Path, name: str) -> None:
+    """Record `name`'s bytes now in the folder's .lrm-output.json (as if lrm wrote them)."""
+    marker = json.loads((folder / MARKER).read_text())
+    marker["files"][name]["sha256"] = read_sha256(folder / name)
+    (folder / MARKER).write_text(json.dumps(marker))
+
+
+def _other_kind(cwd: Path) -> list[str]:
+    """The issue-45 probe: a model card of a kind this lrm does not build (a ValueError's
+    traceback through `lrm evaluate`); recorded, so the kind is what is wrong."""
+    shutil.copytree(cwd / "m", cwd / "model3")
+    card = json.loads((cwd / "model3" / "model.json").read_text())
+    (cwd / "model3" / "model.json").write_text(json.dumps({**card, "kind": "wide"}))
+    _recorded(cwd / "model3", "model.json")
+    return ["evaluate", "--model-dir", "model3", "--data", str(cwd / "sessions"),
+            "--out", "eval3.json"]
+
+
 def _swapped(cwd: Path) -> list[str]:
     """A copy of the trained model holding another model's weights (the issue-45 probe: it
     was scored, NE 0.9639 against the folder's own 0.9477); evaluate it."""
@@ -81,6 +100,20 @@ def _linked_day(cwd: Path) -> list[str]:
     (cwd / "s2").mkdir()
     (cwd / "s2" / "day=2").symlink_to(cwd / "raw" / "day=2")
     return ["dedup", "--in", "s2", "--out", "s2/day=2/x"]
+
+
+def _stray(cwd: Path) -> list[str]:
+    """The issue-45 probe: a Parquet file beside the day folders (dedup read around it)."""
+    shutil.copy(day_files(cwd / "raw")[0][0], cwd / "raw" / "stray.parquet")
+    return ["dedup", "--in", "raw", "--out", "d"]
+
+
+def _not_a_store(cwd: Path) -> list[str]:
+    """The issue-45 probe: the tracking store is a file that is not a database (a traceback
+    from SQLAlchemy)."""
+    (cwd / "raw" / "stray.parquet").unlink(missing_ok=True)
+    (cwd / "mlflow.db").write_text("notes, not a database\n")
+    return ["dedup", "--in", "raw", "--out", "d"]
 
 
 def _empty(cwd: Path, ck: str) -> list[str]:
@@ -104,9 +137,15 @@ CASES: dict[str, tuple[str, list[Step]]] = {  # name: (data layout to copy, its 
         (_pickled, "state_dict.pt: not a state dict of plain tensors, refused unread",
          "model"),
         (_swapped, "model2/state_dict.pt: changed since lrm wrote it", "model2"),
+        (_other_kind, "model.json, field kind: unknown model kind 'wide'; this lrm builds "
+                      "teacher, student", "model3"),
     ]),
-    "dedup: an output inside a linked day": ("raw", [(_linked_day, "lies inside input",
-                                                      "raw")]),
+    "dedup: an output inside a linked day": ("raw", [
+        (_linked_day, "lies inside input", "raw"),
+        (_stray, "raw/stray.parquet: a Parquet file outside the day=N folders is not read",
+         "raw"),
+        (_not_a_store, "cannot be opened (file is not a database)", "mlflow.db"),
+    ]),
     "train --resume of nothing": ("sessions", [
         (lambda c: [*_train(c, ck="ckk"), "--resume"],  # a typo: was a fresh start, rc 0
          "--resume: --checkpoints ckk holds no checkpoint to go on from (mistyped?", "ckk"),

@@ -38,6 +38,11 @@ def test_card_round_trips_and_rejects_other_formats(model_dir, tmp_path):
         (tmp / CARD).write_text(json.dumps({**json.loads(card.to_json()), "format": 99}))
     with pytest.raises(DataError, match="format 99"):
         read_card(tmp_path / "m")
+    with io.atomic_dir(tmp_path / "k") as tmp:  # a kind this lrm cannot build: one line
+        (tmp / CARD).write_text(json.dumps({**json.loads(card.to_json()), "kind": "wide"}))
+    with pytest.raises(DataError, match=r"k/model\.json, field kind: unknown model kind "
+                                        r"'wide'; this lrm builds teacher, student"):
+        read_card(tmp_path / "k")
 
 
 def test_the_content_hash_follows_what_predicts_not_the_training_log(model_dir, tmp_path):
