@@ -193,6 +193,12 @@ def part_path(root: Path, day: int, part: int = 0) -> Path:
     return Path(root) / f"day={day}" / f"part-{part:05d}.parquet"
 
 
+def _hidden(path: Path) -> bool:
+    """A name a dataset reader passes over by convention (pyarrow.dataset's ignore_prefixes,
+    Spark's _SUCCESS): lrm's own state (`day=N/_ingest/`, a stream's), hidden files."""
+    return path.name.startswith(("_", "."))
+
+
 def day_files(root: Path) -> dict[int, list[Path]]:
     """Map day -> its Parquet files (sorted), for a dataset folder."""
     root = Path(root)
@@ -204,12 +210,12 @@ def day_files(root: Path) -> dict[int, list[Path]]:
         if m is None and d.name.startswith("day=") and d.is_dir():  # never skipped silently
             raise DataError(d, None, None, "not a day folder: its name must be day=N, N a "
                             "whole number of days (0, 1, ...)")
-        if m is None and d.suffix == ".parquet":  # never skipped silently either
+        if m is None and d.suffix == ".parquet" and not _hidden(d):  # never skipped silently
             raise DataError(d, None, None, "a Parquet file outside the day=N folders is not "
                             "read: move it into its day's folder, or out of the dataset")
         if m and d.is_dir():
             files = sorted(d.glob("*.parquet"))
-            nested = next((f for sub in sorted(d.iterdir()) if sub.is_dir()
+            nested = next((f for sub in sorted(d.iterdir()) if sub.is_dir() and not _hidden(sub)
                            for f in sorted(sub.rglob("*.parquet"))), None)
             if nested is not None:
                 raise DataError(nested, None, None, f"a Parquet file in a subfolder of "

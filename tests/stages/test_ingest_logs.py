@@ -184,8 +184,9 @@ def test_a_terminated_ingest_leaves_nothing_beside_out(tmp_path):
              "HOME": str(tmp_path / "home"),
              "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
     deadline = time.monotonic() + 120
-    while not any(".lrm-ingest-spill-" in q.name for q in tmp_path.iterdir()):
-        assert p.poll() is None and time.monotonic() < deadline, "no spill folder seen"
+    while not list(tmp_path.glob(".out.tmp-*/.lrm-ingest-spill-*")):  # (inside the output)
+        assert p.poll() is None and time.monotonic() < deadline, \
+            f"no spill folder seen: {p.stderr.read().decode()[-2000:] if p.poll() else ''}"
         time.sleep(0.01)
     os.kill(p.pid, signal.SIGTERM)
     assert p.wait(timeout=120) == 128 + signal.SIGTERM
