@@ -15,7 +15,7 @@ from flows.cli import app
 from flows.dvc_yaml import command
 from tests.data._logs import clicks_log, write
 from tests.data.test_criteo import random_lines
-from tests.flows.test_dvc_repro import TINY
+from tests.flows.clone import TINY
 
 pytestmark = pytest.mark.slow
 

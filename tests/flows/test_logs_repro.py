@@ -28,7 +28,7 @@ import yaml
 
 from lrm.config import GenerateConfig, VerticalConfig
 from lrm.data.synthetic import export
-from tests.flows.test_dvc_repro import fresh_clone, tiny_params
+from tests.flows.clone import fresh_clone, tiny_params
 
 pytestmark = pytest.mark.slow
 

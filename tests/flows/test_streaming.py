@@ -546,7 +546,7 @@ def test_sigterm_stops_the_run_and_its_temporary_prefect_server(tmp_path, comman
     server it started. Red with SIGTERM left to Python's default (each flow's, tried): the
     process died at once and its uvicorn server ran on, orphaned."""
     if command[0] == "flows.pipeline":  # a clone's folder, with its tiny params (make run's)
-        from tests.flows.test_dvc_repro import fresh_clone, tiny_params
+        from tests.flows.clone import fresh_clone, tiny_params
 
         cwd = fresh_clone(tmp_path)
         tiny_params(cwd)
