@@ -1,0 +1,94 @@
+"""lrm.tune: the days a search uses, its budget, the best trial and the params file it
+makes, the search space's checks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from lrm.config import SplitConfig, TuneConfig, TuneSpace
+from lrm.errors import ConfigError
+from lrm.tune import apply, current, params_overlay, search_days, tune
+from tests.conftest import LOADER, SMALL_MODEL, only_days, tiny_train
+
+# a search that trains in seconds: the rates and the dim searched, one epoch
+SPACE = TuneSpace(lr=[1e-3, 3e-2], embedding_lr=[0.01, 0.2], epochs=[], embedding_dim=[4, 8],
+                  width=[])
+
+
+def _tune(data, **cfg):
+    return tune("student", train=tiny_train(), model=SMALL_MODEL, data=data,
+                split=SplitConfig(), loader=LOADER, cfg=TuneConfig(space=SPACE, **cfg))
+
+
+def test_search_days_hold_the_eval_day_out(datasets, tmp_path):
+    assert search_days(datasets["sessions"], SplitConfig(), 1) == ([0], [1], 2)
+    with pytest.raises(ConfigError, match="needs 3"):  # 2 days before the held-out one
+        search_days(datasets["sessions"], SplitConfig(), 2)
+    with pytest.raises(ConfigError, match="1 day"):  # held out day 1: one day before it
+        search_days(datasets["sessions"], SplitConfig(eval_day=1), 1)
+
+
+def test_best_trial_is_written_and_the_first_is_the_params_as_they_are(datasets):
+    result = _tune(datasets["sessions"], trials=3)
+    assert len(result.trials) == 3 and result.stopped == "trials"
+    nes = {t.number: t.ne for t in result.trials}
+    assert result.best.ne == min(nes.values()) and nes[result.best.number] == result.best.ne
+    # trial 0 is the params' own values (inside the space): the best never loses to them
+    assert result.trials[0].params == current(SPACE, "student", tiny_train(), SMALL_MODEL)
+    assert result.trials[0].params == {"lr": 1e-2, "embedding_lr": 0.05, "embedding_dim": 8}
+    doc = params_overlay(result, train=tiny_train(), model=SMALL_MODEL,
+                         teacher_train=tiny_train(lr=5e-4, embedding_lr=0.07))
+    best = result.best.params
+    assert doc["train"] == {"lr": best["lr"], "embedding_lr": best["embedding_lr"]}
+    assert doc["model"] == {"student": {"embedding_dim": best["embedding_dim"]}}
+    # the teacher keeps its own values of the keys a student's file sets in `train`
+    assert doc["teacher"] == {"train": {"lr": 5e-4, "embedding_lr": 0.07}}
+
+
+def test_budget_in_minutes_starts_no_trial_after_it(datasets):
+    result = _tune(datasets["sessions"], trials=4, minutes=1e-4)
+    assert len(result.trials) == 1 and result.stopped == "minutes"
+
+
+def test_a_trial_whose_loss_is_not_finite_fails_and_the_search_goes_on(datasets, tmp_path):
+    from tests.conftest import poison_day
+
+    # day 0 trains every trial: poisoned, no trial finishes, which is a one-line error
+    data = poison_day(only_days(datasets["sessions"], tmp_path / "d", [0, 1, 2]),
+                      tmp_path / "poisoned", day=0)
+    with pytest.raises(ConfigError, match="no trial of 2 finished"):
+        _tune(data, trials=2)
+
+
+def test_apply_scales_every_hidden_width_and_sets_the_dim():
+    train, model = apply({"lr": 0.02, "epochs": 3, "embedding_dim": 32, "width": 2.0},
+                         "student", tiny_train(), SMALL_MODEL)
+    assert (train.lr, train.epochs) == (0.02, 3)
+    s = model.student
+    assert (s.embedding_dim, s.bottom_mlp, s.top_mlp) == (32, [32], [64, 32])
+    _, teacher = apply({"width": 0.5}, "teacher", tiny_train(), SMALL_MODEL)
+    t0, t = SMALL_MODEL.teacher, teacher.teacher
+    assert t.fm_mlp == [w // 2 for w in t0.fm_mlp] and t.top_mlp == [w // 2 for w in t0.top_mlp]
+    assert t.dense_mlp == [w // 2 for w in t0.dense_mlp]
+
+
+@pytest.mark.parametrize("bad, why", [
+    (dict(lr=[0.1, 0.01]), "low <= high"),
+    (dict(lr=[0.01]), r"\[low, high\]"),
+    (dict(epochs=[0, 2]), "1 <= low"),
+    (dict(epochs=[1.5, 2]), "integers"),
+    (dict(embedding_dim=[0, 8]), "dims >= 1"),
+    (dict(width=[1.0, 1.0]), "repeated"),
+    (dict(lr=[], embedding_lr=[], epochs=[], embedding_dim=[], width=[]), "searches nothing"),
+])
+def test_a_bad_search_space_is_refused(bad, why):
+    with pytest.raises(ConfigError, match=why):
+        TuneSpace(**bad)
+
+
+def test_a_search_needs_a_budget():
+    with pytest.raises(ConfigError, match="budget"):
+        TuneConfig(trials=0, minutes=0)
+    assert dataclasses.replace(TuneConfig(), trials=0, minutes=1.0).minutes == 1.0
