@@ -33,7 +33,7 @@ from lrm.config import (
     TuneConfig,
     with_overrides,
 )
-from stagekit import Arg, Stage, main
+from stagekit import Arg, Metrics, Stage, main
 
 NAME = "tune"
 
@@ -42,7 +42,7 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
         loader: LoaderConfig, tables: TableConfig,
         model: StudentModelConfig | TeacherModelConfig, cfg: TuneConfig, data: Path,
         out: Path, plan: Path | None = None, if_enabled: bool = False,
-        metrics: Path | None = None, force: bool = False) -> dict[str, Any]:
+        metrics: Path | None = None, force: bool = False) -> Metrics:
     """Search a model's training params on its validation days; write the best as a
     params file."""
     from lrm import io
@@ -51,7 +51,7 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
     if if_enabled and not cfg.in_pipeline:
         io.write_text("# lrm tune: off (tune.in_pipeline is false): the params as they are\n",
                       out, stage=NAME, force=force)
-        return {"kind": kind, "searched": False}
+        return Metrics({"kind": kind, "searched": False})
     teacher = with_overrides(train, teacher_train, "teacher.train")
     own = teacher if kind == "teacher" else train
     models = ModelConfig(tables=tables, **{kind: model})
@@ -67,7 +67,7 @@ def run(*, kind: str, train: TrainConfig, teacher_train: Any, split: SplitConfig
             + f";\n# trained on days {result.train_days}; day {result.eval_day} held out, "
               f"unseen by the search. Lay it over the params: --params FILE\n")
     io.write_text(head + yaml.safe_dump(doc, sort_keys=False), out, stage=NAME, force=force)
-    return {**result.summary(), "searched": True}
+    return Metrics({**result.summary(), "searched": True})
 
 
 STAGE = Stage(
