@@ -836,8 +836,9 @@ class TuneSpace:
         _check_range(self.lr, "lr", floor=1e-8)
         _check_range(self.embedding_lr, "embedding_lr", floor=1e-8)
         _check_range(self.epochs, "epochs", floor=1, integer=True)
-        _check(all(d >= 1 for d in self.embedding_dim), "embedding_dim",
-               f"choices are dims >= 1, got {self.embedding_dim}")
+        _check(all(d >= 4 and d % 4 == 0 for d in self.embedding_dim), "embedding_dim",
+               f"choices are dims that are multiples of 4 (fbgemm's tables take no other), "
+               f"got {self.embedding_dim}")
         _check(all(w > 0 for w in self.width), "width",
                f"choices are factors > 0, got {self.width}")
         for k in ("embedding_dim", "width"):

@@ -79,7 +79,8 @@ def test_apply_scales_every_hidden_width_and_sets_the_dim():
     (dict(lr=[0.01]), r"\[low, high\]"),
     (dict(epochs=[0, 2]), "1 <= low"),
     (dict(epochs=[1.5, 2]), "integers"),
-    (dict(embedding_dim=[0, 8]), "dims >= 1"),
+    (dict(embedding_dim=[0, 8]), "multiples of 4"),
+    (dict(embedding_dim=[6, 8]), "multiples of 4"),
     (dict(width=[1.0, 1.0]), "repeated"),
     (dict(lr=[], embedding_lr=[], epochs=[], embedding_dim=[], width=[]), "searches nothing"),
 ])

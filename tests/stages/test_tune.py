@@ -26,7 +26,7 @@ PARAMS = {
     # a fast search: two rates and the dim, none of whose ranges holds the params' own
     # value, so every value in the file is the search's (none is the params' by chance)
     "tune": {"space": {"lr": [1e-3, 3e-2], "embedding_lr": [0.01, 0.1], "epochs": [],
-                       "embedding_dim": [4, 6], "width": []}},
+                       "embedding_dim": [4, 12], "width": []}},
 }
 
 
