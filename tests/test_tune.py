@@ -4,10 +4,16 @@ makes, the search space's checks."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import shutil
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from lrm.config import SplitConfig, TuneConfig, TuneSpace
+from lrm.data.schema import day_files
 from lrm.errors import ConfigError
 from lrm.tune import apply, current, params_overlay, search_days, tune
 from tests.conftest import LOADER, SMALL_MODEL, only_days, tiny_train
@@ -22,7 +28,22 @@ def _tune(data, **cfg):
                 split=SplitConfig(), loader=LOADER, cfg=TuneConfig(space=SPACE, **cfg))
 
 
+def _nan_day(src, dst, day):
+    """A copy of dataset `src` whose `day` has NaN in a dense column (a bad value)."""
+    shutil.copytree(src, dst)
+    for f in day_files(dst)[day]:
+        t = pq.read_table(f)
+        i = t.schema.get_field_index("d_bid")
+        col = t.column(i).combine_chunks()
+        nan = pa.array([math.nan] * len(pc.list_flatten(col)), type=col.type.value_type)
+        pq.write_table(t.set_column(i, t.schema.field(i), pa.ListArray.from_arrays(
+            col.offsets, nan, type=col.type)), f)
+    return dst
+
+
 def test_search_days_hold_the_eval_day_out(datasets, tmp_path):
+    """Planted bug that turns this red (tried): the validation days taken from every day
+    (the held-out one among them)."""
     assert search_days(datasets["sessions"], SplitConfig(), 1) == ([0], [1], 2)
     with pytest.raises(ConfigError, match="needs 3"):  # 2 days before the held-out one
         search_days(datasets["sessions"], SplitConfig(), 2)
@@ -30,9 +51,16 @@ def test_search_days_hold_the_eval_day_out(datasets, tmp_path):
         search_days(datasets["sessions"], SplitConfig(eval_day=1), 1)
 
 
-def test_best_trial_is_written_and_the_first_is_the_params_as_they_are(datasets):
-    result = _tune(datasets["sessions"], trials=3)
-    assert len(result.trials) == 3 and result.stopped == "trials"
+def test_best_trial_is_written_and_the_first_is_the_params_as_they_are(datasets, tmp_path):
+    """Planted bugs that turn this red (each tried): the worst trial kept (max); the params'
+    own values not enqueued first; a trial scored on the held-out day (eval_day=held); the
+    teacher's values not pinned in a student's file."""
+    # the held-out day holds a NaN, which any read of it refuses (lrm.data.values): a
+    # search that never reads it finishes every trial
+    data = _nan_day(datasets["sessions"], tmp_path / "d", day=2)
+    result = _tune(data, trials=2)
+    assert len(result.trials) == 2 and result.stopped == "trials"
+    assert all(t.state == "complete" and math.isfinite(t.ne) for t in result.trials)
     nes = {t.number: t.ne for t in result.trials}
     assert result.best.ne == min(nes.values()) and nes[result.best.number] == result.best.ne
     # trial 0 is the params' own values (inside the space): the best never loses to them
@@ -48,11 +76,13 @@ def test_best_trial_is_written_and_the_first_is_the_params_as_they_are(datasets)
 
 
 def test_budget_in_minutes_starts_no_trial_after_it(datasets):
+    """Planted bug that turns this red (tried): Optuna given no timeout."""
     result = _tune(datasets["sessions"], trials=4, minutes=1e-4)
     assert len(result.trials) == 1 and result.stopped == "minutes"
 
 
 def test_a_trial_whose_loss_is_not_finite_fails_and_the_search_goes_on(datasets, tmp_path):
+    """Planted bug that turns this red (tried): NonFiniteLossError not caught by a trial."""
     from tests.conftest import poison_day
 
     # day 0 trains every trial: poisoned, no trial finishes, which is a one-line error
@@ -63,6 +93,7 @@ def test_a_trial_whose_loss_is_not_finite_fails_and_the_search_goes_on(datasets,
 
 
 def test_apply_scales_every_hidden_width_and_sets_the_dim():
+    """Planted bug that turns this red (tried): the teacher's dense_mlp left out of WIDTHS."""
     train, model = apply({"lr": 0.02, "epochs": 3, "embedding_dim": 32, "width": 2.0},
                          "student", tiny_train(), SMALL_MODEL)
     assert (train.lr, train.epochs) == (0.02, 3)
