@@ -160,6 +160,12 @@ def current(space: TuneSpace, kind: str, train: TrainConfig, model: ModelConfig
     return out
 
 
+def _best(trials: list[Trial]) -> Trial | None:
+    """The finished trial of lowest NE (None: none finished)."""
+    done = [t for t in trials if t.ne is not None]
+    return min(done, key=lambda t: t.ne if t.ne is not None else math.inf) if done else None
+
+
 def tune(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
          split: SplitConfig, loader: LoaderConfig, cfg: TuneConfig,
          plan: Path | None = None) -> TuneResult:
@@ -207,8 +213,7 @@ def tune(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
                     secs = time.monotonic() - started
                     trials.append(Trial(trial.number, values, ne, secs,
                                         "complete" if ne is not None else "failed"))
-            done = [t for t in trials if t.ne is not None]
-            best = min(done, key=lambda t: t.ne) if done else None  # type: ignore[arg-type,return-value]
+            best = _best(trials)
             rep.update(1, ne=ne if ne is not None else math.nan,
                        best=best.ne if best is not None else math.nan)
             log.info("tune %s: trial %d %s in %.0f s %s; best %s", kind, trial.number,
@@ -220,11 +225,10 @@ def tune(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
 
         study.optimize(objective, n_trials=cfg.trials or None,
                        timeout=cfg.minutes * 60 if cfg.minutes else None)
-    done = [t for t in trials if t.ne is not None]
-    if not done:
+    best = _best(trials)
+    if best is None or best.ne is None:
         raise ConfigError(f"tune: no trial of {len(trials)} finished (every loss went "
                           f"non-finite): narrow tune.space's rates")
-    best = min(done, key=lambda t: t.ne)  # type: ignore[arg-type,return-value]
     stopped = "trials" if cfg.trials and len(trials) >= cfg.trials else "minutes"
     log.info("tune %s: best NE %.5f (trial %d of %d, %.0f s)", kind, best.ne, best.number,
              len(trials), time.monotonic() - t0)
