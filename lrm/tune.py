@@ -172,6 +172,7 @@ def tune(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
     """Search `cfg.space` for `kind` (module docstring); the trials and the best."""
     import optuna
 
+    from lrm.dist import local_device
     from lrm.train import NonFiniteLossError, build_job
     from lrm.train import train as run_job
     from lrm.train.evaluate import evaluate_days
@@ -204,7 +205,7 @@ def tune(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
                     result = run_job(job, log_fn=tracking.log_metrics
                                      if tracking.active() else None)
                     ne = float(result.eval["ne"]) if len(valid) == 1 else float(
-                        evaluate_days(out, data, valid, device=tcfg.device,
+                        evaluate_days(out, data, valid, device=str(local_device(tcfg.device)),
                                       resamples=0)["ne"])
                     tracking.log_metrics({"valid_ne": ne})
                 except NonFiniteLossError as e:

@@ -75,6 +75,17 @@ def test_best_trial_is_written_and_the_first_is_the_params_as_they_are(datasets,
     assert doc["teacher"] == {"train": {"lr": 5e-4, "embedding_lr": 0.07}}
 
 
+def test_several_validation_days_score_a_trial_pooled(datasets, tmp_path):
+    """Planted bug that turns this red (tried): the pooled score given the params' device
+    as written ("auto": torch refuses it)."""
+    data = tmp_path / "d"
+    shutil.copytree(datasets["sessions"], data)
+    shutil.copytree(data / "day=2", data / "day=3")  # a fourth day: 2 validate, 3 held out
+    result = _tune(data, trials=1, valid_days=2)
+    assert (result.train_days, result.valid_days, result.eval_day) == ([0], [1, 2], 3)
+    assert result.trials[0].state == "complete" and math.isfinite(result.trials[0].ne)
+
+
 def test_budget_in_minutes_starts_no_trial_after_it(datasets):
     """Planted bug that turns this red (tried): Optuna given no timeout."""
     result = _tune(datasets["sessions"], trials=4, minutes=1e-4)
