@@ -105,3 +105,21 @@ def test_bad_data_path_is_exit_2_and_writes_nothing(tmp_path):
     assert r.returncode == 2, r.stderr[-3000:]
     assert "nowhere" in r.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "tuned.yaml").exists()
+
+
+def test_a_pipeline_node_with_the_search_off_writes_a_file_that_changes_nothing(tmp_path):
+    """The logs pipeline's tune nodes (--if-enabled) with tune.in_pipeline false: no search
+    (the data is not even read), and the file they write, laid over the params, leaves every
+    value as it was. Planted bug that turns this red (tried): --if-enabled ignored."""
+    from lrm.config import ParamsConfig
+    from stagekit import load_params
+    from stages import tune
+
+    p = ParamsConfig()
+    out = tmp_path / "tune_student.yaml"
+    result = tune.run(kind="student", train=p.train, teacher_train=p.teacher.train,
+                      split=p.split, loader=p.loader, tables=p.model.tables,
+                      model=p.model.student, cfg=p.tune, data=tmp_path / "nowhere", out=out,
+                      if_enabled=True)
+    assert result.metrics() == {"kind": "student", "searched": False}
+    assert load_params([REPO / "params.yaml", out]) == load_params([REPO / "params.yaml"])
