@@ -826,10 +826,10 @@ class TuneSpace:
     lr: list[float] = field(default_factory=lambda: [3e-4, 1e-2])  # dense AdamW rate [low, high]
     embedding_lr: list[float] = field(  # the tables' row-wise Adagrad rate [low, high]
         default_factory=lambda: [0.01, 0.3])
-    # passes [low, high]; not searched by default: a run of several passes stops early on the
-    # newest 10% of its train days and never trains on them, which on MovieLens 100K cost 1.6%
-    # NE on the later held-out day (docs/tune.md), though the validation days preferred it
-    epochs: list[int] = field(default_factory=list)
+    # not searched by default: a run of several passes stops early on the newest 10% of its
+    # train days and never trains on them, which on MovieLens 100K cost 1.6% NE on the later
+    # held-out day (docs/tune.md), though the validation days preferred the passes
+    epochs: list[int] = field(default_factory=list)  # passes [low, high] ([]: not searched)
     embedding_dim: list[int] = field(  # the model's embedding dim: choices
         default_factory=lambda: [8, 16, 32, 64])
     width: list[float] = field(  # x every hidden layer's width of the model: choices
