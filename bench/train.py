@@ -14,7 +14,9 @@ train.end_to_end         lrm.train.train's steady samples/s (loader and loop inc
                          step alone on batches built beforehand
 train.real               lrm's default student and teacher vs torchrec's DLRM on the real logs
                          in ../shared/data, held out in time: NE with paired intervals
-                         (--seeds N; only with --only real, or in a full run)
+                         (--seeds N; only with --only real, or in a full run); with
+                         --log FILE... --map MAP (a mapping file of `lrm ingest logs`, or
+                         `criteo`): that log alone
 --quick: small sizes and a few steps (vs_torchrec: ~40k rows). --smoke: every case at tiny
 sizes, batch 256 (unless --batch), a few steps: seconds each, that it runs.
 --batch B: every case's batch size (defaults: vs_torchrec 1024, the peers' benchmark; the
@@ -52,9 +54,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch intra-op threads (0: torch's default)")
     ap.add_argument("--seeds", type=int, default=1, help="train.real: seeds per model")
+    ap.add_argument("--log", type=Path, nargs="+", default=None,
+                    help="train.real on this log alone (files or folders; needs --map)")
+    ap.add_argument("--map", default=None,
+                    help="--log's mapping: a YAML file of `lrm ingest logs --map`, or criteo")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     quick = common.use_mode(args)
+    if (args.log is None) != (args.map is None):
+        ap.error("--log and --map go together")
+    if args.log is not None and args.only != "real":
+        ap.error("--log needs --only real")
     if args.batch is not None and args.batch < 1:
         ap.error(f"--batch must be at least 1, got {args.batch}")
     if args.worker is not None:  # one process of train.scaling (under lrm.launch or alone)
@@ -80,7 +90,8 @@ def main() -> None:
     if args.only in (None, "end_to_end"):  # its own days: one pass over them
         train_e2e.run(quick=quick)
     if args.only in (None, "real"):  # the real logs beside the repo
-        train_real.run(quick=quick, seeds=args.seeds)
+        train_real.run(quick=quick, seeds=args.seeds, only=None if args.log is None
+                       else dict([train_real.mapped_log(args.log, args.map)]))
     if args.only in ("vs_torchrec", "profile", "end_to_end", "real"):
         return
     with dataset(quick) as data:  # one dataset for the other cases

@@ -33,13 +33,14 @@ from stages import (
     summary,
     teacher,
     train,
+    tune,
 )
 from stagekit import Stage
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
     generate.STAGE, ingest.STAGE, ingest_logs.STAGE, dedup.STAGE, shard_plan.STAGE, train.STAGE,
     evaluate.STAGE, teacher.STAGE, augment.STAGE, student.STAGE, register.STAGE, summary.STAGE,
-    fp8_probe.STAGE)}
+    fp8_probe.STAGE, tune.STAGE)}
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class Node:
     stage: Stage
     args: Mapping[str, Any] = field(default_factory=dict)
     desc: str = ""
+    # params files laid over the pipeline's for this node alone, made by an earlier node
+    # (a tune node's params file): on its command line (--params) and among its deps
+    params: tuple[str, ...] = ()
 
     def full_args(self) -> dict[str, Any]:
         return self.stage.complete(self.args)
@@ -117,9 +121,26 @@ SYNTHETIC = Pipeline("lrm", dvc_file=Path("dvc.yaml"), header=(
 
 # -- real logs: the user's Criteo TSV files in data/criteo/tsv/ ---------------------------
 
-def _baselines(log: str) -> tuple[Node, ...]:
+def _tuned(log: str, kind: str) -> str:
+    """The params file a log's tune node writes for `kind`."""
+    return f"models/{log}/tune_{kind}.yaml"
+
+
+def _tune(log: str) -> tuple[Node, ...]:
+    """A log's tune nodes: each model's training params searched on the days before the
+    held-out last day, where tune.in_pipeline says so (else a file that changes nothing)."""
+    return tuple(Node(f"tune_{kind}", STAGES["tune"], {
+        "kind": kind, "data": f"data/{log}/sessions", "out": _tuned(log, kind),
+        "if_enabled": True, "metrics": f"metrics/{log}/tune_{kind}.json"},
+        desc=f"The {kind}'s training params searched on the days before the held-out one "
+             f"(Optuna; on where tune.in_pipeline is true): a params file the baseline "
+             f"{kind} trains with.") for kind in ("student", "teacher"))
+
+
+def _baselines(log: str, tuned: bool = False) -> tuple[Node, ...]:
     """A real log's baselines: the student and the teacher on every day of
-    data/LOG/sessions but the last, then both scored on the last."""
+    data/LOG/sessions but the last, then both scored on the last (`tuned`: each with
+    its tune node's params file laid over the pipeline's)."""
     def p(kind: str, what: str) -> str:
         return f"{what}/{log}/{kind}"
 
@@ -127,7 +148,8 @@ def _baselines(log: str) -> tuple[Node, ...]:
         "kind": kind, "data": f"data/{log}/sessions", "out": p(kind, "models"),
         "checkpoints": p(kind, "checkpoints"), "metrics": f"metrics/{log}/train_{kind}.json",
         "plot": f"plots/{log}/train_{kind}.csv"},
-        desc=f"Baseline {kind}: every day but the last, scored on the last.")
+        desc=f"Baseline {kind}: every day but the last, scored on the last.",
+        params=(_tuned(log, kind),) if tuned else ())
         for kind in ("student", "teacher")),
         Node("evaluate", STAGES["evaluate"], {
             "models": [f"{kind}={p(kind, 'models')}" for kind in ("student", "teacher")],
@@ -159,7 +181,8 @@ LOGS = Pipeline("lrm-logs", dvc_file=Path("pipelines/logs/dvc.yaml"), plots=Fals
                                            "metrics": "metrics/logs/ingest.json"}),
     Node("dedup", STAGES["dedup"], {"src": "data/logs/raw", "out": "data/logs/sessions",
                                     "metrics": "metrics/logs/dedup.json"}),
-    *_baselines("logs"),
+    *_tune("logs"),
+    *_baselines("logs", tuned=True),
     Node("exfm_teacher", STAGES["teacher"], {
         "data": "data/logs/sessions", "out": "models/logs/fm",
         "checkpoints": "checkpoints/logs/fm", "metrics": "metrics/logs/teacher.json",

@@ -73,7 +73,8 @@ def render(pipe: Pipeline) -> str:
     plots: list[Any] = []
     for node in pipe.nodes:
         st, args = node.stage, node.full_args()
-        explicit = [] if pipe.params == ("params.yaml",) else list(pipe.params)
+        explicit = [] if pipe.params == ("params.yaml",) and not node.params else \
+            [*pipe.params, *node.params]
         body: dict[str, Any] = {}
         if node.desc:
             body["desc"] = node.desc
@@ -85,7 +86,7 @@ def render(pipe: Pipeline) -> str:
         body["cmd"] = command(st, {**node.args, **own}, explicit)
         if rel is not None:
             body["wdir"] = str(rel)
-        ins = [str(p) for p in st.paths(args, "in")]
+        ins = [str(p) for p in st.paths(args, "in")] + list(node.params)
         body["deps"] = ins + code_deps(st)
         by_file: dict[str, list[str]] = {}
         for key in params_keys(st, args):

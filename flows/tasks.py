@@ -34,6 +34,7 @@ from flows.dag import PIPELINES, Node
 from lrm import fanout
 from lrm.errors import ConfigError, LrmError
 from stagekit import execute, load_params
+from stagekit.params import PARAMS
 
 
 def node(pipeline: str, name: str) -> Node:
@@ -132,6 +133,8 @@ def stage_task(pipeline: str, name: str, title: str, params: list[str] | None = 
     Its units (lrm.fanout) run as tasks of their own."""
     n = node(pipeline, name)
     files = [Path(p) for p in params] if params else None
+    if n.params:  # its own files (a tune node's) over the pipeline's
+        files = [*(files or ([PARAMS] if PARAMS.exists() else [])), *map(Path, n.params)]
     with fanout.using(task_units):
         return execute(n.stage, n.args, load_params(files), force=force).metrics()
 

@@ -805,6 +805,75 @@ class RegistryConfig:
         _check(self.margin >= 0, "margin", "must be >= 0")
 
 
+def _check_range(values: list[float], key: str, *, floor: float, integer: bool = False
+                 ) -> None:
+    """A searched range: [] (not searched) or [low, high], floor <= low <= high."""
+    what = "integers" if integer else "numbers"
+    _check(len(values) in (0, 2), key, f"must be [low, high] (or [] to leave it as it is), "
+                                       f"got {values}")
+    if values:
+        low, high = values
+        _check(not integer or all(float(v).is_integer() for v in values), key,
+               f"must be {what}, got {values}")
+        _check(floor <= low <= high, key, f"needs {floor:g} <= low <= high, got {values}")
+
+
+@dataclass(kw_only=True)
+class TuneSpace:
+    """What `lrm tune` searches (lrm.tune): a range [low, high] (rates on a log scale) or
+    a list of choices per training param; [] leaves the param as the params state it."""
+
+    lr: list[float] = field(default_factory=lambda: [3e-4, 1e-2])  # dense AdamW rate [low, high]
+    embedding_lr: list[float] = field(  # the tables' row-wise Adagrad rate [low, high]
+        default_factory=lambda: [0.01, 0.3])
+    # not searched by default: a run of several passes stops early on the newest 10% of its
+    # train days and never trains on them, which on MovieLens 100K cost 1.6% NE on the later
+    # held-out day (docs/tune.md), though the validation days preferred the passes
+    epochs: list[int] = field(default_factory=list)  # passes [low, high] ([]: not searched)
+    embedding_dim: list[int] = field(  # the model's embedding dim: choices
+        default_factory=lambda: [8, 16, 32, 64])
+    width: list[float] = field(  # x every hidden layer's width of the model: choices
+        default_factory=lambda: [0.5, 1.0, 2.0])
+
+    def __post_init__(self) -> None:
+        _check_range(self.lr, "lr", floor=1e-8)
+        _check_range(self.embedding_lr, "embedding_lr", floor=1e-8)
+        _check_range(self.epochs, "epochs", floor=1, integer=True)
+        _check(all(d >= 4 and d % 4 == 0 for d in self.embedding_dim), "embedding_dim",
+               f"choices are dims that are multiples of 4 (fbgemm's tables take no other), "
+               f"got {self.embedding_dim}")
+        _check(all(w > 0 for w in self.width), "width",
+               f"choices are factors > 0, got {self.width}")
+        for k in ("embedding_dim", "width"):
+            v = getattr(self, k)
+            _check(len(set(v)) == len(v), k, f"repeated choices in {v}")
+        _check(any((self.lr, self.embedding_lr, self.epochs, self.embedding_dim, self.width)),
+               "space", "searches nothing: give at least one range or list of choices")
+
+
+@dataclass(kw_only=True)
+class TuneConfig:
+    """Stage `tune` (lrm.tune): Optuna searches `space` for one model kind, each trial
+    trained on the days before the validation days and scored on them; the held-out
+    `split.eval_day` stays unseen (the tuned params are judged there)."""
+
+    trials: int = 20  # trials at most (0: no limit, then minutes must be set)
+    minutes: float = 0.0  # wall-clock budget: no trial starts after it (0: none)
+    valid_days: int = 1  # the days just before split.eval_day that score each trial
+    seed: int = 0  # the sampler's seed (each trial trains with train.seed)
+    # the logs pipeline's tune nodes (pipelines/logs/dvc.yaml): true, they search and the
+    # baselines train with the result; false, they write a params file that changes nothing
+    in_pipeline: bool = False  # the logs pipeline searches before training (false: skipped)
+    space: TuneSpace = field(default_factory=TuneSpace)
+
+    def __post_init__(self) -> None:
+        _check(self.trials >= 0, "trials", "must be >= 0 (0: no limit)")
+        _check(self.minutes >= 0, "minutes", "must be >= 0 (0: no limit)")
+        _check(self.trials > 0 or self.minutes > 0, "trials/minutes",
+               "give a budget: trials > 0 or minutes > 0")
+        _check(self.valid_days >= 1, "valid_days", "must be >= 1")
+
+
 STREAM_SOURCES = ("synthetic", "folder")
 
 
@@ -883,6 +952,7 @@ class ParamsConfig:
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     fp8: FP8Config = field(default_factory=FP8Config)
+    tune: TuneConfig = field(default_factory=TuneConfig)
 
     def get(self, key: str) -> Any:
         """The value at dotted `key` (e.g. "model.student")."""

@@ -88,6 +88,12 @@ def _device(pref: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+def local_device(pref: str) -> torch.device:
+    """The device `pref` (auto | cpu | cuda) means for this process: its LOCAL_RANK's GPU,
+    or the CPU (a model scored outside a training run's process group)."""
+    return _device(pref, int(os.environ.get("LOCAL_RANK", "0")))
+
+
 @contextlib.contextmanager
 def process_group(device: str = "auto") -> Iterator[Dist]:
     """Yield this process's `Dist`; a group created here is destroyed on the way out.

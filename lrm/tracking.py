@@ -220,6 +220,23 @@ def run(name: str, params: Mapping[str, Any] | None = None, cfg: TrackingConfig 
         yield active
 
 
+@contextlib.contextmanager
+def child_run(name: str, params: Mapping[str, Any] | None = None) -> Iterator[Any]:
+    """A run nested under the active one, in its store and experiment (a tuning run's
+    trial); yields it, or None where no run is active (nothing is logged then)."""
+    if not active():
+        yield None
+        return
+    import mlflow
+
+    with mlflow.start_run(run_name=name, nested=True,
+                          tags={PID_TAG: str(os.getpid()), HOST_TAG: socket.gethostname()}
+                          ) as child:
+        if params:
+            mlflow.log_params(_params(params))
+        yield child
+
+
 def close_dead_runs(cfg: TrackingConfig | None = None) -> list[str]:
     """Close as KILLED the runs of this experiment left RUNNING by a process of this host
     that is gone (a killed stage or stream day: MLflow cannot end a run its process never

@@ -44,6 +44,7 @@ import math
 import sys
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -120,6 +121,30 @@ def _synthetic(raw: Path) -> bool:
 
 
 LOGS = {"criteo_sample": _criteo, "mind_sample": _mind, "synthetic_log": _synthetic}
+
+
+def mapped_log(files: list[Path], mapping: str) -> tuple[str, Callable[[Path], bool]]:
+    """(name, maker) of a user's log: `mapping` is `criteo` (`lrm ingest criteo`, a day
+    per file) or a mapping file of `lrm ingest logs --map`; named after the mapping. A
+    folder stands for its files, in order (numbers read as numbers: day2 before day10)."""
+    from lrm.io import in_order
+
+    files = [f for p in map(Path, files) for f in (in_order(
+        x for x in p.iterdir() if x.is_file() and not x.name.startswith(".")) if p.is_dir()
+        else [p])]
+    if mapping == "criteo":
+        def make(raw: Path) -> bool:
+            criteo.ingest(files, raw, IngestConfig(days="file"))
+            return True
+        return "criteo_log", make
+    path = Path(mapping)
+    keys = yaml.safe_load(path.read_text()) or {}
+
+    def make_log(raw: Path) -> bool:
+        raw.mkdir(parents=True)
+        logs.ingest(files, raw, LogsConfig(**{k: v for k, v in keys.items() if k != "files"}))
+        return True
+    return path.stem, make_log
 
 
 def _lrm(kind: str, data: Path, seed: int, out: Path) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,12 +230,14 @@ def paired_ne(a: np.ndarray, b: np.ndarray, y: np.ndarray, seed: int = 0
             "ratio_ci": np.percentile(nb / na, q).tolist()}
 
 
-def run(quick: bool = False, seeds: int = 1) -> None:
+def run(quick: bool = False, seeds: int = 1,
+        only: dict[str, Callable[[Path], bool]] | None = None) -> None:
+    """Every log of LOGS, or `only` these (name -> maker, e.g. `mapped_log`'s)."""
     quiet_libraries()
     seeds = 1 if quick else seeds
     kinds = ("student",) if quick else ("student", "teacher")
     with tempfile.TemporaryDirectory(prefix="lrm-bench-real-") as tmp:
-        for name, make in LOGS.items():
+        for name, make in (only or LOGS).items():
             root = Path(tmp) / name
             if not make(root / "raw"):
                 print(f"train.real: {name} absent from {shared_data()}; skipped",

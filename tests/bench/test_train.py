@@ -26,3 +26,24 @@ def test_every_train_case_prints_its_lines() -> None:
     assert "synthetic_log_student_vs_dlrm" in real
     assert ("criteo_sample_student_vs_dlrm" in real) == (CRITEO_DIR / "train.tsv").exists()
     assert ("mind_sample_student_vs_dlrm" in real) == (MIND_DIR / "behaviors.tsv").exists()
+
+
+def test_train_real_runs_a_mapped_log_alone(tmp_path) -> None:
+    """`--only real --log FILE --map MAP`: that log alone, named after its mapping file, the
+    last day held out. Planted bug that turns this red (tried): --log dropped (the built-in
+    logs run instead)."""
+    import dataclasses
+
+    import yaml
+
+    from lrm.config import GenerateConfig
+    from lrm.data.synthetic import export
+
+    log = tmp_path / "clicks.csv"
+    export.write_log(GenerateConfig(users=2000, ads=400, sessions_per_day=300, days=3), log)
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(dataclasses.asdict(export.mapping())))
+    lines = smoke("train", "--only", "real", "--log", str(log), "--map",
+                  str(tmp_path / "mine.yaml"))
+    real = [x for x in lines if x["bench"] == "train.real"]
+    assert real and {x["case"].split("_")[0] for x in real} == {"mine"}, cases(lines, "train.real")
+    assert all(x["held_out_day"] == 2 and x["train_days"] == [0, 1] for x in real)

@@ -22,6 +22,7 @@ STR_VALUES = {"device": "cpu", "seq_pooling": "sum", "adapter_context": "dense+f
               "days": "one", "compute_device": "cuda", "planner": "greedy",
               "format": "csv", "time_unit": "ms", "history_order": "newest_first",
               "session_gap": "30m", "evaluate.days": "1..2", "norm": "layer"}
+LIST_VALUES = {"tune.space.embedding_dim": "4,8"}  # a list whose items must pass a check
 MAPPING_VALUES = {"students.models": "{x: {embedding_dim: 4}}",
                   "students.variants": "{v: {distill: false}}",
                   "model.tables.shared": "{user_history: ad_id}"}
@@ -45,7 +46,7 @@ def _sample(key: str, tp: object, default: object) -> tuple[str | None, list[str
         inner = typing.get_args(tp)[0]
         if dataclasses.is_dataclass(inner):  # a list of mappings, in YAML (the verticals)
             return "[{name: a}]", []
-        return ("a.tsv,b.tsv" if inner is str else "1,2"), []
+        return LIST_VALUES.get(key, "a.tsv,b.tsv" if inner is str else "1,2"), []
     if origin is dict:
         return MAPPING_VALUES[key], []
     raise AssertionError(f"no sample for {key}: {tp}")
