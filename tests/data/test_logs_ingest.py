@@ -194,6 +194,10 @@ def test_roles_land_in_the_schema_and_item_attributes_are_stored_once_after_dedu
                  sequence=["seen"], history="none", **GAP)
     schema, _ = read_schema(tmp_path / "raw")
     assert schema.user_sparse == ("user", "surface") and schema.vertical == "surface"
+    # the verticals are named by the column's values, in the order of their ids (issue 44)
+    assert schema.verticals() == {0: "home", 1: "search"}
+    ids = out.group_by("surface").agg(pl.len()).sort("surface")["surface"].to_list()
+    assert ids == [0, 1] and schema.vertical_names == ("home", "search")
     assert schema.item_sparse == ("item", "brand", "slot") and schema.user_seq == ("seen",)
     assert out.group_by("session_id").agg(pl.col("surface").n_unique())["surface"].max() == 1
     d = dedup.dedup_dataset(tmp_path / "raw", tmp_path / "sessions", DedupConfig())

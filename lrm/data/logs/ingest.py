@@ -116,7 +116,11 @@ def feature_names(cfg: LogsConfig) -> list[str]:
                         *frame.dense_names(cfg)) if n]
 
 
-def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
+def schema_of(cfg: LogsConfig, sizes: dict[str, int],
+              vertical_names: tuple[str, ...] = ()) -> FeatureSchema:
+    """The dataset's schema; `vertical_names`: the vertical column's raw values by id (its
+    vocabulary's order), what the vertical models are named after (tab1-small, not
+    v0-small)."""
     hist = frame.history_name(cfg)
     item = frame.item_name(cfg)
     return FeatureSchema(
@@ -129,6 +133,7 @@ def schema_of(cfg: LogsConfig, sizes: dict[str, int]) -> FeatureSchema:
         user_key=cfg.user or None,
         item_key=item or None,
         vertical=cfg.vertical or None,
+        vertical_names=vertical_names,
     )
 
 
@@ -380,7 +385,8 @@ def plan(reads: list[FileRead], cfg: LogsConfig, max_history: int,
                   last_time=max(ends) if ends else None)
     feats = features(cfg)
     sizes = {f: vocabs[v].height for f, (_, v) in feats.items()}
-    schema = schema_of(cfg, sizes)
+    names = tuple(vocabs[cfg.vertical]["s"].to_list()) if cfg.vertical else ()
+    schema = schema_of(cfg, sizes, names)
     lookups = {n: vocab.Lookup(v) for n, v in vocabs.items()}
     return state, cells.Plan(cfg, schema, feats, lookups, dense, max_history)
 
