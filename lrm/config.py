@@ -8,6 +8,7 @@ and each dataclass validates its values in `__post_init__` so a bad value fails 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -757,6 +758,9 @@ class AugmentConfig:
         _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
 
 
+_SAFE_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def default_variants() -> dict[str, DistillConfig]:
     return {"labels_only": DistillConfig(distill=False, aux_head=False, adapter=False),
             "distill_serving": DistillConfig(aux_head=False, adapter=False),
@@ -781,6 +785,11 @@ class StudentStageConfig:
 
     def __post_init__(self) -> None:
         _check(bool(self.models), "models", "list at least one student")
+        for key in ("models", "variants"):  # in folder names and MLflow model names
+            bad = [k for k in getattr(self, key) if not _SAFE_KEY.fullmatch(k)]
+            _check(not bad, key, f"names {bad} may hold only letters, digits, '_', '.' "
+                   f"and '-', and start with a letter or digit (they name folders and "
+                   f"registered models)")
         _check(bool(self.variants), "variants", "list at least one variant")
         _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
 

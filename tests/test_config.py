@@ -113,3 +113,15 @@ def test_a_bootstrap_too_small_for_a_95_percent_interval_is_refused():
         with pytest.raises(ConfigError, match=r"bootstrap: must be 0 \(no intervals\) or >= 40"):
             EvalConfig(bootstrap=n)
     assert EvalConfig(bootstrap=0).bootstrap == 0 and EvalConfig(bootstrap=40).bootstrap == 40
+
+
+def test_student_sizes_and_variants_that_cannot_name_a_folder_or_model_are_refused():
+    """A size or variant names checkpoint folders and registered models (VM/VARIANT,
+    lrm-student-tab1-SIZE): 'a/b' or '..' would escape the folder. Red with the check
+    dropped."""
+    for key, bad in (("models", "a/b"), ("models", ".."), ("variants", "x y"),
+                     ("variants", "-x")):
+        with pytest.raises(ConfigError, match=rf"^params\.students\.{key}: names \[.*\] may hold"):
+            from_dict(ParamsConfig, {"students": {key: {bad: {}}}}, "params")
+    ok = from_dict(ParamsConfig, {"students": {"models": {"big.v2": {}}}}, "params")
+    assert list(ok.students.models) == ["big.v2"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -66,11 +67,31 @@ class VerticalModel:
 
 
 def vertical_models(schema: FeatureSchema, sizes: Sequence[str]) -> list[VerticalModel]:
-    """A VM for every vertical of the data and every size, vertical by vertical."""
-    names = schema.verticals()
+    """A VM for every vertical of the data and every size, vertical by vertical, named
+    after the vertical's name (`safe_names`) and the size: tab1-small."""
+    names = safe_names(schema.verticals())
     if len(names) <= 1:
         return [VerticalModel(s, None, s) for s in sizes]
     return [VerticalModel(f"{v}-{s}", k, s) for k, v in names.items() for s in sizes]
+
+
+UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+NAME_CHARS = 64  # of a vertical's part of a VM's name
+
+
+def safe_names(names: Mapping[int, str]) -> dict[int, str]:
+    """id -> a name of the vertical that is safe as a folder name, an MLflow registered
+    model's name and a metric key: a raw value (a log's tab column) may hold '/', ':', a
+    quote, spaces or nothing at all. Runs of other characters become '_', leading and
+    trailing dots and dashes go (no '..', no hidden folder, no option-like name); an empty
+    result is v{id}; a name another vertical took already gets _v{id}."""
+    out: dict[int, str] = {}
+    for k, raw in names.items():
+        name = UNSAFE.sub("_", str(raw)).strip("._-")[:NAME_CHARS] or f"v{k}"
+        while name in out.values():
+            name = f"{name}_v{k}"
+        out[k] = name
+    return out
 
 
 # (the VM, its variant, the data) -> the day's job (its split is set per day)
@@ -228,4 +249,5 @@ def mean_spread(values: Sequence[float]) -> dict[str, float]:
 
 
 __all__ = ["LABELS", "LABELS_ONLY", "VARIANTS", "VerticalModel", "markdown", "mean_spread",
-           "pick", "report", "teacher_per_day", "train_vm", "vertical_models"]
+           "pick", "report", "safe_names", "teacher_per_day", "train_vm",
+           "vertical_models"]

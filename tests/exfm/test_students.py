@@ -31,6 +31,25 @@ def test_a_vertical_model_per_vertical_and_size():
         assert (vm.name, vm.vertical, vm.verticals) == ("small", None, [])
 
 
+def test_vertical_models_are_named_by_the_column_s_values_safely():
+    """A log's raw tab values name the VMs (issue 44 item 4), made safe as folder names and
+    MLflow registered model names: '/', ':', quotes and spaces go, '..' or an empty value
+    is never a name, two values never share one."""
+    from mlflow.utils.validation import _validate_model_name
+
+    raw = ["tab1", "tab/1", "tab:1", "", "..", "it's 2", "-rf", "tab1"]
+    schema = dataclasses.replace(THREE, vertical_names=tuple(raw),
+                                 vocab={**THREE.vocab, "vertical": len(raw)})
+    vms = S.vertical_models(schema, ["small"])
+    names = [vm.name for vm in vms]
+    assert names[0] == "tab1-small" and [vm.vertical for vm in vms] == list(range(len(raw)))
+    assert len(set(names)) == len(names)
+    for n in names:
+        _validate_model_name(f"lrm-student-{n}")
+        assert Path(n).name == n and not n.startswith((".", "-")) and " " not in n
+        assert "'" not in n
+
+
 def test_the_variants_go_on_from_the_labels_only_model_of_the_day_before_the_fm(
         monkeypatch, tmp_path):
     """Days before the FM serves: one labels-only chain on the sessions; from then on each
