@@ -139,7 +139,8 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
                 vm, cfg.variants, job_for, sessions=sessions, augmented=data, days=days,
                 first_served=served[0], chains=chains, owner=NAME, log_fn=log_fn)
             for v in cfg.variants:
-                _link(_last_model(chains, v, days, served[0]), tmp / vm.name / v)
+                if (last := S.last_model(chains, v)) is not None:
+                    _link(last, tmp / vm.name / v)
         rep = S.report(results, vms, schema,
                        S.teacher_per_day(data, [d for d in evals if d in served]),
                        validation_day=validation, serving=serving)
@@ -157,13 +158,6 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
         tracking.log_metrics({f"ne_per_day/{k}": v for k, v in point.items() if k != "day"},
                              step=point["day"])
     return Metrics(rep)
-
-
-def _last_model(chains: Path, variant: str, days: list[int], first_served: int) -> Path:
-    from lrm.exfm.students import PREFIX
-    from lrm.train.days import model_of
-
-    return model_of(chains / (variant if days[-1] >= first_served else PREFIX), days[-1])
 
 
 def _link(src: Path, dst: Path) -> None:

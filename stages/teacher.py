@@ -91,7 +91,7 @@ def run(*, cfg: TeacherStageConfig, train: TrainConfig, exfm: ExFMConfig,
             raise ConfigError("teacher --carry: give the version's --days and --eval-day")
         return _one_version(cfg, job, data, days, eval_day, out, checkpoints, margin,
                             tracking_cfg, log_fn, defer)
-    sched = schedule(list(day_files(data)), exfm)
+    sched = fm.trainable(job, schedule(list(day_files(data)), exfm))
     io.start_over(checkpoints, NAME)  # another run's versions: this run starts over
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
         results = fm.train_versions(job, sched, tmp, checkpoints, owner=NAME, log_fn=log_fn)

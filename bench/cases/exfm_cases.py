@@ -100,6 +100,7 @@ def world(quick: bool, fm_seeds: int = 1) -> Iterator[dict[str, Any]]:
             train = dataclasses.replace(pc.train_for("teacher"), seed=k)
             job = build_job("teacher", train=train, model=pc.model, data=root / "sessions",
                             loader=pc.loader, checkpoint=pc.checkpoint)
+            sched = fm.trainable(job, sched)
             t0 = time.perf_counter()
             (root / f"fm{k}").mkdir()
             fm.train_versions(job, sched, root / f"fm{k}", root / "chains" / f"fm{k}",

@@ -13,6 +13,7 @@ on the days since), so the FM is long-lived like the students, on its own, slowe
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,16 +21,27 @@ from typing import Any
 from lrm import io
 from lrm.config import SplitConfig
 from lrm.errors import DataError
-from lrm.exfm.schedule import Schedule
-from lrm.train.days import train_day
+from lrm.exfm.schedule import Schedule, joined
+from lrm.train.days import too_small, train_day
 from lrm.train.job import TrainJob
 from lrm.train.loop import LogFn, TrainResult
 
 INDEX = "versions.json"
+log = logging.getLogger("lrm")
 
 
 def version_dir(fm: Path, cut: int) -> Path:
     return Path(fm) / f"until={cut}"
+
+
+def trainable(job: TrainJob, sched: Schedule) -> Schedule:
+    """`sched` with each version whose days are too small to train on joined to the next
+    (lrm.exfm.schedule.joined, by lrm.train.days.too_small on `job`'s data), each said in
+    one line."""
+    out, lines = joined(sched, lambda window: too_small(job, window))
+    for line in lines:
+        log.info("%s", line)
+    return out
 
 
 def train_versions(job: TrainJob, sched: Schedule, fm: Path, chain: Path, *, owner: str,
@@ -78,4 +90,4 @@ def summary(sched: Schedule, results: Sequence[TrainResult]) -> dict[str, Any]:
 
 
 __all__ = ["INDEX", "read_schedule", "summary", "teachers_by_day", "train_versions",
-           "version_dir"]
+           "trainable", "version_dir"]

@@ -18,7 +18,7 @@ last_day - lag + 1.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from lrm.config import ExFMConfig
@@ -49,6 +49,31 @@ class Schedule:
         return out
 
 
+def joined(sched: Schedule, small: Callable[[list[int]], str | None]
+           ) -> tuple[Schedule, list[str]]:
+    """`sched` with every version whose days since the version before are too small to train
+    on (`small`: why, in words; None: they are not) left out, its days joined to the next
+    version's (a partial first day of an export with T = 1, a short day between versions);
+    and a line for each. No version left: a ConfigError."""
+    kept: list[int] = []
+    lines = []
+    start = 0
+    for c in sched.cuts:
+        window = list(range(start, c))
+        why = small(window)
+        if why is not None:
+            lines.append(f"exfm: the foundation model's version until day {c} is left out: "
+                         f"its days {window} hold {why}; they join the next version's")
+            continue
+        kept.append(c)
+        start = c
+    if not kept:
+        raise ConfigError(f"exfm: the days before {sched.cuts[-1]} are too small to train the "
+                          f"foundation model on ({lines[-1].split(' hold ')[-1]}); give the "
+                          f"data more days or rows")
+    return Schedule(tuple(kept), sched.lag), lines
+
+
 def schedule(days: Sequence[int], cfg: ExFMConfig) -> Schedule:
     """The FM's versions for a dataset of `days` (module docstring)."""
     days = sorted(days)
@@ -69,4 +94,4 @@ def schedule(days: Sequence[int], cfg: ExFMConfig) -> Schedule:
     return Schedule(tuple(cuts), cfg.teacher_lag)
 
 
-__all__ = ["Schedule", "schedule"]
+__all__ = ["Schedule", "joined", "schedule"]

@@ -36,7 +36,7 @@ from lrm.config import DistillConfig, SplitConfig, default_variants
 from lrm.data.schema import FeatureSchema
 from lrm.errors import ConfigError
 from lrm.exfm.augment import read_manifest
-from lrm.train.days import model_of, train_day
+from lrm.train.days import newest, too_small, train_day
 from lrm.train.job import TrainJob
 from lrm.train.loop import LogFn
 
@@ -104,16 +104,19 @@ def train_vm(vm: VerticalModel, variants: Mapping[str, DistillConfig], job_for: 
              ) -> dict[str, list[dict[str, Any]]]:
     """Every variant of `vm`, day by day (module docstring): `days` [0, last) each scored on
     the next; the days before `first_served` from `sessions` (labels only, one chain), the
-    rest from `augmented` per variant, each going on from the labels-only model of the day
-    before. Returns variant -> its per-day rows (the shared days' rows in every variant).
-    Each variant's last model is its chain's last day's (lrm.train.days.model_of)."""
+    rest from `augmented` per variant, each going on from the labels-only model of the last
+    day trained before. Returns variant -> its per-day rows (the shared days' rows in every
+    variant). A day of the vertical too small to train on (a partial first day of an export,
+    a small surface's day) is said in one line and skipped (its row says why): the model
+    goes on from the day before it. Each variant's last model is its chain's newest
+    finished day's (lrm.train.days.newest; None: no day of it trained)."""
     before = [d for d in days if d < first_served]
     after = [d for d in days if d >= first_served]
     labels = DistillConfig(distill=False)
     with progress.context(student=vm.name):
         shared = _days(job_for(vm, labels, sessions), vm, before, chains / PREFIX, owner,
                        log_fn)
-    seed = model_of(chains / PREFIX, before[-1]) if before else None
+    seed = newest(chains / PREFIX)
     out = {}
     for name, variant in variants.items():
         with progress.context(student=vm.name, variant=name):
@@ -122,15 +125,26 @@ def train_vm(vm: VerticalModel, variants: Mapping[str, DistillConfig], job_for: 
     return out
 
 
+def last_model(chains: Path, variant: str) -> Path | None:
+    """The newest model of a VM's `variant` (its chain, else the labels-only days before the
+    teacher served; None: no day of the VM trained)."""
+    return newest(Path(chains) / variant) or newest(Path(chains) / PREFIX)
+
+
 def _days(job: TrainJob, vm: VerticalModel, days: Sequence[int], chain: Path, owner: str,
           log_fn: LogFn | None, seed: Path | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for d in days:
         t0 = time.perf_counter()
         split = SplitConfig(days=[d], eval_day=d + 1, verticals=vm.verticals)
+        day_job = job.but(split=split)
+        if (why := too_small(day_job, [d])) is not None:
+            log.info("%s day %d: skipped, %s", vm.name, d, why)
+            rows.append({"train_day": d, "day": d + 1, "skipped": why, "ne": math.nan,
+                         "auc": math.nan, "calibration": math.nan, "rows": 0})
+            continue
         with progress.context(day=d):
-            res = train_day(job.but(split=split), chain, d, owner=owner, log_fn=log_fn,
-                            seed=seed)
+            res = train_day(day_job, chain, d, owner=owner, log_fn=log_fn, seed=seed)
         rows.append({"train_day": d, "day": d + 1, "steps": res.steps,
                      "seconds": round(time.perf_counter() - t0, 2),
                      **{k: res.eval[k] for k in ("ne", "auc", "calibration", "rows")}})
@@ -249,5 +263,5 @@ def mean_spread(values: Sequence[float]) -> dict[str, float]:
 
 
 __all__ = ["LABELS", "LABELS_ONLY", "VARIANTS", "VerticalModel", "markdown", "mean_spread",
-           "pick", "report", "safe_names", "teacher_per_day", "train_vm",
+           "pick", "report", "last_model", "safe_names", "teacher_per_day", "train_vm",
            "vertical_models"]

@@ -43,8 +43,10 @@ from typing import Any
 
 from lrm import io
 from lrm.checkpoint.store import Store
+from lrm.train.data import scan_days
 from lrm.train.job import TrainJob
 from lrm.train.loop import LogFn, TrainResult, train
+from lrm.train.schedule import can_step
 
 DONE, MODEL = "_done.json", "model"
 KEEP = 2  # finished day folders kept (the newest is what the next day starts from)
@@ -81,6 +83,18 @@ def newest(chain: Path, before: int | None = None) -> Path | None:
     """The model of the newest finished day (before `before`): what a day starts from."""
     days = finished(Path(chain), before)
     return model_of(chain, days[-1]) if days else None
+
+
+def too_small(job: TrainJob, days: list[int]) -> str | None:
+    """Why `days` of the job's data (the sessions of its split's verticals) are too small to
+    train on, in words; None when a run over them takes a step (lrm.train.schedule.can_step:
+    the one rule). Exports start and end mid-day, and a small surface's day may hold a few
+    impressions: the caller says so in one line and skips the day, or joins it to the next."""
+    rows = scan_days(job.data, days, verticals=job.split.verticals or None).rows
+    if can_step(job.train, rows):
+        return None
+    return (f"{rows} impressions, fewer than one step of the smallest batch "
+            f"(train.min_batch_size {job.train.min_batch_size})")
 
 
 def train_day(job: TrainJob, chain: Path, day: int, *, owner: str,
@@ -150,4 +164,4 @@ def trained(result: TrainResult) -> dict[str, Any]:
 
 
 __all__ = ["DONE", "KEEP", "MODEL", "done_info", "finish", "finished", "model_of", "newest",
-           "train_day", "trained"]
+           "too_small", "train_day", "trained"]

@@ -29,7 +29,7 @@ resumed with more steps goes on exactly as the longer run would have.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from lrm.config import TrainConfig
@@ -98,3 +98,12 @@ def plan(cfg: TrainConfig, rows: int, world_size: int) -> Schedule:
     return Schedule(batch_size=batch, epoch_batches=epoch_batches, val_batches=val,
                     steps=steps, epochs=math.ceil(steps / epoch_batches) if epoch_batches
                     else 0, val_every=val_every, warmup=warmup, adapted=tuple(adapted))
+
+
+def can_step(cfg: TrainConfig, rows: int, world_size: int = 1) -> bool:
+    """Whether a run over `rows` train impressions takes a step at the smallest batch its
+    schedule takes, as a model's first run (fitted to the data) and as a day a model is
+    carried over (lrm.train.days: not fitted) alike. The one rule of "too small to train
+    on": a day of a log, a surface's day, a stream's new file."""
+    return all(plan(t, rows, world_size).epoch_batches >= 1
+               for t in (cfg, replace(cfg, fit_steps=0)))

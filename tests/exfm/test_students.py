@@ -63,7 +63,8 @@ def test_the_variants_go_on_from_the_labels_only_model_of_the_day_before_the_fm(
                                               "calibration": 1.0, "rows": 10})
 
     monkeypatch.setattr(S, "train_day", fake_train_day)
-    monkeypatch.setattr(S, "model_of", lambda chain, day: chain / f"model-{day}")
+    monkeypatch.setattr(S, "newest", lambda chain, before=None: chain / "newest")
+    monkeypatch.setattr(S, "too_small", lambda job, days: None)
 
     def job_for(vm, variant, data):
         return SimpleNamespace(data=data, distill=variant,
@@ -75,7 +76,7 @@ def test_the_variants_go_on_from_the_labels_only_model_of_the_day_before_the_fm(
     out = S.train_vm(vm, variants, job_for, sessions=tmp_path / "sessions",
                      augmented=tmp_path / "augmented", days=[0, 1, 2, 3], first_served=2,
                      chains=tmp_path / "chains", owner="student")
-    seed = tmp_path / "chains" / S.PREFIX / "model-1"
+    seed = tmp_path / "chains" / S.PREFIX / "newest"
     assert calls == [
         ("sessions", S.PREFIX, 0, 1, [1], None, False),
         ("sessions", S.PREFIX, 1, 2, [1], None, False),
