@@ -219,6 +219,34 @@ def score(logits: torch.Tensor, labels: torch.Tensor, *, ci: bool = False,
     return out
 
 
+def paired_ne(preds: Sequence[torch.Tensor], labels: torch.Tensor, *,
+              resamples: int = BOOTSTRAP, seed: int = 0, probs: bool = False
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NE of several models' predictions of the same rows, and their NEs under the same
+    `resamples` Poisson-bootstrap resamples of the rows: ([M], [resamples, M]), seeded.
+
+    Paired: every model's NE in a resample is over the same weighted rows, so a difference
+    between two models' NEs is measured against the noise of the rows both scored (much
+    less than either NE's own: a day's hard rows are hard for both). A choice between
+    models on a small day (lrm.exfm.pick) reads its intervals from the differences."""
+    y = _flat(labels)
+    ll = torch.stack([log_losses(p, y, probs=probs) for p in preds], 1)  # [n, M]
+    n, m = ll.shape
+    if resamples < 1:
+        raise ValueError(f"need resamples >= 1, got {resamples}")
+    rows, pos = torch.tensor([float(n)], dtype=torch.float64), y.sum().reshape(1)
+    point = _ne(ll.sum(0), pos.expand(m), rows.expand(m))
+    if n == 0:
+        return point, torch.full((resamples, m), math.nan, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    per = max(1, _CELLS // n)
+    out = []
+    for r0 in range(0, resamples, per):
+        w = _poisson1(min(per, resamples - r0), n, g)  # [R, n]
+        out.append(_ne(w @ ll, (w @ y)[:, None], w.sum(1)[:, None]))
+    return point, torch.cat(out)
+
+
 AUC_RANGE = 16.0  # logits binned for a streamed AUC: [-16, 16] (sigmoid: 1e-7 from 0 or 1)
 AUC_BINS, AUC_CI_BINS = 1 << 16, 1 << 13  # bins of 0.0005 and of 0.004 in logit
 

@@ -269,3 +269,33 @@ def test_each_scorer_reports_every_metric_under_its_name(how):
     assert all(math.isnan(v) for k, v in empty.items() if k in ("ne", "auc", "calibration",
                                                                   "log_loss", "ctr"))
     assert all(math.isnan(x) for k in ("ne", "auc", "calibration") for x in empty[f"{k}_ci"])
+
+
+def test_paired_ne_scores_every_model_on_the_same_resampled_rows():
+    """paired_ne: the point NEs are normalized_entropy's; in each resample the models are
+    scored on the same weighted rows, so two copies of one model differ by exactly 0 in
+    every resample and the interval of a difference is far narrower than either NE's own.
+    Red with weights drawn per model (unpaired), and with the resample's CTR taken from
+    unweighted labels."""
+    g = torch.Generator().manual_seed(7)
+    n = 4000
+    truth = torch.randn(n, generator=g) - 2.5
+    y = (torch.rand(n, generator=g) < torch.sigmoid(truth)).float()
+    good = truth + 0.2 * torch.randn(n, generator=g)
+    bad = good + 0.3 * torch.randn(n, generator=g)  # a model close to it, worse
+    point, boot = metrics.paired_ne([good, bad, good.clone()], y, resamples=300, seed=3)
+    assert boot.shape == (300, 3)
+    for i, p in enumerate((good, bad, good)):
+        assert point[i].item() == pytest.approx(normalized_entropy(p, y), rel=1e-12)
+    assert torch.equal(boot[:, 0], boot[:, 2])  # the same model: the same rows, every time
+    q = torch.tensor([0.025, 0.975], dtype=torch.float64)
+    diff = (boot[:, 1] - boot[:, 0]).quantile(q)
+    own = boot[:, 0].quantile(q)
+    assert 0 < diff[0] < point[1] - point[0] < diff[1]  # bad is worse, surely
+    assert (diff[1] - diff[0]) < 0.5 * (own[1] - own[0])
+    # each column is a bootstrap of that model's NE: its interval is bootstrap_ci's, roughly
+    lo, hi = bootstrap_ci(good, y, resamples=300)["ne"]
+    assert abs(own[0] - lo) < 0.3 * (hi - lo) and abs(own[1] - hi) < 0.3 * (hi - lo)
+    # seeded: the same resamples again
+    assert torch.equal(metrics.paired_ne([good, bad], y, resamples=50, seed=3)[1],
+                       metrics.paired_ne([good, bad], y, resamples=50, seed=3)[1])
