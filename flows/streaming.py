@@ -42,6 +42,7 @@ from lrm import io, lock, registry, tracking
 from lrm.config import ParamsConfig
 from lrm.errors import ConfigError, DataError, LrmError
 from lrm.data.schema import read_schema
+from lrm.exfm.pick import FM
 from lrm.exfm.students import vertical_models
 from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
@@ -156,7 +157,7 @@ def augment_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool
         "metrics": paths.reports / f"augment_day={day}.json"}, run_cfg, day)
     assert isinstance(m, augment.Augmented), m
     return {"teacher": f"{cfg.teacher.registry_name} v{version}", "written": m.written,
-            "skipped": m.skipped}
+            "skipped": m.skipped, "folder": str(folder)}
 
 
 @task(task_run_name="evaluation data day {day}", cache_policy=NO_CACHE)
@@ -168,14 +169,19 @@ def evaluation_data(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str
 
 
 @task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
-def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> Judged:
+def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
+            teacher: str | None = None) -> Judged:
     """The student stage carries vertical model `name` on to day D (its serving variant, or
-    with registry.variant auto every variant and the day before's pick); the register stage
-    registers the served one and promotes it on NE."""
+    with registry.variant auto the variants of the day: every one every
+    students.ablation_every days, else the served one and labels only); the register stage
+    registers the served one (a VM's variant, or `teacher`, the day's foundation model,
+    where its own prediction serves the surface) and promotes it on NE. A VM with nothing
+    new to serve (its surface's day too small to train on) registers nothing."""
     plan = sdays.plan(paths, day, cfg.streaming.holdout)
     out = paths.student_models(day)
     trained = _stage(student_stage.STAGE, {
         "data": plan.train_data, "sessions": paths.sessions, "out": out,
+        "teacher": Path(teacher) if teacher else None,
         "checkpoints": paths.student_chains(), "day": day, "name": name,
         "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
         "plan": cfg.streaming.plan or None,
@@ -183,6 +189,15 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> Judge
         "plot": OFF}, cfg, day)
     assert isinstance(trained, student_stage.Day), trained  # --day: one day
     m = trained.students[name]
+    served = m.serving
+    base = {"variant": served, "validation_ne": m.validation_ne, "pick": m.pick,
+            "ablation": m.ablation, "trained": sorted(m.variants)}
+    if served is None or (served != FM and served not in m.variants):
+        why = m.skipped or m.not_trained or "nothing trained"
+        champion = registry.alias_version(registry.student_model(name, cfg.registry),
+                                          registry.CHAMPION, cfg.tracking)
+        return Judged({**base, "skipped": why, "decision": None, "champion": champion},
+                      None, champion)
     r = _stage(register.STAGE, {
         "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
         "evaluated_on": plan.label, "defer": True,
@@ -190,8 +205,7 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int) -> Judge
     assert isinstance(r, register.Registered), r
     decision = r.decisions[name]
     champion = _champion_after(decision, decision.name, cfg)
-    return Judged({"train": m.variants[m.serving], "variant": m.serving,
-                   "validation_ne": m.validation_ne,
+    return Judged({**base, "train": m.variants.get(served, {"foundation_model": teacher}),
                    "decision": {**decision.as_dict(), "variant": r.variants[name]},
                    "champion": champion}, decision, champion)
 
@@ -241,7 +255,11 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         aug = augment_days(cfg, paths, day, next_day, t.champion)
         ev = evaluation_data(cfg, paths, day)
         vms = vertical_models(read_schema(paths.sessions)[0], list(cfg.students.models))
-        students = {vm.name: student(cfg, paths, vm.name, day) for vm in vms}
+        # one task a VM, at once on the flow's task runner (threads: a VM's step is torch's
+        # own threads' work, which leaves the GIL; a process or cluster runner spreads them)
+        futures = {vm.name: student.submit(cfg, paths, vm.name, day, aug.get("folder"))
+                   for vm in vms}
+        students = {n: f.result() for n, f in futures.items()}
         record = {"day": day, "key": key, "params": params_digest,
                   "evaluated_on": ev["label"], "next_day": ev["next_day"], "split": ev["split"],
                   "teacher": t.record, "augmented_by": aug["teacher"], "augment": aug,
@@ -257,6 +275,9 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
                 + list(decisions.values()))
     ledger.write(paths, day, record)  # last: the day is done
     sdays.prune_work(paths, ledger.recorded_days(paths))
+    for name, s in students.items():
+        if s.decision is None:
+            print(f"day {day}: {name} registered nothing: {s.record['skipped']}")
     for d in decisions.values():
         print(f"day {day}: {d.name} v{d.version} "
               f"{'promoted' if d.promoted else 'kept'}: {d.reason}")

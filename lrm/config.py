@@ -782,9 +782,21 @@ class StudentStageConfig:
         "small": StudentModelConfig(),
         "tiny": StudentModelConfig(embedding_dim=8, bottom_mlp=[32], top_mlp=[64, 32])})
     variants: dict[str, DistillConfig] = field(default_factory=default_variants)  # ablation
+    # which surfaces get vertical models of their own: those named here, or with none named
+    # every one holding at least `min_share` of the train days' impressions. The others
+    # serve the foundation model's own prediction (it trains on every surface, theirs too:
+    # docs/surfaces.md says why not a shared VM); on an ordinary log every surface has a VM
+    verticals: list[str] = field(default_factory=list)  # surfaces with VMs (empty: min_share)
+    min_share: float = 0.01  # a surface's share of the impressions below which it has no VM
+    # the stream's cost: every variant of every VM trains only every `ablation_every` days
+    # (the pick's evidence); the days between, the served variant and labels only (the
+    # control). 1: the whole ablation every day (a production stream: 7)
+    ablation_every: int = 1  # stream days between two days of the whole ablation
 
     def __post_init__(self) -> None:
         _check(bool(self.models), "models", "list at least one student")
+        _check(0 <= self.min_share < 1, "min_share", "must be in [0, 1) (0: every surface)")
+        _check(self.ablation_every >= 1, "ablation_every", "must be >= 1 (1: every day)")
         for key in ("models", "variants"):  # in folder names and MLflow model names
             bad = [k for k in getattr(self, key) if not _SAFE_KEY.fullmatch(k)]
             _check(not bad, key, f"names {bad} may hold only letters, digits, '_', '.' "
@@ -792,6 +804,23 @@ class StudentStageConfig:
                    f"registered models)")
         _check(bool(self.variants), "variants", "list at least one variant")
         _check(all(d >= 0 for d in self.days), "days", f"days are >= 0, got {self.days}")
+
+
+@dataclass(kw_only=True)
+class PickConfig:
+    """How `registry.variant: auto` chooses a VM's served variant (lrm.exfm.pick): the last
+    `days` evaluation days before the held-out one pooled (in the stream, the days before),
+    each candidate against `prior` on the same rows (paired bootstrap intervals); `prior`
+    serves while no candidate beats it beyond the noise."""
+
+    days: int = 3  # validation days pooled
+    prior: str = ""  # the variant served on thin evidence ("": the first that distils)
+    # the foundation model's own prediction is a candidate too: it serves a surface where
+    # it beats the VM chosen beyond the noise, and a surface with no VM (students.min_share)
+    fm: bool = True  # the FM's own prediction may serve a surface (false: VM variants only)
+
+    def __post_init__(self) -> None:
+        _check(self.days >= 1, "days", "must be >= 1")
 
 
 @dataclass(kw_only=True)
@@ -803,11 +832,12 @@ class RegistryConfig:
     """
 
     student_prefix: str = "lrm-student-"  # student NAME registers as PREFIX + NAME
-    # auto: each vertical model serves the variant with the best NE on the validation day
-    # (the evaluation day before the last; in the stream, the day before), and never one
-    # worse than labels only (lrm.exfm.students.pick); else a key of students.variants
-    variant: str = "auto"  # the students' serving variant: auto or a key of students.variants
+    # auto: each vertical model serves the variant its validation days choose beyond the
+    # noise (lrm.exfm.pick), or the foundation model's prediction where no VM beats it;
+    # fm: the FM's prediction for every surface; else a key of students.variants
+    variant: str = "auto"  # the served variant: auto, fm or a key of students.variants
     margin: float = 0.001  # absolute NE a challenger must gain over the champion to replace it
+    pick: PickConfig = field(default_factory=lambda: PickConfig())  # auto's evidence
 
     def __post_init__(self) -> None:
         _check(bool(self.student_prefix), "student_prefix", "must not be empty")

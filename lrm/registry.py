@@ -27,6 +27,7 @@ pipeline registered), and nothing was decided now.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -48,6 +49,9 @@ REASON_TAG = "lrm.reason"
 EVAL_TAG = "lrm.evaluated_on"  # what both were scored on, e.g. "day 5"
 ROLLBACK_TAG = "lrm.rollback"  # set on a version @champion was rolled back to
 VARIANT_TAG = "lrm.variant"  # a student's ExFM variant (the one its vertical model serves)
+# the verticals a version is scored on (JSON ids): a surface's model that serves the
+# foundation model's prediction is the FM's folder, whose card names no vertical
+VERTICALS_TAG = "lrm.verticals"
 SCORES = ("ne", "auc", "calibration", "rows")
 
 
@@ -222,13 +226,15 @@ def _check_content(name: str, version: str, folder: Path, cfg: TrackingConfig | 
                                             f"registered (content hash {want})")
 
 
-def scores(model_dir: Path, data: Path, day: int, batch_size: int = 8192) -> dict[str, float]:
-    """NE, AUC, calibration and rows of a model folder on one day of `data`: the rows of the
-    verticals it was trained on (a vertical model's card says which), else every row."""
+def scores(model_dir: Path, data: Path, day: int, batch_size: int = 8192,
+           verticals: Sequence[int] | None = None) -> dict[str, float]:
+    """NE, AUC, calibration and rows of a model folder on one day of `data`: the rows of
+    `verticals`, else of the verticals it was trained on (a vertical model's card says
+    which), else every row."""
     from lrm.train.evaluate import evaluate
     from lrm.models.saved import read_card
 
-    verticals = read_card(model_dir).info.get("verticals") or None
+    verticals = verticals or read_card(model_dir).info.get("verticals") or None
     m = evaluate(model_dir, data, day=day, batch_size=batch_size, verticals=verticals)
     return {k: m[k] for k in SCORES}
 
@@ -267,30 +273,33 @@ def complete(d: Decision, cfg: TrackingConfig | None = None) -> Decision:
 def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, margin: float,
               evaluated_on: str, cfg: TrackingConfig | None = None,
               batch_size: int = 8192, version_tags: Mapping[str, str] | None = None,
-              promote: bool = True) -> Decision:
+              promote: bool = True, verticals: Sequence[int] | None = None) -> Decision:
     """The whole promotion path of a freshly trained model folder.
 
     Register it (once) as @challenger, score it and the current @champion on the same day
     of `eval_data`, and move @champion only when the rule says so (promote=False: the
-    decision is made and tagged, the caller moves @champion later with `complete`). Run
-    again on the same folder (or on a folder with the same content), it changes nothing:
+    decision is made and tagged, the caller moves @champion later with `complete`).
+    `verticals`: both are scored on these verticals' rows (a surface's model; tagged on the
+    version, VERTICALS_TAG), else on those the folder's card names. Run again on the same
+    folder (or on a folder with the same content), it changes nothing:
     the version's decision is read back from its tags, marked `earlier`.
     """
     version, _ = register(model_dir, name, example_data=eval_data, example_day=eval_day,
                           cfg=cfg)
-    for k, v in (version_tags or {}).items():  # what the caller knows (e.g. its variant)
+    extra = {VERTICALS_TAG: json.dumps(sorted(verticals))} if verticals else {}
+    for k, v in {**(version_tags or {}), **extra}.items():  # what the caller knows
         client(cfg).set_model_version_tag(name, version, k, v)
     tags = _version(name, version, cfg).tags
     found = _decision_from_tags(name, version, tags, margin)
     if found is not None:
         return complete(found, cfg) if promote else found
     champ_version = alias_version(name, CHAMPION, cfg)
-    mine = scores(model_dir, eval_data, eval_day, batch_size)
+    mine = scores(model_dir, eval_data, eval_day, batch_size, verticals)
     theirs = None
     if champ_version is not None and champ_version != version:
         with scratch_dir("lrm-champion-") as tmp:
             theirs = scores(model_folder(name, champ_version, Path(tmp), cfg), eval_data,
-                            eval_day, batch_size)
+                            eval_day, batch_size, verticals)
     elif champ_version == version:  # an earlier attempt promoted it but left no tags
         champ_version = None
     return decide(name, version, mine, theirs, champ_version, margin=margin,
@@ -326,7 +335,8 @@ def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: 
     trained on is refused, naming the overlap (its NE there says how well it fit, not how it
     does on new rows: the stream's champion scored 0.872 on its own training day, 0.991 on
     its held-out slice); held_out: `eval_data` is the stream's held-out slice of the day."""
-    _version(name, version, cfg)
+    tags = _version(name, version, cfg).tags or {}
+    verticals = json.loads(tags[VERTICALS_TAG]) if VERTICALS_TAG in tags else None
     champ_version = alias_version(name, CHAMPION, cfg)
     if champ_version == str(version):
         raise ConfigError(f"registry: {name} v{version} is already @{CHAMPION}")
@@ -341,9 +351,9 @@ def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: 
                                   f"{eval_data} it would be judged on rows it trained on; "
                                   f"score both on a day neither saw (--data, --day), or leave "
                                   f"--data out (the rows the stream judged its newest day on)")
-        mine = scores(folders[version], eval_data, eval_day, batch_size)
+        mine = scores(folders[version], eval_data, eval_day, batch_size, verticals)
         theirs = None if champ_version is None else scores(
-            folders[champ_version], eval_data, eval_day, batch_size)
+            folders[champ_version], eval_data, eval_day, batch_size, verticals)
     return decide(name, str(version), mine, theirs, champ_version, margin=margin,
                   evaluated_on=f"{evaluated_on or f'day {eval_day} of {eval_data}'} "
                                f"(manual promotion)", cfg=cfg)

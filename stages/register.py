@@ -3,9 +3,10 @@
     lrm register [--models models/students --data data/augmented]
 
 For every vertical model VM the student stage trained (`models/students/serving.json`: its
-serving variant, picked by `registry.variant` or, with auto, on the validation day), the
-model of that variant (models/students/VM/VARIANT, trained through the last student day)
-registers as a new version of lrm-student-VM with @challenger (tagged with its variant), and
+serving variant, picked by `registry.variant` or, with auto, on the validation days), the
+model of that variant (models/students/VM/VARIANT, trained through the last student day;
+VM/fm: the foundation model's own folder, where it serves the surface) registers as a new
+version of lrm-student-VM with @challenger (tagged with its variant and vertical), and
 becomes @champion only when its NE on the last day of `--data`, on its vertical, beats the
 champion's there by `registry.margin` (lrm.registry: the decision, its reason and both NEs
 are version tags). A model already registered is not registered again.
@@ -69,7 +70,9 @@ def run(*, reg: RegistryConfig, tracking: TrackingConfig,
         decisions[vm] = registry.challenge(
             Path(models) / vm / variant, registry.student_model(vm, reg), eval_data=data,
             eval_day=day, margin=reg.margin, evaluated_on=evaluated_on or f"day {day}",
-            cfg=tracking, version_tags={registry.VARIANT_TAG: variant}, promote=not defer)
+            cfg=tracking, version_tags={registry.VARIANT_TAG: variant},
+            promote=not defer, verticals=None if serving[vm].get("vertical") is None
+            else [serving[vm]["vertical"]])
     return Registered(eval_day=day, decisions=decisions, variants=variants)
 
 

@@ -32,6 +32,7 @@ the first day). A day already trained is not trained again.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +44,7 @@ from lrm.config import (
     DistillConfig,
     LoaderConfig,
     ModelConfig,
+    PickConfig,
     SplitConfig,
     StudentStageConfig,
     TableConfig,
@@ -52,19 +54,28 @@ from stagekit import Arg, Metrics, Stage, main
 
 NAME = "student"
 SERVING = "serving.json"  # in --out: VM -> {variant, vertical}
+SCORES = "_scores"  # in a VM's checkpoints (the stream): each day's validation scores
+log = logging.getLogger("lrm")
 
 
 @dataclass(frozen=True)
 class VMDay:
     """A vertical model's stream day: the variant it serves, and how each variant trained."""
 
-    serving: str  # the variant served (the day before's best with registry.variant auto)
-    validation_ne: dict[str, float]  # each variant's NE of the day before: the pick's
+    serving: str | None  # the variant served (fm: the FM's prediction; None: nothing yet)
+    validation_ne: dict[str, float]  # each candidate's pooled NE: the pick's evidence
     variants: dict[str, dict[str, Any]]  # variant -> what its day's training did, its model
+    pick: dict[str, Any] | None = None  # lrm.exfm.pick's choice (an ablation day's), if any
+    ablation: bool = False  # every variant trained today (students.ablation_every)
+    skipped: str | None = None  # why the surface's day trained nothing (too small)
+    not_trained: str | None = None  # why the surface has no VM (students.min_share)
 
     def as_dict(self) -> dict[str, Any]:
+        extra = {k: v for k, v in (("skipped", self.skipped),
+                                   ("not_trained", self.not_trained)) if v is not None}
         return {"serving": self.serving, "validation_ne": self.validation_ne,
-                "variants": self.variants}
+                "variants": self.variants, "pick": self.pick, "ablation": self.ablation,
+                "trained_today": bool(self.variants), **extra}
 
 
 @dataclass(frozen=True)
@@ -82,8 +93,9 @@ class Day:
 
 
 def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
-        tables: TableConfig, checkpoint: CheckpointConfig, serving: str,
+        tables: TableConfig, checkpoint: CheckpointConfig, serving: str, pick: PickConfig,
         data: Path = Path("data/augmented"), sessions: Path = Path("data/sessions"),
+        teacher: Path | None = Path("models/teacher"),
         plan: Path | None = None, out: Path = Path("models/students"),
         checkpoints: Path = Path("checkpoints/students"), day: int | None = None,
         name: str | None = None, eval_data: Path | None = None, eval_day: int | None = None,
@@ -93,13 +105,15 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
     """Train every vertical model's variants day by day and write the ExFM table."""
     from lrm.data.schema import day_files, read_schema
     from lrm.errors import ConfigError
+    from lrm.exfm import fm as F
     from lrm.exfm import students as S
     from lrm.exfm.distill import distillation
+    from lrm.exfm.pick import FM
     from lrm.fp8.dispatch import transform
     from lrm.train import build_job
 
-    if serving != "auto" and serving not in cfg.variants:
-        raise ConfigError(f"registry.variant: {serving!r} is neither auto nor one of "
+    if serving not in ("auto", FM) and serving not in cfg.variants:
+        raise ConfigError(f"registry.variant: {serving!r} is neither auto, {FM} nor one of "
                           f"students.variants {sorted(cfg.variants)}")
     log_fn = tracking.log_metrics if tracking.active() else None
     schema, _ = read_schema(sessions if day is None else data)
@@ -116,8 +130,8 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
                          eval_data=eval_data if day is not None else None)
 
     if day is not None:
-        return _one_day(cfg, serving, vms, job_for, data, out, checkpoints, day, name,
-                        eval_day, log_fn)
+        return _one_day(cfg, serving, pick, vms, job_for, data, out, checkpoints, day, name,
+                        eval_day, teacher, log_fn, eval_data=eval_data, sessions=sessions)
     all_days = sorted(day_files(sessions))
     served = sorted(day_files(data))
     days = sorted(cfg.days) if cfg.days else all_days[:-1]  # each scored on the next
@@ -129,25 +143,40 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
         raise ConfigError(f"students: no train day is logged by the teacher ({data} holds "
                           f"days {served}); the students distill from its days on")
     evals = [d + 1 for d in days]
-    validation = evals[-2] if len(evals) >= 2 and evals[-2] > served[0] else None
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    # the FM's own prediction for a surface: the version that logs the last day (the one the
+    # table's FM row scores), registered under the surface's model when it serves
+    fm_dir = (F.teachers_by_day(teacher, [evals[-1]]).get(evals[-1])
+              if teacher is not None and pick.fm else None)
+    small = S.small_surfaces(schema, S.vertical_rows(sessions, days),
+                             verticals=cfg.verticals, min_share=cfg.min_share)
+
     with io.atomic_dir(out, stage=NAME, force=force) as tmp:
-        for vm in vms:
-            chains = checkpoints / vm.name
-            io.start_over(chains, NAME)  # another run's days: this run starts over
-            results[vm.name] = S.train_vm(
-                vm, cfg.variants, job_for, sessions=sessions, augmented=data, days=days,
-                first_served=served[0], chains=chains, owner=NAME, log_fn=log_fn)
+        def done(vm: S.VerticalModel, chains: Path) -> None:
             for v in cfg.variants:
                 if (last := S.last_model(chains, v)) is not None:
                     _link(last, tmp / vm.name / v)
-        rep = S.report(results, vms, schema,
+
+        for vm in vms:  # another run's days: this run starts over
+            io.start_over(checkpoints / vm.name, NAME)
+        run_ = S.train_students(
+            vms, cfg.variants, job_for, sessions=sessions, augmented=data, days=days,
+            chains=checkpoints, owner=NAME, rule=serving, prior=pick.prior,
+            pick_days=pick.days, fm=fm_dir is not None, small=small, log_fn=log_fn,
+            done=done)
+        if FM in run_.served.values():
+            assert fm_dir is not None
+            for vm in vms:
+                if run_.served.get(vm.name) == FM:
+                    _link(fm_dir, tmp / vm.name / FM)
+        rep = S.report(run_.results, vms, schema,
                        S.teacher_per_day(data, [d for d in evals if d in served]),
-                       validation_day=validation, serving=serving)
-        io.write_json({vm.name: {"variant": rep["serving"][vm.name], "vertical": vm.vertical}
-                       for vm in vms}, tmp / SERVING)
+                       served=run_.served, picks=run_.picks, serving=serving,
+                       trained=run_.not_trained)
+        io.write_json({vm.name: {"variant": run_.served[vm.name], "vertical": vm.vertical}
+                       for vm in vms if vm.name in run_.served}, tmp / SERVING)
     rep["days"] = {"train": days, "eval": evals, "first_served": served[0]}
-    rep["per_day_detail"] = results
+    rep["fm_served"] = str(fm_dir) if fm_dir is not None else None
+    rep["per_day_detail"] = run_.results
     if table is not None:
         io.write_text(S.markdown(rep["table"]), table, stage=NAME, force=force)
     ys = [k for k in rep["per_day"][0] if k != "day"] if rep["per_day"] else []
@@ -173,13 +202,15 @@ def _link(src: Path, dst: Path) -> None:
                 shutil.copy2(f, dst / f.name)
 
 
-def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any, data: Path,
-             out: Path, checkpoints: Path, day: int, name: str | None, eval_day: int | None,
-             log_fn: Any) -> Day:
-    """Day `day` of each VM (or `name`): its serving variant, or with auto every variant
-    and the pick of the day before (module docstring)."""
+def _one_day(cfg: StudentStageConfig, serving: str, pick: PickConfig, vms: list[Any],
+             job_for: Any, data: Path, out: Path, checkpoints: Path, day: int, name: str | None,
+             eval_day: int | None, teacher: Path | None, log_fn: Any,
+             eval_data: Path | None = None, sessions: Path | None = None) -> Day:
+    """Day `day` of each VM (or `name`), as the stream runs it (module docstring)."""
     from lrm.errors import ConfigError
+    from lrm.exfm import pick as P
     from lrm.exfm import students as S
+    from lrm.exfm.augment import TEACHER_COLUMN
     from lrm.train import days as carried
 
     chosen = [vm for vm in vms if name is None or vm.name == name]
@@ -187,20 +218,50 @@ def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any
         raise ConfigError(f"--name: {name!r} is not one of the vertical models "
                           f"{[vm.name for vm in vms]}")
     held = day + 1 if eval_day is None else eval_day
+    fm = teacher is not None and pick.fm and (Path(teacher) / "model.json").is_file()
+    if serving == P.FM and not fm:
+        raise ConfigError("registry.variant fm: the stream's day has no foundation model "
+                          "folder (--teacher)")
     io.claim_dir(out, NAME)  # the day's models: lrm's, replaceable by this stage's next run
     done: dict[str, VMDay] = {}
     picks = json.loads((out / SERVING).read_text()) if (out / SERVING).is_file() else {}
+    small: dict[int, str] = {}
+    if fm and sessions is not None:  # a surface under students.min_share serves the FM
+        counts = S.vertical_rows(sessions, [d for d in _days_of(sessions) if d <= day])
+        small = S.small_surfaces(_schema(data), counts, verticals=cfg.verticals,
+                                 min_share=cfg.min_share)
+    prior = P.prior_of(list(cfg.variants), {n: v.distill for n, v in cfg.variants.items()},
+                       pick.prior)
     for vm in chosen:
-        variants = list(cfg.variants) if serving == "auto" else [serving]
-        yesterday: dict[str, float] = {}
+        chains = checkpoints / vm.name
+        yesterday = picks.get(vm.name, {}).get("variant")
+        if vm.vertical is not None and vm.vertical in small:
+            pick_ = P.FM
+            _link_fm(teacher, out / vm.name / P.FM)
+            picks[vm.name] = {"variant": pick_, "vertical": vm.vertical}
+            done[vm.name] = VMDay(serving=pick_, validation_ne={}, variants={},
+                                  not_trained=small[vm.vertical])
+            continue
+        # which variants train today: the whole ablation every `ablation_every` days, else
+        # the served one and labels only (the control)
+        daily = {yesterday, S.LABELS_ONLY} & set(cfg.variants)
+        others = [max(carried.finished(chains / v, before=day), default=-1)
+                  for v in cfg.variants if v not in daily]
+        ablation = serving == "auto" and (not others or min(others) < 0
+                                          or max(others) <= day - cfg.ablation_every)
+        variants = (list(cfg.variants) if ablation else
+                    [v for v in cfg.variants if v in daily] if serving == "auto" else
+                    [] if serving == P.FM else [serving])
         trained: dict[str, Any] = {}
+        why = None
+        if variants and (why := carried.too_small(job_for(vm, cfg.variants[variants[0]], data)
+                                                   .but(split=SplitConfig(
+                                                       days=[day], eval_day=held,
+                                                       verticals=vm.verticals)), [day])):
+            log.info("%s day %d: skipped, %s", vm.name, day, why)
+            variants = []
         for v in variants:
-            chain = checkpoints / vm.name / v
-            before = carried.finished(chain, before=day)
-            if before:  # the variant's NE on the day before: the pick's validation
-                ne = carried.done_info(chain, before[-1]).get("eval", {}).get("ne")
-                if ne is not None:
-                    yesterday[v] = ne
+            chain = chains / v
             dst = out / vm.name / v
             if day in carried.finished(chain) and carried.model_of(chain, day).is_dir() \
                     and (dst / "model.json").is_file():
@@ -212,21 +273,63 @@ def _one_day(cfg: StudentStageConfig, serving: str, vms: list[Any], job_for: Any
                 r = carried.train_day(job.but(split=split, out=dst), chain, day, owner=NAME,
                                       log_fn=log_fn)
             trained[v] = {**carried.trained(r), "model": str(dst)}
-        pick = serving if serving != "auto" else (
-            S.pick(yesterday) if S.LABELS_ONLY in yesterday else S.LABELS_ONLY)
-        picks[vm.name] = {"variant": pick, "vertical": vm.vertical}
-        done[vm.name] = VMDay(serving=pick, validation_ne=yesterday, variants=trained)
+        pk = None
+        if serving == "auto" and ablation and trained:  # the evidence of the days before
+            cands = list(cfg.variants) + ([P.FM] if fm else [])
+            pooled, used = P.pool(P.load_scores(chains / SCORES, before=day), cands,
+                                  pick.days)
+            pk = P.choose(pooled, prior, days=used)
+        if trained:  # today's: the next days' evidence
+            P.save_scores(chains / SCORES, day, P.day_scores(
+                {v: out / vm.name / v for v in trained}, eval_data or data, held,
+                vm.verticals or None, teacher_column=TEACHER_COLUMN if fm else None), NAME)
+        models = [v for v in trained]
+        pick_ = S.served_variant(serving if serving != "auto" or pk is not None else
+                                 (yesterday or prior), pk, models, fm)
+        if pick_ is None or (pick_ != P.FM and pick_ not in trained):
+            pick_ = yesterday  # nothing trained today (a day too small): as yesterday
+        if pick_ == P.FM:
+            _link_fm(teacher, out / vm.name / P.FM)
+        if pick_ is not None:
+            picks[vm.name] = {"variant": pick_, "vertical": vm.vertical}
+        done[vm.name] = VMDay(serving=pick_, validation_ne=pk.ne if pk else {},
+                              variants=trained, pick=pk.as_dict() if pk else None,
+                              ablation=ablation, skipped=why)
     io.write_json(picks, out / SERVING, stage=NAME)
     return Day(day=day, eval_day=held, serving_rule=serving, students=done)
+
+
+def _schema(data: Path) -> Any:
+    from lrm.data.schema import read_schema
+
+    return read_schema(data)[0]
+
+
+def _days_of(data: Path) -> list[int]:
+    from lrm.data.schema import day_files
+
+    return sorted(day_files(data))
+
+
+def _link_fm(teacher: Path | None, dst: Path) -> None:
+    """The foundation model's folder as the VM's served model (FM: its own prediction),
+    replacing an older copy (another day's teacher)."""
+    assert teacher is not None
+    if dst.is_dir():
+        shutil.rmtree(dst)
+    _link(Path(teacher), dst)
 
 
 STAGE = Stage(
     name=NAME, run=run, short=("students",), label=("name",), trains="students",
     reads={"cfg": "students", "loader": "loader", "tables": "model.tables",
-           "checkpoint": "checkpoint", "serving": "registry.variant"},
+           "checkpoint": "checkpoint", "serving": "registry.variant", "pick": "registry.pick"},
     args={"data": Arg("--data", "augmented dataset (the days the teacher logs)", "in"),
           "sessions": Arg("--sessions", "the sessions dataset (every day: the days before "
                           "the teacher's are trained from here)", "in"),
+          "teacher": Arg("--teacher", "the foundation model's versions (lrm teacher; with "
+                         "--day: the model folder that augmented the day): its own "
+                         "prediction serves a surface no VM beats", "in"),
           "plan": Arg("--plan", "sharding plan (lrm shard-plan, its entries students.NAME) "
                       "[default: torchrec's planner]", "in"),
           "out": Arg("--out", "folder of the students' models", "out"),

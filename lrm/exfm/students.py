@@ -11,9 +11,12 @@ growing the parts it trains (its heads and adapter start fresh), so the variants
 in how they learn from the FM. The labels-only variant is the user's real alternative: the
 VM trained on every day of its vertical without a foundation model.
 
-The serving variant (`registry.variant: auto`) is picked by measurement: the variant with
-the lowest NE on the validation day (the evaluation day before the last), and never one
-worse than labels only (`pick`); the last evaluation day is held out for the table.
+The serving variant (`registry.variant: auto`) is picked by measurement on the validation
+days (the evaluation days before the last, pooled), so that noise does not pick it
+(lrm.exfm.pick: a prior for the variant that distils, paired intervals, the foundation
+model's own prediction where no VM beats it); the last evaluation day is held out for the
+table. A VM with no model (every day of its vertical too small to train on) serves the
+foundation model's prediction.
 
 The teacher's NE on each day needs no model run: the augment manifests carry it, over the
 day and per vertical.
@@ -27,16 +30,19 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from lrm import progress
 from lrm.config import DistillConfig, SplitConfig, default_variants
-from lrm.data.schema import FeatureSchema
+from lrm.data.schema import FeatureSchema, day_files
 from lrm.errors import ConfigError
-from lrm.exfm.augment import read_manifest
-from lrm.train.days import newest, too_small, train_day
+from lrm.exfm.augment import TEACHER_COLUMN, read_manifest
+from lrm.exfm.pick import FM, Pick, Scores, choose, day_scores, pool, prior_of
+from lrm.train.days import model_of, newest, too_small, train_day
 from lrm.train.job import TrainJob
 from lrm.train.loop import LogFn
 
@@ -98,15 +104,26 @@ def safe_names(names: Mapping[int, str]) -> dict[int, str]:
 JobFor = Callable[[VerticalModel, DistillConfig, Path], TrainJob]
 
 
+@dataclass
+class VMRun:
+    """What training a VM's variants day by day gave."""
+
+    rows: dict[str, list[dict[str, Any]]]  # variant -> its per-day rows
+    # validation day -> every variant's logits on the VM's rows of that day (and the FM's,
+    # logged in the augmented data): what the served variant is picked on (lrm.exfm.pick)
+    scores: dict[int, Scores] = field(default_factory=dict)
+
+
 def train_vm(vm: VerticalModel, variants: Mapping[str, DistillConfig], job_for: JobFor, *,
              sessions: Path, augmented: Path, days: Sequence[int], first_served: int,
-             chains: Path, owner: str, log_fn: LogFn | None = None
-             ) -> dict[str, list[dict[str, Any]]]:
+             chains: Path, owner: str, log_fn: LogFn | None = None,
+             validation: Sequence[int] = ()) -> VMRun:
     """Every variant of `vm`, day by day (module docstring): `days` [0, last) each scored on
     the next; the days before `first_served` from `sessions` (labels only, one chain), the
     rest from `augmented` per variant, each going on from the labels-only model of the last
     day trained before. Returns variant -> its per-day rows (the shared days' rows in every
-    variant). A day of the vertical too small to train on (a partial first day of an export,
+    variant), and on each `validation` day (an evaluation day of the augmented data) every
+    variant's and the FM's logits on the VM's rows (`VMRun.scores`). A day of the vertical too small to train on (a partial first day of an export,
     a small surface's day) is said in one line and skipped (its row says why): the model
     goes on from the day before it. Each variant's last model is its chain's newest
     finished day's (lrm.train.days.newest; None: no day of it trained)."""
@@ -118,11 +135,26 @@ def train_vm(vm: VerticalModel, variants: Mapping[str, DistillConfig], job_for: 
                        log_fn)
     seed = newest(chains / PREFIX)
     out = {}
+    per: dict[int, dict[str, Scores]] = {}
     for name, variant in variants.items():
         with progress.context(student=vm.name, variant=name):
             out[name] = shared + _days(job_for(vm, variant, augmented), vm, after,
-                                       chains / name, owner, log_fn, seed=seed)
-    return out
+                                       chains / name, owner, log_fn, seed=seed,
+                                       score=(name, validation, per))
+    return VMRun(out, {d: merged(parts) for d, parts in sorted(per.items())})
+
+
+def merged(parts: Mapping[str, Scores]) -> Scores:
+    """One day's scores of several variants, each scored on its own pass over the same rows,
+    as one Scores (the labels must agree row for row: the same rows, in the same order)."""
+    first = next(iter(parts.values()))
+    logits: dict[str, torch.Tensor] = {}
+    for name, p in parts.items():
+        if not torch.equal(p.labels, first.labels):
+            raise RuntimeError(f"validation scores of {name} are not on the same rows as "
+                               f"{next(iter(parts))}'s")
+        logits.update(p.logits)
+    return Scores(first.labels, logits)
 
 
 def last_model(chains: Path, variant: str) -> Path | None:
@@ -132,7 +164,12 @@ def last_model(chains: Path, variant: str) -> Path | None:
 
 
 def _days(job: TrainJob, vm: VerticalModel, days: Sequence[int], chain: Path, owner: str,
-          log_fn: LogFn | None, seed: Path | None = None) -> list[dict[str, Any]]:
+          log_fn: LogFn | None, seed: Path | None = None,
+          score: tuple[str, Sequence[int], dict[int, dict[str, Scores]]] | None = None
+          ) -> list[dict[str, Any]]:
+    """Train `days` of the chain; with `score` (variant, validation days, into), the day's
+    model's logits on each validation day (and the FM's, from the augmented data) go into
+    `into[day][variant]`."""
     rows: list[dict[str, Any]] = []
     for d in days:
         t0 = time.perf_counter()
@@ -150,17 +187,136 @@ def _days(job: TrainJob, vm: VerticalModel, days: Sequence[int], chain: Path, ow
                      **{k: res.eval[k] for k in ("ne", "auc", "calibration", "rows")}})
         log.info("%s day %d -> eval day %d: NE %.4f AUC %.4f", vm.name, d, d + 1,
                  res.eval["ne"], res.eval["auc"])
+        if score is not None and d + 1 in score[1]:
+            name, _, into = score
+            into.setdefault(d + 1, {})[name] = day_scores(
+                {name: model_of(chain, d)}, job.data, d + 1, vm.verticals or None,
+                teacher_column=TEACHER_COLUMN)
     return rows
 
 
-def pick(ne: Mapping[str, float]) -> str:
-    """The serving variant: the lowest NE (on the validation day), and never one worse than
-    labels only (labels only itself when none beats it, or when it is not in `ne`)."""
-    if LABELS_ONLY in ne:
-        best = min(ne, key=lambda v: (ne[v], v != LABELS_ONLY))
-        return best if ne[best] < ne[LABELS_ONLY] else LABELS_ONLY
-    raise ConfigError("registry.variant auto: the variants must include labels_only (the "
-                      "served variant never does worse than it)")
+@dataclass
+class Students:
+    """The student stage's procedure over every VM (`train_students`): what it trained, what
+    it picked and what each VM serves."""
+
+    results: dict[str, dict[str, list[dict[str, Any]]]]  # VM -> variant -> per-day rows
+    picks: dict[str, Pick]  # VM -> the pick (registry.variant auto, a VM with a model)
+    served: dict[str, str]  # VM -> its served variant, or FM (VMs with nothing to serve: out)
+    not_trained: dict[str, str]  # VM -> why it has no model of its own (a small surface)
+    validation: list[int]  # the evaluation days the picks may pool
+
+
+def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillConfig],
+                   job_for: JobFor, *, sessions: Path, augmented: Path, days: Sequence[int],
+                   chains: Path, owner: str, rule: str, prior: str = "", pick_days: int = 3,
+                   fm: bool = True, small: Mapping[int, str] | None = None,
+                   log_fn: LogFn | None = None,
+                   done: Callable[[VerticalModel, Path], None] | None = None) -> Students:
+    """Every VM of `vms` day by day in every variant (`train_vm`, each in chains/VM), then
+    what it serves (`served_variant`): registry.variant `rule`, with auto chosen on the
+    last `pick_days` evaluation days before the held-out last (lrm.exfm.pick, against
+    `prior`, the FM a candidate when `fm`). A VM of a `small` surface is not trained and
+    serves the FM. `done(vm, chains)`: called once a VM's days are over (the stage links
+    its models)."""
+    small = small or {}
+    first_served = min(day_files(augmented))
+    evals = [d + 1 for d in days]
+    # the evaluation days the variants were scored on, but the held-out last
+    validation = [e for e in evals[:-1] if e - 1 >= first_served]
+    distils = {n: v.distill for n, v in variants.items()}
+    prior = prior_of(list(variants), distils, prior)
+    if prior not in variants:
+        raise ConfigError(f"registry.prior: {prior!r} is not one of students.variants "
+                          f"{sorted(variants)}")
+    out = Students({}, {}, {}, {}, validation)
+    for vm in vms:
+        if vm.vertical is not None and vm.vertical in small and fm:
+            out.not_trained[vm.name] = small[vm.vertical]
+            out.results[vm.name] = {}
+            out.served[vm.name] = FM
+            log.info("%s: no vertical model (%s): serves the foundation model",
+                     vm.name, small[vm.vertical])
+            continue
+        run = train_vm(vm, variants, job_for, sessions=sessions, augmented=augmented,
+                       days=days, first_served=first_served, chains=chains / vm.name,
+                       owner=owner, log_fn=log_fn,
+                       validation=validation[-pick_days:] if rule == "auto" else ())
+        out.results[vm.name] = run.rows
+        models = [v for v in variants if last_model(chains / vm.name, v) is not None]
+        pk = None
+        if rule == "auto" and prior in models:
+            cands = models + ([FM] if fm else [])
+            pooled, used = pool(run.scores, cands, pick_days)
+            pk = choose(pooled, prior, days=used)
+            out.picks[vm.name] = pk
+            log.info("%s serves %s: %s", vm.name, pk.served, pk.reason)
+        served = served_variant(rule, pk, models, fm)
+        if served is not None:
+            out.served[vm.name] = served
+        if done is not None:
+            done(vm, chains / vm.name)
+    return out
+
+
+def vertical_rows(data: Path, days: Sequence[int]) -> dict[int, int]:
+    """vertical id -> its impressions over `days` of `data` (one pass over two columns)."""
+    import pyarrow.compute as pc
+
+    from lrm.data import parquet
+    from lrm.data.schema import LABEL, day_files, read_schema
+
+    schema, layout = read_schema(data)
+    files = day_files(data)
+    out: dict[int, int] = {}
+    if schema.vertical is None:
+        return out
+    for d in days:
+        for f in files.get(d, []):
+            t = parquet.read_table(f, columns=[LABEL, schema.vertical])
+            n = (pc.list_value_length(t.column(LABEL)) if layout == "sessions"
+                 else pc.cast(pc.is_valid(t.column(LABEL)), "int64"))
+            v = t.column(schema.vertical)
+            for k, c in zip(v.to_pylist(), n.to_pylist(), strict=True):
+                if k is not None:
+                    out[k] = out.get(k, 0) + int(c or 0)
+    return out
+
+
+def small_surfaces(schema: FeatureSchema, counts: Mapping[int, int], *,
+                   verticals: Sequence[str] = (), min_share: float = 0.0) -> dict[int, str]:
+    """vertical id -> why it gets no VM of its own (students.verticals, students.min_share:
+    it serves the foundation model's prediction); {} on data of one vertical."""
+    names = schema.verticals()
+    if len(names) <= 1:
+        return {}
+    if verticals:
+        unknown = sorted(set(verticals) - set(names.values()))
+        if unknown:
+            raise ConfigError(f"students.verticals: {unknown} are not verticals of the data "
+                              f"({sorted(names.values())})")
+        return {k: "not in students.verticals" for k, v in names.items()
+                if v not in verticals}
+    total = sum(counts.values()) or 1
+    return {k: f"{counts.get(k, 0)} of {total} impressions ({counts.get(k, 0) / total:.2%}), "
+               f"under students.min_share {min_share:g}"
+            for k in names if counts.get(k, 0) / total < min_share}
+
+
+def served_variant(rule: str, pick: Pick | None, models: Sequence[str], fm: bool) -> str | None:
+    """What a VM serves: registry.variant `rule` (auto: `pick`'s choice), among the variants
+    that have a model (`models`; FM when `fm`, the foundation model's prediction, is at
+    hand); a VM with no model serves the FM. None: nothing to serve (no model, no FM)."""
+    if rule == FM:
+        return FM if fm else None
+    want = (pick.served if pick is not None else None) if rule == "auto" else rule
+    if want == FM and fm:
+        return FM
+    if want in models:
+        return want
+    if rule == "auto" and LABELS_ONLY in models:
+        return LABELS_ONLY  # (a pick made without the models: never)
+    return FM if fm else (models[0] if models else None)
 
 
 def teacher_per_day(augmented: Path, days: Sequence[int]) -> dict[int, dict[str, Any]]:
@@ -179,46 +335,59 @@ def teacher_per_day(augmented: Path, days: Sequence[int]) -> dict[int, dict[str,
 
 def report(results: Mapping[str, Mapping[str, list[dict[str, Any]]]],
            vms: Sequence[VerticalModel], schema: FeatureSchema,
-           teacher: Mapping[int, Mapping[str, Any]], *, validation_day: int | None,
-           serving: str) -> dict[str, Any]:
+           teacher: Mapping[int, Mapping[str, Any]], *, served: Mapping[str, str],
+           picks: Mapping[str, Pick] | None = None, serving: str = "auto",
+           trained: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ExFM table on the last evaluation day, per vertical (the FM's NE on it, and every
-    VM's variants), the serving pick per VM, and NE per day (for the plot).
+    VM's variants, the FM's own prediction as `fm`), the served variant per VM, and NE per
+    day (for the plot).
 
-    results: VM name -> variant -> per-day rows; teacher: day -> metrics (augment's).
-    serving: registry.variant ("auto": picked on `validation_day`, see `pick`).
+    results: VM name -> variant -> per-day rows (a VM with none: not trained, it serves
+    the FM); teacher: day -> metrics (augment's); served: VM name -> its served variant
+    (or FM); picks: VM name -> the pick that chose it (registry.variant auto); serving: the
+    rule, for the report; trained: VM name -> why it was not trained (a small surface).
     """
-    last = max(r["day"] for per in results.values() for rows in per.values() for r in rows)
+    picks, trained = picks or {}, trained or {}
+    last = max((r["day"] for per in results.values() for rows in per.values() for r in rows),
+               default=max(teacher))
     names = schema.verticals()
     t = teacher[last]
     verticals: dict[str, Any] = {}
     table = []
     for vm in vms:
-        per = results[vm.name]
+        per = results.get(vm.name, {})
         vname = names.get(vm.vertical, "all") if vm.vertical is not None else "all"
         fm = t["by_vertical"].get(vname, t) if vm.vertical is not None else t
         vert = verticals.setdefault(vname, {"teacher": {k: fm.get(k) for k in
                                                         ("ne", "auc", "calibration")},
                                             "students": {}})
         final = {v: next(r for r in per[v] if r["day"] == last) for v in _ordered(per)}
-        valid = {v: next((r["ne"] for r in per[v] if r["day"] == validation_day), math.nan)
-                 for v in final} if validation_day is not None else {}
-        chosen = (pick(valid) if serving == "auto" and valid else
-                  LABELS_ONLY if serving == "auto" else serving)
+        final[FM] = {k: fm.get(k, math.nan) for k in ("ne", "auc", "calibration", "rows")}
+        chosen = served[vm.name]
+        pk = picks.get(vm.name)
         base = final[LABELS_ONLY]["ne"] if LABELS_ONLY in final else None
         vert["students"][vm.size] = {
-            "model": vm.name, "serving": chosen, "validation_ne": valid,
-            "variants": {v: {k: r[k] for k in ("ne", "auc", "calibration", "rows")}
+            "model": vm.name, "serving": chosen,
+            "validation_ne": pk.ne if pk is not None else {},
+            "pick": pk.as_dict() if pk is not None else None,
+            "variants": {v: {k: r.get(k) for k in ("ne", "auc", "calibration", "rows")}
                          for v, r in final.items()},
             "gain_vs_labels_only": {v: base / r["ne"] for v, r in final.items()
                                     if base is not None and v != LABELS_ONLY},
-            "teacher_gain": (base / fm["ne"]) if base is not None and fm.get("ne") else None}
+            "teacher_gain": (base / fm["ne"]) if base is not None and fm.get("ne") else None,
+            **({"not_trained": trained[vm.name]} if vm.name in trained else {})}
         if len(table) == 0 or table[-1]["vertical"] != vname:
             table.append({"vertical": vname, "model": "foundation model (teacher)",
                           "ne": fm.get("ne"), "auc": fm.get("auc")})
+        if chosen == FM:
+            why = " (no VM: a small surface)" if vm.name in trained else ""
+            table.append({"vertical": vname, "model": f"{vm.size}: serves the foundation "
+                          f"model{why}", "ne": fm.get("ne"), "auc": fm.get("auc")})
         for v, r in final.items():
-            table.append({"vertical": vname, "model": f"{vm.size}, {LABELS.get(v, v)}"
-                          + (" (served)" if v == chosen else ""), "ne": r["ne"],
-                          "auc": r["auc"]})
+            if v != FM:
+                table.append({"vertical": vname, "model": f"{vm.size}, {LABELS.get(v, v)}"
+                              + (" (served)" if v == chosen else ""), "ne": r["ne"],
+                              "auc": r["auc"]})
     per_day = []
     days = sorted({r["day"] for per in results.values() for rows in per.values() for r in rows})
     for d in days:
@@ -229,13 +398,13 @@ def report(results: Mapping[str, Mapping[str, list[dict[str, Any]]]],
             for v, rows in per.items():
                 point[f"{s}/{v}"] = next((r["ne"] for r in rows if r["day"] == d), math.nan)
         per_day.append(point)
-    return {"eval_day": last, "validation_day": validation_day, "serving_rule": serving,
+    valid = sorted({d for p in picks.values() for d in p.days})
+    return {"eval_day": last, "validation_days": valid,
+            "validation_day": valid[-1] if valid else None, "serving_rule": serving,
             "teacher": {"ne": t["ne"], "auc": t["auc"], "calibration": t.get("calibration"),
                         "version": t.get("teacher")},
             "verticals": verticals, "table": table, "per_day": per_day,
-            "serving": {vm.name: verticals[names.get(vm.vertical, "all")
-                                           if vm.vertical is not None else "all"]
-                        ["students"][vm.size]["serving"] for vm in vms}}
+            "serving": dict(served)}
 
 
 def _ordered(variants: Mapping[str, Any]) -> list[str]:
@@ -262,6 +431,6 @@ def mean_spread(values: Sequence[float]) -> dict[str, float]:
             "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
 
 
-__all__ = ["LABELS", "LABELS_ONLY", "VARIANTS", "VerticalModel", "markdown", "mean_spread",
-           "pick", "report", "last_model", "safe_names", "teacher_per_day", "train_vm",
-           "vertical_models"]
+__all__ = ["LABELS", "LABELS_ONLY", "VARIANTS", "Students", "VMRun", "VerticalModel", "markdown",
+           "mean_spread", "merged", "report", "last_model", "safe_names", "served_variant",
+           "small_surfaces", "teacher_per_day", "train_students", "train_vm", "vertical_models", "vertical_rows"]

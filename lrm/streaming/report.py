@@ -26,7 +26,7 @@ def _decisions(record: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The day's registry decisions: the teacher's (when it was retrained), each student's."""
     t = record["teacher"]
     return ([t["decision"]] if t.get("due") else []) + \
-        [s["decision"] for s in record["students"].values()]
+        [s["decision"] for s in record["students"].values() if s.get("decision")]
 
 
 def summary(record: Mapping[str, Any]) -> str:
@@ -73,8 +73,12 @@ def markdown(record: Mapping[str, Any]) -> str:
         else:
             lines.append(f"- **{d['name']} v{d['version']}: {then}**: {d['reason']} "
                          f"(margin {d['margin']:g}; scored on {d['evaluated_on']})")
+    for name, s in record["students"].items():
+        if not s.get("decision"):  # a surface's day too small to train on, said
+            lines.append(f"- **{name}: nothing registered**: {s.get('skipped')}")
     champions = [(t["decision"]["name"], t.get("champion"))] if t.get("due") else []
-    champions += [(s["decision"]["name"], s.get("champion")) for s in record["students"].values()]
+    champions += [(s["decision"]["name"], s.get("champion")) for s in record["students"].values()
+                  if s.get("decision")]
     lines += ["", "Champions after the day: " + ", ".join(
         f"{m} @champion = v{v}" for m, v in champions if v) + "."]
     lines += ["", "## Teacher", ""]

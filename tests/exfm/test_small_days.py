@@ -87,7 +87,7 @@ def test_a_surface_s_partial_first_day_is_skipped_and_its_model_goes_on(sessions
         out = S.train_vm(vm, {"labels_only": DistillConfig(distill=False)}, job_for,
                          sessions=sessions, augmented=sessions, days=[0, 1], first_served=1,
                          chains=chains, owner="test")
-    rows = out["labels_only"]
+    rows = out.rows["labels_only"]
     assert [r["train_day"] for r in rows] == [0, 1]
     assert "impressions, fewer than one step" in rows[0]["skipped"]
     said = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]

@@ -12,7 +12,6 @@ import pytest
 
 from lrm.config import DistillConfig, GenerateConfig, VerticalConfig
 from lrm.data import synthetic
-from lrm.errors import ConfigError
 from lrm.exfm import students as S
 
 THREE = synthetic.schema(GenerateConfig())  # feed, search, video
@@ -75,7 +74,7 @@ def test_the_variants_go_on_from_the_labels_only_model_of_the_day_before_the_fm(
     variants = {"labels_only": DistillConfig(distill=False), "aux_head": DistillConfig()}
     out = S.train_vm(vm, variants, job_for, sessions=tmp_path / "sessions",
                      augmented=tmp_path / "augmented", days=[0, 1, 2, 3], first_served=2,
-                     chains=tmp_path / "chains", owner="student")
+                     chains=tmp_path / "chains", owner="student").rows
     seed = tmp_path / "chains" / S.PREFIX / "newest"
     assert calls == [
         ("sessions", S.PREFIX, 0, 1, [1], None, False),
@@ -88,49 +87,51 @@ def test_the_variants_go_on_from_the_labels_only_model_of_the_day_before_the_fm(
     assert out["aux_head"][:2] == out["labels_only"][:2]
 
 
-def test_the_served_variant_is_the_best_on_validation_never_worse_than_labels_only():
-    assert S.pick({"labels_only": 0.95, "aux_head": 0.94, "aux_adapter": 0.945}) == "aux_head"
-    assert S.pick({"labels_only": 0.94, "aux_head": 0.95}) == "labels_only"
-    assert S.pick({"labels_only": 0.94, "aux_head": 0.94}) == "labels_only"  # a tie: labels
-    # a variant whose validation NE is not a number (a day without clicks) never serves
-    assert S.pick({"aux_head": math.nan, "labels_only": 0.95}) == "labels_only"
-    with pytest.raises(ConfigError, match="labels_only"):
-        S.pick({"aux_head": 0.9})
-
-
 def _rows(ne_by_day):
     return [{"train_day": d - 1, "day": d, "ne": ne, "auc": 0.7, "calibration": 1.0,
              "rows": 10} for d, ne in ne_by_day.items()]
 
 
-def test_the_report_per_vertical_picks_on_the_validation_day_and_scores_the_last():
-    vms = S.vertical_models(THREE, ["small"])[:2]  # feed, search
-    results = {  # the served variant is chosen on day 4, the table is day 5
+def test_the_report_per_vertical_shows_the_served_variant_and_the_fm_on_the_last_day():
+    from lrm.exfm.pick import FM, Pick
+
+    vms = S.vertical_models(THREE, ["small"])  # feed, search, video
+    results = {  # the table is day 5
         "feed-small": {"labels_only": _rows({4: 0.96, 5: 0.94}),
                        "aux_head": _rows({4: 0.95, 5: 0.945})},
         "search-small": {"labels_only": _rows({4: 0.90, 5: 0.89}),
-                         "aux_head": _rows({4: 0.91, 5: 0.85})}}
-    by_vertical = {"feed": {"ne": 0.93, "auc": 0.75}, "search": {"ne": 0.88, "auc": 0.8}}
+                         "aux_head": _rows({4: 0.91, 5: 0.85})},
+        "video-small": {}}  # a small surface: no VM
+    by_vertical = {"feed": {"ne": 0.93, "auc": 0.75}, "search": {"ne": 0.88, "auc": 0.8},
+                   "video": {"ne": 0.97, "auc": 0.7}}
     teacher = {d: {"ne": 0.9, "auc": 0.7, "teacher": "v3", "by_vertical": by_vertical}
                for d in (4, 5)}
-    rep = S.report(results, vms, THREE, teacher, validation_day=4, serving="auto")
-    assert rep["eval_day"] == 5 and rep["validation_day"] == 4
+    pick = Pick(served="aux_head", prior="aux_head", reason="r", ne={"aux_head": 0.95},
+                against={}, rows=10, days=[3, 4])
+    served = {"feed-small": "aux_head", "search-small": "labels_only", "video-small": FM}
+    rep = S.report(results, vms, THREE, teacher, served=served,
+                   picks={"feed-small": pick}, trained={"video-small": "under min_share"})
+    assert rep["eval_day"] == 5 and rep["validation_days"] == [3, 4]
     feed, search = rep["verticals"]["feed"], rep["verticals"]["search"]
     assert feed["teacher"]["ne"] == 0.93 and search["teacher"]["ne"] == 0.88
-    # feed: aux_head led on day 4 (and serves, though day 5 reverses); search: labels only
     assert feed["students"]["small"]["serving"] == "aux_head"
+    assert feed["students"]["small"]["pick"]["days"] == [3, 4]
     assert search["students"]["small"]["serving"] == "labels_only"
     assert feed["students"]["small"]["gain_vs_labels_only"]["aux_head"] == pytest.approx(
         0.94 / 0.945)
     assert feed["students"]["small"]["teacher_gain"] == pytest.approx(0.94 / 0.93)
-    assert rep["serving"] == {"feed-small": "aux_head", "search-small": "labels_only"}
+    # the FM's own prediction is a variant of every VM (the summary's headline reads it)
+    assert feed["students"]["small"]["variants"][FM]["ne"] == 0.93
+    video = rep["verticals"]["video"]["students"]["small"]
+    assert video["serving"] == FM and video["not_trained"] == "under min_share"
+    assert rep["serving"] == served
     assert [(r["vertical"], r["model"]) for r in rep["table"]] == [
         ("feed", "foundation model (teacher)"), ("feed", "small, labels only"),
         ("feed", "small, auxiliary head (served)"),
         ("search", "foundation model (teacher)"), ("search", "small, labels only (served)"),
-        ("search", "small, auxiliary head")]
-    fixed = S.report(results, vms, THREE, teacher, validation_day=4, serving="aux_head")
-    assert set(fixed["serving"].values()) == {"aux_head"}
+        ("search", "small, auxiliary head"),
+        ("video", "foundation model (teacher)"),
+        ("video", "small: serves the foundation model (no VM: a small surface)")]
     md = S.markdown(rep["table"])
     assert md.splitlines()[0] == "| vertical | model | NE | AUC |" and "| 0.8500 |" in md
 

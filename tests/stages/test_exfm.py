@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import mlflow
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -124,20 +125,27 @@ def test_teacher_augment_student_register_chain(world, tmp_path):
     assert "[student north-a day 0: train student]" in r.stderr, r.stderr[-3000:]
     assert "[student south-a aux_head day 3: train student]" in r.stderr
     rep = json.loads((tmp_path / "metrics/exfm.json").read_text())
-    assert (rep["eval_day"], rep["validation_day"]) == (4, 3)
+    assert (rep["eval_day"], rep["validation_days"]) == (4, [3])
     assert rep["days"] == {"train": [0, 1, 2, 3], "eval": [1, 2, 3, 4], "first_served": 2}
     assert set(rep["verticals"]) == {"north", "south"}
+    assert rep["fm_served"].endswith("models/teacher/until=3")  # the version that logs day 4
     for name in ("north", "south"):
         v = rep["verticals"][name]
         assert v["teacher"]["ne"] == a["teacher_by_vertical"]["4"][name]["ne"]
         s = v["students"]["a"]
         assert set(s["variants"]) == {"labels_only", "distill_serving", "aux_head",
-                                      "aux_adapter"}
+                                      "aux_adapter", "fm"}
+        assert s["variants"]["fm"]["ne"] == v["teacher"]["ne"]
         assert all(0 < m["ne"] < 2 for m in s["variants"].values())
-        # the pick: the best on the validation day, and never worse than labels only
-        valid = s["validation_ne"]
-        assert s["serving"] == min(valid, key=valid.get) or s["serving"] == "labels_only"
-        assert valid[s["serving"]] <= valid["labels_only"]
+        # the pick: on the validation day's rows, every variant and the FM against the
+        # prior (the first variant that distils), which serves unless beaten beyond the noise
+        pick = s["pick"]
+        assert pick["prior"] == "distill_serving" and pick["days"] == [3]
+        assert set(pick["ne"]) == set(s["variants"]) and pick["rows"] > 100
+        assert s["serving"] == pick["served"]
+        if s["serving"] != "distill_serving":
+            lo, hi = pick["against"][s["serving"]]
+            assert hi < 0 and pick["ne"][s["serving"]] < pick["ne"]["distill_serving"]
     serving = json.loads((tmp_path / "models/students/serving.json").read_text())
     assert serving == {f"{v}-a": {"variant": rep["verticals"][v]["students"]["a"]["serving"],
                                   "vertical": i} for i, v in enumerate(("north", "south"))}
@@ -160,7 +168,8 @@ def test_teacher_augment_student_register_chain(world, tmp_path):
     assert full["model"]["student"]["aux_head"] and full["model"]["student"]["adapter"]
 
     # run again on other data (a day's teacher logits changed): the days start over, no day
-    # resumes the checkpoints of the run before (it would refuse: the data changed)
+    # resumes the checkpoints of the run before (it would refuse: the data changed). And
+    # south gets no VM now (students.verticals names north alone): it serves the FM
     part = next((tmp_path / "data/augmented/day=2").glob("*.parquet"))
     t = pq.read_table(part)
     i = t.schema.get_field_index(TEACHER_COLUMN)
@@ -173,11 +182,18 @@ def test_teacher_augment_student_register_chain(world, tmp_path):
     with pq.ParquetWriter(part, t.schema) as w:
         w.add_key_value_metadata(kv)
         w.write_table(t.set_column(i, t.schema.field(i), half))
-    _ok(_stage(tmp_path, "student", "--data", "data/augmented", "--sessions", str(world)))
+    north_only = json.loads(json.dumps(PARAMS))
+    north_only["students"]["verticals"] = ["north"]
+    _ok(_stage(tmp_path, "student", "--data", "data/augmented", "--sessions", str(world),
+               params=north_only))
     info = json.loads((chains / "north-a" / "aux_head" / "day=2" / "model" /
                        "model.json").read_text())["info"]
     assert info["start"] == "warm"  # from the labels-only model, not "resume"
     serving = json.loads((tmp_path / "models/students/serving.json").read_text())  # anew
+    assert serving["south-a"] == {"variant": "fm", "vertical": 1}
+    rep = json.loads((tmp_path / "metrics/exfm.json").read_text())
+    assert rep["verticals"]["south"]["students"]["a"]["not_trained"] == \
+        "not in students.verticals"
 
     _ok(_stage(tmp_path, "register"))
     done = json.loads((tmp_path / "metrics/register.json").read_text())["students"]
@@ -185,6 +201,43 @@ def test_teacher_augment_student_register_chain(world, tmp_path):
         assert done[vm]["name"] == f"lrm-student-{vm}" and done[vm]["variant"] == s["variant"]
         mv = client.get_model_version(f"lrm-student-{vm}", done[vm]["version"])
         assert mv.tags["lrm.variant"] == s["variant"]
+        assert json.loads(mv.tags["lrm.verticals"]) == [s["vertical"]]
+    # south's model is the FM's own prediction: scored on south's rows of day 4 only, and
+    # what a user loads predicts as the FM's version that logged day 4 does
+    assert done["south-a"]["challenger"]["rows"] == \
+        a["teacher_by_vertical"]["4"]["south"]["rows"]
+    assert done["south-a"]["challenger"]["ne"] == pytest.approx(
+        a["teacher_by_vertical"]["4"]["south"]["ne"], abs=1e-4)
+    frame = _rows_of(world, day=4, vertical=1, n=40)
+    from lrm import registry
+    from lrm.config import TrackingConfig
+    from lrm.models.saved import load_model
+    from lrm.serving.pyfunc import predict_frame
+
+    served = registry.load("lrm-student-south-a",
+                           cfg=TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db"))
+    got = served.predict(frame)["probability"].to_numpy()
+    want = predict_frame(*load_model(fm / "until=3"), frame)["probability"].to_numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    vm = registry.load("lrm-student-north-a",
+                       cfg=TrackingConfig(uri=f"sqlite:///{tmp_path}/mlflow.db"))
+    assert not np.allclose(vm.predict(frame)["probability"].to_numpy(), want, atol=1e-4)
+
+
+def _rows_of(data, day, vertical, n):
+    """The first `n` impressions of a vertical's day as a model input frame."""
+    import pandas as pd
+
+    from lrm.data import parquet
+    from lrm.data.dedup import flatten_sessions
+    from lrm.data.schema import day_files, read_schema
+    from lrm.serving.pyfunc import input_columns
+
+    schema, _ = read_schema(data)
+    t = pa.concat_tables(parquet.read_table(f) for f in day_files(data)[day])
+    t = t.filter(pc.equal(t.column("vertical"), vertical))
+    t = flatten_sessions(t, schema).slice(0, n).select(input_columns(schema))
+    return t.to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
 
 
 def test_bad_input_exits_2_with_one_line(world, tmp_path):

@@ -141,7 +141,8 @@ def test_the_exfm_stages_hand_their_jobs_the_fp8_transform(name, datasets, tmp_p
                         model=p.model.teacher,
                         margin=p.registry.margin, tracking_cfg=p.tracking, **common)
         else:
-            student.run(cfg=p.students, train=p.train_for("students"), serving="labels_only",
+            student.run(cfg=p.students, train=p.train_for("students"),
+                        serving="labels_only", pick=p.registry.pick,
                         day=0, **common)
     assert callable(seen[name if name == "teacher" else "student"])
 
