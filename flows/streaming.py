@@ -25,8 +25,14 @@ time (its root is locked).
 # flow parameter annotated by name ("ParamsConfig") could not be resolved there.
 
 import dataclasses
+import multiprocessing
+import os
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -73,10 +79,12 @@ def settings(params: list[str] | None, root: str | None) -> tuple[ParamsConfig, 
     return cfg, StreamPaths(Path(cfg.streaming.root))
 
 
-def _stage(stage: Stage, args: dict[str, Any], cfg: ParamsConfig, day: int) -> Result:
+def _stage(stage: Stage, args: dict[str, Any], cfg: ParamsConfig, day: int,
+           parent: str | None = None) -> Result:
     """Run a stage for day `day` through the stage runner (its checks, locks, MLflow run
-    nested under the day's, one-line errors); its typed result."""
-    return execute(stage, args, cfg, tags={"lrm.stream.day": str(day)})
+    nested under the day's: the active one, or `parent`; one-line errors); its typed
+    result."""
+    return execute(stage, args, cfg, tags={"lrm.stream.day": str(day)}, parent=parent)
 
 
 # ---------------------------------------------------------------------------- tasks
@@ -168,15 +176,15 @@ def evaluation_data(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str
     return {"label": p.label, "next_day": p.next_day, "split": split}
 
 
-@task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
-def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
-            teacher: str | None = None) -> Judged:
-    """The student stage carries vertical model `name` on to day D (its serving variant, or
-    with registry.variant auto the variants of the day: every one every
+def vm_day(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
+           teacher: str | None = None, parent: str | None = None) -> Judged:
+    """Vertical model `name`'s day D: the student stage carries it on (its serving variant,
+    or with registry.variant auto the variants of the day: every one every
     students.ablation_every days, else the served one and labels only); the register stage
     registers the served one (a VM's variant, or `teacher`, the day's foundation model,
-    where its own prediction serves the surface) and promotes it on NE. A VM with nothing
-    new to serve (its surface's day too small to train on) registers nothing."""
+    where its own prediction serves the surface) and judges it on NE. A VM with nothing
+    new to serve (its surface's day too small to train on) registers nothing. `parent`: the
+    day's MLflow run (a worker process has none active)."""
     plan = sdays.plan(paths, day, cfg.streaming.holdout)
     out = paths.student_models(day)
     trained = _stage(student_stage.STAGE, {
@@ -186,7 +194,7 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
         "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
         "plan": cfg.streaming.plan or None,
         "metrics": paths.reports / f"student_{name}_day={day}.json", "table": OFF,
-        "plot": OFF}, cfg, day)
+        "plot": OFF}, cfg, day, parent)
     assert isinstance(trained, student_stage.Day), trained  # --day: one day
     m = trained.students[name]
     served = m.serving
@@ -201,13 +209,65 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
     r = _stage(register.STAGE, {
         "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
         "evaluated_on": plan.label, "defer": True,
-        "metrics": paths.reports / f"register_{name}_day={day}.json"}, cfg, day)
+        "metrics": paths.reports / f"register_{name}_day={day}.json"}, cfg, day, parent)
     assert isinstance(r, register.Registered), r
     decision = r.decisions[name]
     champion = _champion_after(decision, decision.name, cfg)
     return Judged({**base, "train": m.variants.get(served, {"foundation_model": teacher}),
                    "decision": {**decision.as_dict(), "variant": r.variants[name]},
                    "champion": champion}, decision, champion)
+
+
+def _vm_day_in_worker(*args: Any) -> Judged:
+    """`vm_day` in a worker process: bad input comes back as one line (an LrmError that
+    pickles: DataError's fields do not)."""
+    try:
+        return vm_day(*args)
+    except LrmError as e:
+        raise LrmError(str(e)) from None
+
+
+def _worker_threads(threads: int) -> None:
+    """A worker process's share of the cores (lrm.dist.intra_op_threads reads it)."""
+    import os
+
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
+# the day's worker processes (None: the VMs train in the flow's process), seen by the
+# student tasks: Prefect runs a submitted task in a copy of the flow's context
+_WORKERS: ContextVar[Executor | None] = ContextVar("lrm_stream_workers", default=None)
+
+
+@contextmanager
+def workers(cfg: ParamsConfig, vms: int) -> Iterator[bool]:
+    """streaming.workers processes for the day's vertical models (fewer when the day has
+    fewer), each with its share of the cores; none (False) with 1."""
+    n = min(cfg.streaming.workers, vms)
+    if n <= 1:
+        yield False
+        return
+    threads = max(1, len(os.sched_getaffinity(0)) // n)
+    with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_worker_threads, initargs=(threads,)) as pool:
+        token = _WORKERS.set(pool)
+        try:
+            yield True
+        finally:
+            _WORKERS.reset(token)
+
+
+@task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
+def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
+            teacher: str | None = None, parent: str | None = None) -> Judged:
+    """Vertical model `name`'s day (`vm_day`), in a worker process when the day has them."""
+    pool = _WORKERS.get()
+    if pool is None:
+        return vm_day(cfg, paths, name, day, teacher, parent)
+    return pool.submit(_vm_day_in_worker, cfg, paths, name, day, teacher, parent).result()
 
 
 @task(task_run_name="promote day {day}", cache_policy=NO_CACHE)
@@ -255,11 +315,18 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         aug = augment_days(cfg, paths, day, next_day, t.champion)
         ev = evaluation_data(cfg, paths, day)
         vms = vertical_models(read_schema(paths.sessions)[0], list(cfg.students.models))
-        # one task a VM, at once on the flow's task runner (threads: a VM's step is torch's
-        # own threads' work, which leaves the GIL; a process or cluster runner spreads them)
-        futures = {vm.name: student.submit(cfg, paths, vm.name, day, aug.get("folder"))
-                   for vm in vms}
-        students = {n: f.result() for n, f in futures.items()}
+        # one task a VM, submitted at once; with streaming.workers > 1 each trains in a
+        # worker process (a model's training holds process-wide state: torch's threads, its
+        # process group), else one after another here
+        parent, teacher_dir = tracking.active_run_id(), aug.get("folder")
+        with workers(cfg, len(vms)) as pool:
+            if pool:
+                futures = {vm.name: student.submit(cfg, paths, vm.name, day, teacher_dir,
+                                                   parent) for vm in vms}
+                students = {n: f.result() for n, f in futures.items()}
+            else:
+                students = {vm.name: student(cfg, paths, vm.name, day, teacher_dir)
+                            for vm in vms}
         record = {"day": day, "key": key, "params": params_digest,
                   "evaluated_on": ev["label"], "next_day": ev["next_day"], "split": ev["split"],
                   "teacher": t.record, "augmented_by": aug["teacher"], "augment": aug,

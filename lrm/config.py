@@ -941,9 +941,14 @@ class StreamingConfig:
     # where the models' tables go: a plan file of `lrm shard-plan` (its entries teacher and
     # students.NAME), as --plan gives the stages; "": torchrec's planner (lrm.sharding)
     plan: str = ""  # a sharding plan file for the stream's models ("": the default placement)
+    # the day's vertical models trained at once, each in a worker process of its own (one
+    # Prefect task each) with the cores shared among them; 1: one after another in the
+    # flow's process. More surfaces than cores: a production stream sets the cores it has
+    workers: int = 1  # vertical models of a day trained at once (worker processes)
 
     def __post_init__(self) -> None:
         _check(bool(self.root), "root", "must not be empty")
+        _check(self.workers >= 1, "workers", "must be >= 1 (1: one after another)")
         _check(self.source in STREAM_SOURCES, "source",
                f"must be one of {list(STREAM_SOURCES)}, got {self.source!r}")
         _check(self.days >= 1, "days", "must be >= 1")

@@ -313,6 +313,16 @@ def active() -> bool:
     return mlflow.active_run() is not None
 
 
+def active_run_id() -> str | None:
+    """The id of the MLflow run active in this thread, or None (what a worker process's
+    runs nest under: lrm.tracking.run's `parent`)."""
+    if not active():
+        return None
+    import mlflow
+
+    return mlflow.active_run().info.run_id
+
+
 def constant(key: str) -> bool:
     """Whether a reported number describes the run (the day scored, an interval's level)
     rather than measures it: `eval.ci_level`, `eval_ci_level`, `student.day`,

@@ -115,6 +115,10 @@ class Stage:
     reads: Mapping[str, str]  # run keyword -> dotted params key; "{kind}" filled from args
     short: tuple[str, ...] = ()  # params keys whose fields also get a short option (--lr)
     label: tuple[str, ...] = ()  # args that tell two runs of the stage apart (task names)
+    # output args holding a folder per value of the label (ARG/VALUE, e.g. a vertical
+    # model's checkpoints): a run given the label holds (locks, claims) that folder alone,
+    # so runs of other values go at once (the stream's vertical models in worker processes)
+    per_label: tuple[str, ...] = ()
     group: str | None = None  # a CLI subcommand under the stage (`lrm ingest criteo`)
     cli_name: str | None = None  # the `lrm` command when not the name (`lrm fp8-probe`)
     derived: Mapping[str, str] = dataclasses.field(default_factory=dict)  # arg -> default
@@ -214,14 +218,18 @@ class Stage:
         fmt = self.derived.get(key, "")
         return any(f"{{{k}}}" in fmt for k, a in self.args.items() if a.role == "in")
 
-    def paths(self, args: Mapping[str, Any], *roles: Role) -> list[Path]:
-        """The paths of `args` whose role is one of `roles` (lists flattened)."""
+    def paths(self, args: Mapping[str, Any], *roles: Role, held: bool = False) -> list[Path]:
+        """The paths of `args` whose role is one of `roles` (lists flattened); `held`: the
+        folders a run holds, a `per_label` arg's narrowed to its label's value."""
         found: list[Path] = []
+        label = next((str(args[k]) for k in self.label if args.get(k) is not None), None)
         for k, a in self.args.items():
             v = args.get(k)
             if a.role in roles and v is not None:
                 for p in (v if isinstance(v, (list, tuple)) else [v]):
-                    found.append(split_named(p)[1] if a.named else Path(p))
+                    path = split_named(p)[1] if a.named else Path(p)
+                    found.append(path / label if held and label and k in self.per_label
+                                 else path)
         return found
 
     # -- params --------------------------------------------------------------------

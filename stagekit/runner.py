@@ -39,14 +39,17 @@ def _flat_args(args: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
-            force: bool = False, tags: Mapping[str, str] | None = None) -> Result:
+            force: bool = False, tags: Mapping[str, str] | None = None,
+            parent: str | None = None) -> Result:
     """Run `stage` once: check and lock its paths, log an MLflow run, write its metrics;
     its result (what its `run` returned).
 
     Every check happens before anything is written: an output that is, contains or lies
     inside an input, and an existing output lrm did not write (unless `force`), are
     ConfigErrors; an output another run holds is a LockedError. Only rank 0 (torchrun)
-    locks, logs and writes the metrics; other ranks just run.
+    locks, logs and writes the metrics; other ranks just run. `parent`: the MLflow run its
+    run nests under where this thread has no active run (a stream day's run, for a vertical
+    model trained in a worker process).
     """
     args = stage.complete(args)
     configs = stage.configs(params, args)
@@ -58,12 +61,13 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
         with progress.context(stage=title), io.running(stage.name):
             return stage.run(**call)
     inputs = stage.paths(args, "in")
-    outputs = stage.paths(args, "out", "metrics", "summary", "plot", "state")
+    outputs = stage.paths(args, "out", "metrics", "summary", "plot", "state", held=True)
     io.check_paths(inputs, outputs)
     claimed: list[list[Path]] = []
     marked: list[Path] = []  # a user's empty folder the claim marked
     for k, a in stage.args.items():  # every output is lrm's to replace, before any work
-        for p in stage.paths({k: args.get(k)}, "out", "metrics", "summary", "plot", "state"):
+        one = {k: args.get(k), **{x: args.get(x) for x in stage.label}}
+        for p in stage.paths(one, "out", "metrics", "summary", "plot", "state", held=True):
             if a.file or a.role in ("metrics", "summary", "plot"):
                 io.check_file_replaceable(p, stage.name, force=force)
             elif a.role == "state" or a.persist:  # kept and added to, run after run
@@ -75,7 +79,8 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
             else:
                 io.check_replaceable(p, stage.name, force=force)
     try:
-        return _run_logged(stage, args, params, configs, call, title, outputs, tags, force)
+        return _run_logged(stage, args, params, configs, call, title, outputs, tags, force,
+                           parent)
     except BaseException:
         for made in claimed:  # a run that failed before writing leaves no empty folder
             io.release_claim(made)
@@ -119,20 +124,21 @@ def _dvc_parent(params: ParamsConfig) -> str | None:
 
 def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                 configs: Mapping[str, Any], call: Mapping[str, Any], title: str,
-                outputs: list[Path], tags: Mapping[str, str] | None, force: bool
-                ) -> Result:
+                outputs: list[Path], tags: Mapping[str, str] | None, force: bool,
+                parent: str | None = None) -> Result:
     run_params = {**_flat_args(args),
                   **{kw: dataclasses.asdict(c) if dataclasses.is_dataclass(c) else c
                      for kw, c in configs.items()}}
-    parent = _dvc_parent(params)
-    if parent is not None:
-        tracking.set_status(parent, "RUNNING")
+    dvc = _dvc_parent(params)
+    if dvc is not None:
+        tracking.set_status(dvc, "RUNNING")
     status = "FAILED"
     try:
         with lock.exclusive_all(outputs, purpose=f"lrm {title}"), \
                 progress.context(stage=title), io.running(stage.name), \
                 tracking.run(title.replace(" ", "_"), params=run_params, cfg=params.tracking,
-                             tags={"lrm.stage": stage.name, **(tags or {})}, parent=parent):
+                             tags={"lrm.stage": stage.name, **(tags or {})},
+                             parent=dvc or parent):
             for out in outputs:  # what a killed run of them left: none is live, they are locked
                 io.remove_leftovers(out)
             result = stage.run(**call)
@@ -144,8 +150,8 @@ def _run_logged(stage: Stage, args: Mapping[str, Any], params: ParamsConfig,
                 io.write_json(metrics, m, stage=stage.name, force=force)
         status = "FINISHED"
     finally:
-        if parent is not None:
-            tracking.set_status(parent, status)
+        if dvc is not None:
+            tracking.set_status(dvc, status)
     log.info("%s done: %s", title,
              {k: v for k, v in metrics.items() if isinstance(v, (int, float, str))})
     return result

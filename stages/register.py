@@ -55,10 +55,13 @@ def run(*, reg: RegistryConfig, tracking: TrackingConfig,
     from lrm.errors import ConfigError, DataError
 
     day = pick_day(list(day_files(data)), -1 if day is None else day, "--day")
+    # a vertical model's day (the stream's): its own serving file, beside its models
+    src = Path(models) / name / SERVING if name is not None and \
+        (Path(models) / name / SERVING).is_file() else Path(models) / SERVING
     try:
-        serving = json.loads((Path(models) / SERVING).read_text())
+        serving = json.loads(src.read_text())
     except (OSError, ValueError) as e:
-        raise DataError(Path(models) / SERVING, None, None, f"not the student stage's "
+        raise DataError(src, None, None, f"not the student stage's "
                         f"output ({e.__class__.__name__}): run lrm student") from None
     names = list(serving) if name is None else [name]
     if name is not None and name not in serving:

@@ -222,9 +222,8 @@ def _one_day(cfg: StudentStageConfig, serving: str, pick: PickConfig, vms: list[
     if serving == P.FM and not fm:
         raise ConfigError("registry.variant fm: the stream's day has no foundation model "
                           "folder (--teacher)")
-    io.claim_dir(out, NAME)  # the day's models: lrm's, replaceable by this stage's next run
     done: dict[str, VMDay] = {}
-    picks = json.loads((out / SERVING).read_text()) if (out / SERVING).is_file() else {}
+    picks: dict[str, Any] = {}
     small: dict[int, str] = {}
     if fm and sessions is not None:  # a surface under students.min_share serves the FM
         counts = S.vertical_rows(sessions, [d for d in _days_of(sessions) if d <= day])
@@ -234,11 +233,13 @@ def _one_day(cfg: StudentStageConfig, serving: str, pick: PickConfig, vms: list[
                        pick.prior)
     for vm in chosen:
         chains = checkpoints / vm.name
-        yesterday = picks.get(vm.name, {}).get("variant")
+        io.claim_dir(out / vm.name, NAME)  # the VM's day models: this stage's, replaceable
+        yesterday = _served(chains, before=day)
         if vm.vertical is not None and vm.vertical in small:
             pick_ = P.FM
             _link_fm(teacher, out / vm.name / P.FM)
             picks[vm.name] = {"variant": pick_, "vertical": vm.vertical}
+            _record_served(chains, out / vm.name, day, picks[vm.name], vm.name)
             done[vm.name] = VMDay(serving=pick_, validation_ne={}, variants={},
                                   not_trained=small[vm.vertical])
             continue
@@ -279,24 +280,54 @@ def _one_day(cfg: StudentStageConfig, serving: str, pick: PickConfig, vms: list[
             pooled, used = P.pool(P.load_scores(chains / SCORES, before=day), cands,
                                   pick.days)
             pk = P.choose(pooled, prior, days=used)
-        if trained:  # today's: the next days' evidence
+        if trained and serving == "auto":  # today's scores: the next days' evidence
             P.save_scores(chains / SCORES, day, P.day_scores(
                 {v: out / vm.name / v for v in trained}, eval_data or data, held,
                 vm.verticals or None, teacher_column=TEACHER_COLUMN if fm else None), NAME)
-        models = [v for v in trained]
-        pick_ = S.served_variant(serving if serving != "auto" or pk is not None else
-                                 (yesterday or prior), pk, models, fm)
-        if pick_ is None or (pick_ != P.FM and pick_ not in trained):
-            pick_ = yesterday  # nothing trained today (a day too small): as yesterday
+        if trained:  # the pick's choice; between ablation days yesterday's goes on
+            rule = serving if serving != "auto" or pk is not None else (yesterday or prior)
+            pick_ = S.served_variant(rule, pk, list(trained), fm)
+        else:  # nothing trained today (the surface's day too small): as yesterday
+            pick_ = yesterday if yesterday is not None else (P.FM if fm else None)
         if pick_ == P.FM:
             _link_fm(teacher, out / vm.name / P.FM)
         if pick_ is not None:
             picks[vm.name] = {"variant": pick_, "vertical": vm.vertical}
+            _record_served(chains, out / vm.name, day, picks[vm.name], vm.name)
         done[vm.name] = VMDay(serving=pick_, validation_ne=pk.ne if pk else {},
                               variants=trained, pick=pk.as_dict() if pk else None,
                               ablation=ablation, skipped=why)
-    io.write_json(picks, out / SERVING, stage=NAME)
+    if name is None:  # every VM of the day in this run: the day's serving file too
+        io.claim_dir(out, NAME)
+        io.write_json(picks, out / SERVING, stage=NAME)
     return Day(day=day, eval_day=held, serving_rule=serving, students=done)
+
+
+SERVED = "_served.json"  # in a VM's checkpoints (the stream): what it served, day by day
+
+
+def _served(chains: Path, before: int) -> str | None:
+    """What the VM served on its newest day before `before` (None: none yet)."""
+    try:
+        doc = json.loads((chains / SERVED).read_text())
+    except (OSError, ValueError):
+        return None
+    days = [int(d) for d in doc if d.isdigit() and int(d) < before]
+    return doc[str(max(days))]["variant"] if days else None
+
+
+def _record_served(chains: Path, folder: Path, day: int, entry: dict[str, Any],
+                   name: str) -> None:
+    """The VM's served variant of day `day`: in its chain (the next days read it) and in
+    its day folder (`serving.json` there, what the register stage reads for it)."""
+    try:
+        doc = json.loads((chains / SERVED).read_text())
+    except (OSError, ValueError):
+        doc = {}
+    doc[str(day)] = entry
+    io.claim_dir(chains, NAME)
+    io.write_json(doc, chains / SERVED, stage=NAME)
+    io.write_json({name: entry}, folder / SERVING, stage=NAME)
 
 
 def _schema(data: Path) -> Any:
@@ -321,7 +352,8 @@ def _link_fm(teacher: Path | None, dst: Path) -> None:
 
 
 STAGE = Stage(
-    name=NAME, run=run, short=("students",), label=("name",), trains="students",
+    name=NAME, run=run, short=("students",), label=("name",), per_label=("out", "checkpoints"),
+    trains="students",
     reads={"cfg": "students", "loader": "loader", "tables": "model.tables",
            "checkpoint": "checkpoint", "serving": "registry.variant", "pick": "registry.pick"},
     args={"data": Arg("--data", "augmented dataset (the days the teacher logs)", "in"),

@@ -30,7 +30,14 @@ import torch
 import yaml
 
 from bench.common import emit, smoke
-from lrm.config import DedupConfig, DistillConfig, ModelConfig, ParamsConfig, from_dict
+from lrm.config import (
+    DistillConfig,
+    LogsConfig,
+    ModelConfig,
+    ParamsConfig,
+    VerticalConfig,
+    from_dict,
+)
 from lrm.data import dedup, synthetic
 from lrm.data.loader import BatchLoader
 from lrm.data.schema import day_files, read_schema
@@ -84,16 +91,57 @@ def _merge(into: dict[str, Any], over: dict[str, Any]) -> None:
             into[k] = v
 
 
+# a world with a tiny surface where the truth is that distillation helps: the default
+# world's three surfaces and two more, "tiny" (1.2% of the sessions: a VM of its own, its
+# variants picked on a few thousand impressions a validation day) and "speck" (0.3%: under
+# students.min_share, it serves the FM)
+TINY_VERTICALS = [{"name": "tiny", "share": 0.012, "base_ctr": 0.04, "position": 1.0,
+                   "own": 0.4},
+                  {"name": "speck", "share": 0.003, "base_ctr": 0.03, "position": 1.0,
+                   "own": 0.4}]
+
+
+def params_of(quick: bool, tiny: bool = False, files: list[Path] | None = None
+              ) -> ParamsConfig:
+    """params.yaml (and `files` laid over it), --quick's small world, --world tiny's
+    surfaces added to the world's."""
+    p = _params(quick)
+    for f in files or []:
+        _merge(p, yaml.safe_load(Path(f).read_text()) or {})
+    pc = from_dict(ParamsConfig, p, "params")
+    if tiny:
+        more = [from_dict(VerticalConfig, v, "tiny") for v in TINY_VERTICALS]
+        pc = dataclasses.replace(pc, generate=dataclasses.replace(
+            pc.generate, verticals=[*pc.generate.verticals, *more]))
+    return pc
+
+
 @contextmanager
-def world(quick: bool, fm_seeds: int = 1) -> Iterator[dict[str, Any]]:
+def world(quick: bool, fm_seeds: int = 1, *, tiny: bool = False,
+          log: list[Path] | None = None, mapping: Path | None = None,
+          params: list[Path] | None = None) -> Iterator[dict[str, Any]]:
     """Data, then per FM seed its versions and the days augmented by them, in a temporary
-    folder: `fms[k]` is FM seed k's {teachers, augmented, seconds}."""
+    folder: `fms[k]` is FM seed k's {teachers, augmented, seconds}. The data: the params'
+    synthetic world (with `tiny`, its tiny surfaces added), or a click `log` ingested
+    through its column `mapping` (lrm ingest logs --map: the logs pipeline's procedure)."""
     quiet_libraries()
-    pc = from_dict(ParamsConfig, _params(quick), "params")
+    pc = params_of(quick, tiny, params)
     with tempfile.TemporaryDirectory(prefix="lrm-bench-exfm-") as tmp:
         root = Path(tmp)
-        synthetic.generate(pc.generate, root / "raw")
-        dedup.dedup_dataset(root / "raw", root / "sessions", DedupConfig())
+        source = "synthetic"
+        if log:
+            from lrm.data.logs.ingest import ingest
+            from stages.ingest import read_mapping
+
+            cfg = from_dict(LogsConfig, {**dataclasses.asdict(pc.ingest.logs),
+                                         **(read_mapping(mapping) if mapping else {})},
+                            "ingest.logs")
+            ingest(list(log), root / "raw", cfg, chunk_rows=pc.ingest.chunk_rows,
+                   max_history=pc.generate.max_history)
+            source = ", ".join(str(f) for f in log)
+        else:
+            synthetic.generate(pc.generate, root / "raw")
+        dedup.dedup_dataset(root / "raw", root / "sessions", pc.dedup)
         sched = schedule(list(day_files(root / "sessions")), pc.exfm)
         fms = []
         for k in range(fm_seeds):
@@ -114,7 +162,8 @@ def world(quick: bool, fm_seeds: int = 1) -> Iterator[dict[str, Any]]:
                             batch_size=pc.augment.batch_size)
             fms.append({"teachers": teachers, "augmented": root / f"augmented{k}",
                         "seconds": seconds})
-        yield {"root": root, "params": pc, "sched": sched, "fms": fms, "quick": quick}
+        yield {"root": root, "params": pc, "sched": sched, "fms": fms, "quick": quick,
+               "source": source, "tiny": tiny}
 
 
 def run_augment(w: dict[str, Any]) -> dict[str, Any]:
@@ -153,9 +202,17 @@ def run_augment(w: dict[str, Any]) -> dict[str, Any]:
                 quick=w["quick"])
 
 
+def old_rule(ne: dict[str, float]) -> str:
+    """The pick before issue 44 (the baseline of exfm.pick_regret): the lowest NE on one
+    validation day (the evaluation day before the last), never worse than labels only."""
+    best = min(ne, key=lambda v: (ne[v], v != S.LABELS_ONLY))
+    return best if ne[best] < ne[S.LABELS_ONLY] else S.LABELS_ONLY
+
+
 def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
-    """The student stage's report for each seed (every vertical model, every variant), seed
-    s distilled from FM seed s mod len(w["fms"])."""
+    """The student stage's procedure for each seed (lrm.exfm.students.train_students: every
+    vertical model, every variant, the pick), seed s distilled from FM seed s mod
+    len(w["fms"]): its report, with `old_rule`'s pick beside the served one."""
     pc: ParamsConfig = w["params"]
     root = w["root"]
     sessions = root / "sessions"
@@ -163,6 +220,8 @@ def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
     vms = S.vertical_models(schema, list(pc.students.models))
     days = sorted(day_files(sessions))[:-1]
     evals = [d + 1 for d in days]
+    small = S.small_surfaces(schema, S.vertical_rows(sessions, days),
+                             verticals=pc.students.verticals, min_share=pc.students.min_share)
     reports = []
     for seed in range(seeds):
         augmented = w["fms"][seed % len(w["fms"])]["augmented"]
@@ -177,20 +236,28 @@ def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
                              checkpoint=pc.checkpoint, loss=d.loss,
                              teacher_column=d.teacher_column, growth=d.growth)
 
-        results = {vm.name: S.train_vm(vm, pc.students.variants, job_for, sessions=sessions,
-                                       augmented=augmented, days=days, first_served=served[0],
-                                       chains=root / "chains" / f"seed{seed}" / vm.name,
-                                       owner="bench")
-                   for vm in vms}
-        reports.append(S.report(results, vms, schema,
-                                S.teacher_per_day(augmented, [d for d in evals if d in served]),
-                                validation_day=evals[-2], serving="auto"))
+        run = S.train_students(vms, pc.students.variants, job_for, sessions=sessions,
+                               augmented=augmented, days=days,
+                               chains=root / "chains" / f"seed{seed}", owner="bench",
+                               rule="auto", prior=pc.registry.pick.prior,
+                               pick_days=pc.registry.pick.days, fm=pc.registry.pick.fm,
+                               small=small)
+        rep = S.report(run.results, vms, schema,
+                       S.teacher_per_day(augmented, [d for d in evals if d in served]),
+                       served=run.served, picks=run.picks, trained=run.not_trained)
+        one_day = evals[-2]  # the old rule's one validation day
+        rep["old_served"] = {
+            name: old_rule({v: next(r["ne"] for r in rows if r["day"] == one_day)
+                            for v, rows in per.items()}) if per else S.FM
+            for name, per in run.results.items()}
+        reports.append(rep)
         shutil.rmtree(root / "chains" / f"seed{seed}")  # the seed's rows are in its report
     return reports
 
 
 def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
-    """exfm.teacher_gain per vertical, exfm.student_gain per vertical x size, the table."""
+    """exfm.teacher_gain per vertical; per vertical x size exfm.student_gain,
+    exfm.pick_regret and exfm.served_vs_labels; the held-out table (exfm.table)."""
     pc: ParamsConfig = w["params"]
     t0 = time.perf_counter()
     reports = students(w, seeds)
@@ -202,8 +269,9 @@ def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
     n_fm = len(w["fms"])
     common = {"seeds": list(range(seeds)), "fm_seeds": list(range(n_fm)),
               "eval_day": reports[0]["eval_day"],
-              "validation_day": reports[0]["validation_day"], "fm_cuts": list(w["sched"].cuts),
-              "teacher_lag": w["sched"].lag, "flops_per_example": flops,
+              "validation_days": reports[0]["validation_days"],
+              "fm_cuts": list(w["sched"].cuts), "teacher_lag": w["sched"].lag,
+              "flops_per_example": flops, "source": w["source"],
               "fm_seconds": [round(f["seconds"], 1) for f in w["fms"]],
               "students_seconds": seconds, "quick": w["quick"]}
     out = []
@@ -215,42 +283,81 @@ def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
                     if all(t.get(k) is not None for t in fms)}
         fm_ne, f = [t["ne"] for t in fms], fm_table["ne"]
         labels = {s: [r["verticals"][vname]["students"][s]["variants"]["labels_only"]["ne"]
-                      for r in reports] for s in v["students"]}
-        best = min(labels, key=lambda s: S.mean_spread(labels[s])["mean"])
-        b = S.mean_spread(labels[best])
-        out.append(emit("exfm.teacher_gain", vname, "NE", candidate=round(f["mean"], 5),
-                        baseline=round(b["mean"], 5), better="lower",
-                        fm_per_seed=[round(x, 5) for x in fm_ne],
-                        fm_spread=round(f["spread"], 5),
-                        best_labels_only=best, labels_only_per_seed=labels[best],
-                        labels_only_spread=round(b["spread"], 5), **common))
+                      for r in reports] for s in v["students"]
+                  if "labels_only" in v["students"][s]["variants"]}
+        if labels:
+            best = min(labels, key=lambda s: S.mean_spread(labels[s])["mean"])
+            b = S.mean_spread(labels[best])
+            out.append(emit("exfm.teacher_gain", vname, "NE", candidate=round(f["mean"], 5),
+                            baseline=round(b["mean"], 5), better="lower",
+                            fm_per_seed=[round(x, 5) for x in fm_ne],
+                            fm_spread=round(f["spread"], 5),
+                            best_labels_only=best, labels_only_per_seed=labels[best],
+                            labels_only_spread=round(b["spread"], 5), **common))
         for size in v["students"]:
-            per = [r["verticals"][vname]["students"][size] for r in reports]
-            served = [p["serving"] for p in per]
-            base = [p["variants"]["labels_only"]["ne"] for p in per]
-            cand = [p["variants"][s]["ne"] for p, s in zip(per, served, strict=True)]
-            gains = [b_ / c for b_, c in zip(base, cand, strict=True)]
-            # seeds move every variant alike: the gain (NE) against the larger spread
-            spread = max(S.mean_spread(base)["spread"], S.mean_spread(cand)["spread"])
-            paired = S.mean_spread([b_ - c for b_, c in zip(base, cand, strict=True)])
-            gain = paired["mean"]
-            table = {var: {k: S.mean_spread([p["variants"][var][k] for p in per])
-                           for k in ("ne", "auc", "calibration")}
-                     for var in per[0]["variants"]}
-            table["teacher"] = fm_table
-            out.append(emit("exfm.student_gain", f"{vname}/{size}", "NE",
-                            candidate=round(S.mean_spread(cand)["mean"], 5),
-                            baseline=round(S.mean_spread(base)["mean"], 5), better="lower",
-                            served=served, candidate_per_seed=cand, baseline_per_seed=base,
-                            gain_per_seed=[round(g, 5) for g in gains],
-                            spread=round(spread, 5),
-                            gain_over_spread=round(gain / spread, 2) if spread else None,
-                            # a seed's variants share its init and data order: the spread
-                            # of the gain itself, seed by seed (the stricter figure is above)
-                            gain_spread=round(paired["spread"], 5),
-                            gain_over_gain_spread=(round(gain / paired["spread"], 2)
-                                                   if paired["spread"] else None),
-                            table=table, **common))
+            out += _size_lines(reports, vname, size, fm_table, common)
+    return out
+
+
+def _size_lines(reports: list[dict[str, Any]], vname: str, size: str,
+                fm_table: dict[str, Any], common: dict[str, Any]) -> list[dict[str, Any]]:
+    """A vertical model's lines: its held-out table, and where it has variants of its own
+    student_gain (served against labels only), pick_regret (the served NE against the best
+    candidate's, the old rule's beside it) and served_vs_labels."""
+    per = [r["verticals"][vname]["students"][size] for r in reports]
+    model = per[0]["model"]
+    served = [p["serving"] for p in per]
+    old = [r["old_served"][model] for r in reports]
+    table = {var: {k: S.mean_spread([p["variants"][var][k] for p in per])
+                   for k in ("ne", "auc", "calibration")}
+             for var in per[0]["variants"] if all(p["variants"][var]["ne"] is not None
+                                                  for p in per)}
+    out = [emit("exfm.table", f"{vname}/{size}", "NE",
+                candidate=round(S.mean_spread([p["variants"][s]["ne"]
+                                               for p, s in zip(per, served, strict=True)])
+                                ["mean"], 5),
+                baseline=round(fm_table["ne"]["mean"], 5), better="lower",
+                served=served, old_rule_served=old,
+                variants={var: round(t["ne"]["mean"], 5) for var, t in table.items()},
+                not_trained=per[0].get("not_trained"), **common)]
+    if "labels_only" not in per[0]["variants"]:
+        return out  # a small surface: the FM serves, nothing to compare it with
+    ne = [{var: p["variants"][var]["ne"] for var in p["variants"]} for p in per]
+    best = [min(x.values()) for x in ne]
+    regret = [x[s] / b for x, s, b in zip(ne, served, best, strict=True)]
+    regret_old = [x[s] / b for x, s, b in zip(ne, old, best, strict=True)]
+    out.append(emit("exfm.pick_regret", f"{vname}/{size}", "NE ratio",
+                    candidate=round(S.mean_spread(regret)["mean"], 5),
+                    baseline=round(S.mean_spread(regret_old)["mean"], 5), better="lower",
+                    aim=1.005, per_seed=[round(x, 5) for x in regret],
+                    old_rule_per_seed=[round(x, 5) for x in regret_old], served=served,
+                    old_rule_served=old,
+                    best=[min(x, key=x.get) for x in ne], **common))
+    vs = [x["labels_only"] / x[s] for x, s in zip(ne, served, strict=True)]
+    vs_old = [x["labels_only"] / x[s] for x, s in zip(ne, old, strict=True)]
+    out.append(emit("exfm.served_vs_labels", f"{vname}/{size}", "NE ratio",
+                    candidate=round(S.mean_spread(vs)["mean"], 5),
+                    baseline=round(S.mean_spread(vs_old)["mean"], 5), better="higher",
+                    aim=1.0, per_seed=[round(x, 5) for x in vs],
+                    old_rule_per_seed=[round(x, 5) for x in vs_old], **common))
+    base = [x["labels_only"] for x in ne]
+    cand = [x[s] for x, s in zip(ne, served, strict=True)]
+    spread = max(S.mean_spread(base)["spread"], S.mean_spread(cand)["spread"])
+    paired = S.mean_spread([b_ - c for b_, c in zip(base, cand, strict=True)])
+    gain = paired["mean"]
+    out.append(emit("exfm.student_gain", f"{vname}/{size}", "NE",
+                    candidate=round(S.mean_spread(cand)["mean"], 5),
+                    baseline=round(S.mean_spread(base)["mean"], 5), better="lower",
+                    served=served, candidate_per_seed=cand, baseline_per_seed=base,
+                    gain_per_seed=[round(b_ / c, 5) for b_, c in zip(base, cand, strict=True)],
+                    spread=round(spread, 5),
+                    gain_over_spread=round(gain / spread, 2) if spread else None,
+                    # a seed's variants share its init and data order: the spread of the
+                    # gain itself, seed by seed (the stricter figure is above)
+                    gain_spread=round(paired["spread"], 5),
+                    gain_over_gain_spread=(round(gain / paired["spread"], 2)
+                                           if paired["spread"] else None),
+                    table={**table, "teacher": fm_table}, **common))
     return out
 
 

@@ -12,7 +12,6 @@ whole users' sessions of the day.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -22,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from lrm import io
-from lrm.config import DedupConfig, ParamsConfig, TableConfig, TrainConfig
+from lrm.config import DedupConfig, ParamsConfig, TableConfig
 from lrm.data import collisions, parquet
 from lrm.data.schema import META_KEY, FeatureSchema, day_files, part_path, read_schema
 from lrm.errors import ConfigError, DataError
@@ -121,30 +119,26 @@ def fit_rows(n: int, holdout: float) -> int:
 
 def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
     """Why a new day's impressions (`table`, lrm schema) cannot be a stream day, in words;
-    None when they can. The day's models must each take a step: a student trains on its
-    vertical's rows of the day's fit part (the first 1 - `streaming.holdout`, as `split_day`
-    cuts it, while the next day is not there), the teacher on the whole day at the least,
-    each at the smallest batch its schedule takes (lrm.train.schedule; a model's first day
-    and the days it is carried over alike). Checked when the day is made, where its file
-    can still be named and left out; found by training, the day would fail every run."""
-    def steps(train: TrainConfig, rows: int) -> bool:
-        return all(schedule.plan(t, rows, 1).epoch_batches >= 1
-                   for t in (train, dataclasses.replace(train, fit_steps=0)))
-
+    None when they can. The teacher must take a step on the whole day, and on data of one
+    surface its student on the day's fit part (the first 1 - `streaming.holdout`, as
+    `split_day` cuts it, while the next day is not there), each at the smallest batch its
+    schedule takes (lrm.train.schedule.can_step: a model's first day and the days it is
+    carried over alike). A surface's day too small for its own vertical models is no reason:
+    they skip the day and say so (a small surface of an export has such days every day).
+    Checked when the day is made, where its file can still be named and left out; found by
+    training, the day would fail every run."""
     schema = FeatureSchema.from_json(table.schema.metadata[META_KEY].decode())
     n = table.num_rows
-    if not steps(cfg.train_for("teacher"), n):
+    if not schedule.can_step(cfg.train_for("teacher"), n):
         return (f"its {n} impressions are too few for one teacher step at the smallest "
                 f"batch (train.min_batch_size)")
     student = cfg.train_for("students")
-    counts = ({} if not schema.vertical else  # a vertical's rows, once for all its sizes
-              {c["values"].as_py(): c["counts"].as_py()
-               for c in pc.value_counts(table.column(schema.vertical))})
     for vm in vertical_models(schema, list(cfg.students.models)):
-        rows = n if vm.vertical is None or not schema.vertical else counts.get(vm.vertical, 0)
-        fit = fit_rows(rows, cfg.streaming.holdout)
-        if not steps(student, fit):
-            return (f"student {vm.name} would train on {fit} of its {rows} "
+        if vm.vertical is not None:
+            continue  # a surface's own day: its VMs skip it (stages/student.py)
+        fit = fit_rows(n, cfg.streaming.holdout)
+        if not schedule.can_step(student, fit):
+            return (f"student {vm.name} would train on {fit} of its {n} "
                     f"impressions (the first {1 - cfg.streaming.holdout:.0%}; the rest is "
                     f"held out), too few for one step of the smallest batch "
                     f"(train.min_batch_size)")

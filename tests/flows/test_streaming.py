@@ -463,43 +463,68 @@ def test_a_stream_day_honours_train_fp8_and_the_streaming_plan(harness, tmp_path
         assert info["sharding"]["t_ad_id"] == "table_wise on ranks [0]"
 
 
-def test_a_stream_of_two_verticals_serves_each_vertical_models_pick(harness, tmp_path,
-                                                                       monkeypatch):
-    """With registry.variant auto the stream runs the ExFM stage's procedure: every variant
-    of every vertical model each day, the one served the best on the day before (never one
-    worse than labels only; labels only on the first day), registered per vertical model
-    with its variant."""
+def test_a_stream_of_two_surfaces_picks_beyond_the_noise_in_worker_processes(
+        harness, tmp_path, monkeypatch):
+    """registry.variant auto, students.ablation_every 2, streaming.workers 2, three days.
+    Each vertical model is a task trained in a worker process of its own, its stage runs
+    nested under the day's MLflow run. North: day 1 the whole ablation and the prior served
+    (no evidence yet), day 2 the served variant and labels only, day 3 the whole ablation
+    and the pick on the stored scores of the days every candidate was scored on (day 1).
+    South's days are too small to train on (a few impressions): each is skipped in one line,
+    the day completes, and south serves the foundation model, registered under its own
+    name and scored on its rows. Red with the ablation every day (day 2 trains every
+    variant), and with a worker's runs not nested (no parent run in the process)."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     monkeypatch.chdir(tmp_path)
-    two = [{"name": "north", "share": 0.6}, {"name": "south", "share": 0.4, "base_ctr": 0.05}]
-    params = _write_params(tmp_path, generate={"verticals": two, "sessions_per_day": 300},
-                           registry={"variant": "auto"},
-                           students={"variants": {"labels_only": {"distill": False},
-                                                  "aux_head": {"adapter": False}}})
-    state = streaming(days=2, params=[str(params)], return_state=True)
+    two = [{"name": "north", "share": 0.97}, {"name": "south", "share": 0.03}]
+    params = _write_params(
+        tmp_path, generate={"verticals": two, "sessions_per_day": 300, "days": 4},
+        registry={"variant": "auto"}, streaming={"workers": 2},
+        students={"ablation_every": 2,
+                  "variants": {"labels_only": {"distill": False},
+                               "distill_serving": {"aux_head": False, "adapter": False},
+                               "aux_head": {"adapter": False}}})
+    state = streaming(days=3, params=[str(params)], return_state=True)
     assert state.is_completed(), state.message
-    first, second = state.result()
-    assert set(first["students"]) == {"north-small", "south-small"}
+    days = state.result()
+    assert [r["day"] for r in days] == [1, 2, 3]
+    north = [r["students"]["north-small"] for r in days]
+    assert [n["ablation"] for n in north] == [True, False, True]
+    assert north[0]["trained"] == ["aux_head", "distill_serving", "labels_only"]
+    assert north[0]["variant"] == "distill_serving"  # the prior: no evidence yet
+    assert north[1]["trained"] == ["distill_serving", "labels_only"]  # served + control
+    pick = north[2]["pick"]
+    assert pick["prior"] == "distill_serving" and pick["days"] == [1]
+    assert set(pick["ne"]) == {"labels_only", "distill_serving", "aux_head", "fm"}
+    assert north[2]["variant"] == pick["served"]
+    client = registry.client()
+    d = north[2]["decision"]
+    assert client.get_model_version(d["name"], d["version"]).tags["lrm.variant"] == \
+        pick["served"]
+    for rec in days:  # south: nothing to train on, the FM's own prediction serves
+        s = rec["students"]["south-small"]
+        assert s["trained"] == [] and s["variant"] == "fm"
+        assert "impressions, fewer than one step" in rec_skipped(tmp_path, rec["day"])
+    d = days[0]["students"]["south-small"]["decision"]
+    mv = client.get_model_version("lrm-student-south-small", d["version"])
+    assert mv.tags["lrm.variant"] == "fm" and json.loads(mv.tags["lrm.verticals"]) == [1]
+    assert 0 < d["challenger"]["rows"] < 100  # scored on south's rows alone
     names = asyncio.run(_task_run_names())
     assert names.count("student north-small day 2") == 1
-    client = registry.client()
-    for vm in ("north-small", "south-small"):
-        assert first["students"][vm]["variant"] == "labels_only"  # nothing to pick from yet
-        s = second["students"][vm]
-        valid = s["validation_ne"]  # each variant's NE on day 1's evaluation
-        assert set(valid) == {"labels_only", "aux_head"}
-        want = "aux_head" if valid["aux_head"] < valid["labels_only"] else "labels_only"
-        assert s["variant"] == want
-        chain = tmp_path / "stream" / "checkpoints" / "students" / vm
-        assert sorted(p.name for p in chain.iterdir() if p.is_dir()) == \
-            ["aux_head", "labels_only"]  # both variants carried day to day
-        d = s["decision"]
-        assert d["name"] == f"lrm-student-{vm}"
-        assert client.get_model_version(d["name"], d["version"]).tags["lrm.variant"] == want
-        vertical = 0 if vm == "north-small" else 1
-        card = json.loads((tmp_path / "stream" / "models" / "students" / "day=2" / vm / want /
-                           "model.json").read_text())
-        assert card["info"]["verticals"] == [vertical]  # trained on its vertical alone
+    runs = mlflow.search_runs(search_all_experiments=True)
+    day_runs = dict(zip(runs["tags.mlflow.runName"], runs["run_id"], strict=True))
+    for day in (1, 2, 3):
+        students = runs[(runs["tags.lrm.stage"] == "student")
+                        & (runs["tags.lrm.stream.day"] == str(day))]
+        assert len(students) == 2  # north and south, each in its worker
+        assert set(students["tags.mlflow.parentRunId"]) == {day_runs[f"stream_day_{day}"]}
+
+
+def rec_skipped(root: Path, day: int) -> str:
+    """What the student stage said of south's day (its metrics file in the reports)."""
+    doc = json.loads((root / "stream" / "reports" /
+                      f"student_south-small_day={day}.json").read_text())
+    return doc["students"]["south-small"].get("skipped", "")
 
 
 def test_a_failed_day_moves_no_champion_and_its_rerun_moves_them_once(harness, tmp_path,

@@ -1,0 +1,109 @@
+"""ExFM's cost in the stream (bench/exfm.py --only stream, issue 49): the time of a stream
+day against the number of surfaces, with the default settings and the production ones.
+
+A world of 1, 3 and 9 surfaces of equal share and the same sessions a day in all (the
+surfaces split the same impressions), streamed through the streaming flow (flows.streaming:
+the stream's own days, Prefect's temporary server, a local MLflow store) for its first two
+days; the figure is the second day's seconds (the flow's record), the one a running stream
+pays every day:
+
+    default       params.yaml: every variant of every VM every day, one VM after another
+    production    students.ablation_every 7 (the second day is no ablation day: the served
+                  variant and labels only), streaming.workers = the cores (each VM a worker
+                  process with its share of them)
+
+`exfm.stream_day` lines: per setting, 9 surfaces against 3 (the aim: within 2x) and 1
+against 3; per surface count, production against default.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import emit
+
+SETTINGS = {
+    "default": {},
+    "production": {"students": {"ablation_every": 7},
+                   "streaming": {"workers": max(1, len(os.sched_getaffinity(0)))}},
+}
+
+
+def _world(surfaces: int, quick: bool) -> dict[str, Any]:
+    names = ["feed", "search", "video", "shop", "news", "live", "local", "games", "music"]
+    return {"days": 3, "sessions_per_day": 1500 if quick else 6000,
+            "users": 5000 if quick else 20000, "ads": 1000 if quick else 5000,
+            "verticals": [{"name": n, "share": 1.0} for n in names[:surfaces]]
+            if surfaces > 1 else [{"name": "all"}]}
+
+
+def _params(surfaces: int, setting: str, quick: bool) -> dict[str, Any]:
+    p: dict[str, Any] = {"generate": _world(surfaces, quick),
+                         "exfm": {"teacher_days": 1, "teacher_every": 1, "teacher_lag": 1}}
+    for k, v in SETTINGS[setting].items():
+        p.setdefault(k, {}).update(v)
+    if quick:  # smaller models: the run's fixed costs, not its steps, are what it shows
+        p["students"] = {**p.get("students", {}), "models": {
+            "small": {"embedding_dim": 8, "bottom_mlp": [32], "top_mlp": [64, 32]}}}
+    return p
+
+
+def day_seconds(surfaces: int, setting: str, quick: bool) -> dict[str, Any]:
+    """Stream days 1 and 2 of a world of `surfaces`; day 2's seconds and what it trained."""
+    from flows.streaming import streaming
+
+    with tempfile.TemporaryDirectory(prefix="lrm-bench-stream-") as tmp:
+        root = Path(tmp)
+        params = root / "params.yaml"
+        params.write_text(yaml.safe_dump(_params(surfaces, setting, quick)))
+        old = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI",)}
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root}/mlflow.db"
+        cwd = os.getcwd()
+        os.chdir(root)
+        try:
+            t0 = time.perf_counter()
+            state = streaming(days=2, params=[str(params)], root=str(root / "stream"),
+                              return_state=True)
+            wall = time.perf_counter() - t0
+        finally:
+            os.chdir(cwd)
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        if not state.is_completed():
+            raise RuntimeError(f"stream of {surfaces} surfaces ({setting}): {state.message}")
+        first, second = state.result()
+        trained = sum(len(s["trained"]) for s in second["students"].values())
+        return {"seconds": second["seconds"], "first_day_seconds": first["seconds"],
+                "wall_two_days": round(wall, 1), "vm_variant_days": trained,
+                "vms": len(second["students"])}
+
+
+def run_stream(quick: bool, counts: tuple[int, ...] = (1, 3, 9)) -> list[dict[str, Any]]:
+    got = {(n, s): day_seconds(n, s, quick) for s in SETTINGS for n in counts}
+    common = {"quick": quick, "cores": len(os.sched_getaffinity(0)),
+              "settings": SETTINGS, "days": "the second stream day (the first is day 1)"}
+    out = []
+    for s in SETTINGS:
+        for n in counts:
+            if n == 3:
+                continue
+            a, b = got[(n, s)], got[(3, s)]
+            out.append(emit("exfm.stream_day", f"{s}/{n}_vs_3_surfaces", "s",
+                            candidate=a["seconds"], baseline=b["seconds"], better="lower",
+                            aim="9 surfaces within 2x of 3 (ratio >= 0.5)" if n == 9 else None,
+                            candidate_detail=a, baseline_detail=b, **common))
+    for n in counts:
+        d, p = got[(n, "default")], got[(n, "production")]
+        out.append(emit("exfm.stream_day", f"{n}_surfaces/production_vs_default", "s",
+                        candidate=p["seconds"], baseline=d["seconds"], better="lower",
+                        candidate_detail=p, baseline_detail=d, **common))
+    return out
