@@ -145,6 +145,10 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
     evals = [d + 1 for d in days]
     # the FM's own prediction for a surface: the version that logs the last day (the one the
     # table's FM row scores), registered under the surface's model when it serves
+    if teacher is not None and not Path(teacher).exists():  # run on its own, no FM at hand
+        log.info("student: no foundation model at %s: its own prediction is no candidate",
+                 teacher)
+        teacher = None
     fm_dir = (F.teachers_by_day(teacher, [evals[-1]]).get(evals[-1])
               if teacher is not None and pick.fm else None)
     small = S.small_surfaces(schema, S.vertical_rows(sessions, days),
