@@ -785,7 +785,7 @@ class StudentStageConfig:
     # which surfaces get vertical models of their own: those named here, or with none named
     # every one holding at least `min_share` of the train days' impressions. The others
     # serve the foundation model's own prediction (it trains on every surface, theirs too:
-    # docs/surfaces.md says why not a shared VM); on an ordinary log every surface has a VM
+    # docs/exfm.md says why not a shared VM); on an ordinary log every surface has a VM
     verticals: list[str] = field(default_factory=list)  # surfaces with VMs (empty: min_share)
     min_share: float = 0.01  # a surface's share of the impressions below which it has no VM
     # the stream's cost: every variant of every VM trains only every `ablation_every` days

@@ -6,9 +6,9 @@ difference between two variants of its VM is mostly noise: picking the lowest NE
 served labels only where distillation was 4.6% and 8.2% better on the held-out day, and a
 variant 1.9% worse than labels only (issue 44). So the pick
 
-* pools several validation days: the last `registry.pick_days` evaluation days before the
+* pools several validation days: the last `registry.pick.days` evaluation days before the
   held-out one on which every candidate was scored (`pool`);
-* starts from a prior, the variant that distils (`registry.prior`; ExFM's premise, and what
+* starts from a prior, the variant that distils (`registry.pick.prior`; ExFM's premise, and what
   the evidence favoured wherever there was enough of it), and moves off it only to a
   candidate whose NE is lower on the same rows beyond the noise: the whole `CI_LEVEL`
   interval of the paired difference NE(candidate) - NE(prior) below zero (the rows
@@ -70,7 +70,7 @@ class Pick:
 
 
 def prior_of(variants: Sequence[str], distils: Mapping[str, bool], prior: str = "") -> str:
-    """The variant served while the evidence is thin: `prior` (registry.prior) where given,
+    """The variant served while the evidence is thin: `prior` (registry.pick.prior) where given,
     else the first of `variants` that distils, else labels only."""
     if prior:
         return prior

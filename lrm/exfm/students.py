@@ -227,7 +227,7 @@ def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillC
     distils = {n: v.distill for n, v in variants.items()}
     prior = prior_of(list(variants), distils, prior)
     if prior not in variants:
-        raise ConfigError(f"registry.prior: {prior!r} is not one of students.variants "
+        raise ConfigError(f"registry.pick.prior: {prior!r} is not one of students.variants "
                           f"{sorted(variants)}")
     out = Students({}, {}, {}, {}, validation)
     for vm in vms:
