@@ -10,8 +10,13 @@ What a user checks: every stage ran; the ingest took every row, the codes as cat
 store once per item; the partial first day is a day of its own (day 0), said in one line,
 not an error. (The export itself: tests/data/test_synthetic_export.py.)
 
+The ExFM side (issue 44 items 3-5): each vertical model named by its surface (live-small,
+not v3-small), every VM skipping the partial first day in one line, and the surface under
+1% (live) serving the foundation model.
+
 Planted bugs that turn it red (each tried): the raw ids' sign rule of before (-124 refused);
-the numeric item attributes left out of the dense features.
+the numeric item attributes left out of the dense features; a day too small to train on
+fatal again (the student stage's "hold fewer than one batch", main before issue 44 item 3).
 """
 
 from __future__ import annotations
@@ -44,9 +49,6 @@ WORLD = GenerateConfig(users=3000, ads=400, advertisers=40, categories=8, days=5
 # would be (TINY's 100-row files are too small for an item table to pay)
 PARAMS = {"exfm": {"teacher_days": 2, "teacher_every": 0, "teacher_lag": 1},
           "dedup": {"rows_per_file": 200_000}}
-# the student stage's failure on a partial day (the ExFM side of issue 44, item 3): marked
-# until that side lands, never otherwise
-TOO_SMALL = "hold fewer than one batch"
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +93,20 @@ def test_make_repro_logs_on_a_real_export(logs_repro):
     assert ingest["dense_scaling"][export.DURATION]["transform"] == "log1p"
     dedup = json.loads((repo / "metrics/logs/dedup.json").read_text())
     assert export.DURATION in dedup["item_columns"]  # once per item in the sessions files
-    if r.returncode != 0 and TOO_SMALL in said and "dvc.yaml:student'" in said:
-        pytest.xfail("issue 44 item 3 (the ExFM side): the student stage fails on the partial "
-                     "first day instead of skipping it in one line")
     assert r.returncode == 0, said[-6000:]
+    # the ExFM side (issue 44 items 3-5): each surface's vertical model named by the column's
+    # value; the partial first day skipped by every VM in one line, not fatal; the surface
+    # under 1% of the traffic (live) has no VM and serves the foundation model's prediction
+    serving = json.loads((repo / "models/logs/students/serving.json").read_text())
+    assert {n.rsplit("-", 1)[0] for n in serving} == {v.name for v in SURFACES}
+    assert all(s["variant"] == "fm" for n, s in serving.items() if n.startswith("live-"))
+    exfm = json.loads((repo / "metrics/logs/exfm.json").read_text())
+    for vm, variants in exfm["per_day_detail"].items():
+        for per_day in variants.values():
+            day0 = next(x for x in per_day if x["train_day"] == 0)
+            assert "fewer than one step" in day0["skipped"], (vm, day0)
+    assert not exfm["per_day_detail"]["live-small"]
+    assert "min_share" in exfm["verticals"]["live"]["students"]["small"]["not_trained"]
     ev = json.loads((repo / "metrics/logs/eval.json").read_text())
     for kind in ("student", "teacher"):
         assert ev[kind]["rows"] > 0 and math.isfinite(ev[kind]["ne"]) and ev[kind]["day"] == 4
