@@ -299,6 +299,17 @@ def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
     return out
 
 
+def _evidence(pick: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a seed's pick saw (lrm.exfm.pick.Pick): its pooled validation NEs, each
+    candidate's paired interval against the prior (the FM's: against the VM chosen), the
+    rows and days: why the served one served."""
+    if not pick:
+        return None
+    return {"rows": pick["rows"], "days": pick["days"], "prior": pick["prior"],
+            "ne": {k: round(v, 5) for k, v in pick["ne"].items()},
+            "against": {k: [round(x, 5) for x in v] for k, v in pick["against"].items()}}
+
+
 def _size_lines(reports: list[dict[str, Any]], vname: str, size: str,
                 fm_table: dict[str, Any], common: dict[str, Any]) -> list[dict[str, Any]]:
     """A vertical model's lines: its held-out table, and where it has variants of its own
@@ -319,7 +330,8 @@ def _size_lines(reports: list[dict[str, Any]], vname: str, size: str,
                 baseline=round(fm_table["ne"]["mean"], 5), better="lower",
                 served=served, old_rule_served=old,
                 variants={var: round(t["ne"]["mean"], 5) for var, t in table.items()},
-                not_trained=per[0].get("not_trained"), **common)]
+                not_trained=per[0].get("not_trained"), pick=[_evidence(p.get("pick"))
+                                                             for p in per], **common)]
     if "labels_only" not in per[0]["variants"]:
         return out  # a small surface: the FM serves, nothing to compare it with
     ne = [{var: p["variants"][var]["ne"] for var in p["variants"]} for p in per]
