@@ -18,7 +18,9 @@ the same with a few hundred sessions a day (seconds).
 from __future__ import annotations
 
 import dataclasses
+import math
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -131,10 +133,11 @@ def world(quick: bool, fm_seeds: int = 1, *, tiny: bool = False,
         source = "synthetic"
         if log:
             from lrm.data.logs.ingest import ingest
-            from stages.ingest import read_mapping
+            from stagekit.cli import read_config_file
 
             cfg = from_dict(LogsConfig, {**dataclasses.asdict(pc.ingest.logs),
-                                         **(read_mapping(mapping) if mapping else {})},
+                                         **(read_config_file(mapping, "ingest.logs")
+                                            if mapping else {})},
                             "ingest.logs")
             ingest(list(log), root / "raw", cfg, chunk_rows=pc.ingest.chunk_rows,
                    max_history=pc.generate.max_history)
@@ -282,6 +285,14 @@ def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
         fm_table = {k: S.mean_spread([t[k] for t in fms]) for k in ("ne", "auc", "calibration")
                     if all(t.get(k) is not None for t in fms)}
         fm_ne, f = [t["ne"] for t in fms], fm_table["ne"]
+        held = [f["mean"]] + [x["ne"] for r in reports
+                              for st in r["verticals"][vname]["students"].values()
+                              for x in st["variants"].values()]
+        if not all(x is not None and math.isfinite(x) for x in held):
+            # a surface's held-out day without a click (a few rows): no NE to compare
+            print(f"exfm: {vname}: no NE on the held-out day {common['eval_day']} for every "
+                  "model (too few rows, no click): no line", file=sys.stderr)
+            continue
         labels = {s: [r["verticals"][vname]["students"][s]["variants"]["labels_only"]["ne"]
                       for r in reports] for s in v["students"]
                   if "labels_only" in v["students"][s]["variants"]}
