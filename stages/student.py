@@ -11,9 +11,10 @@ its vertical: labels only until the foundation model first logs a day (the first
 `--data`), then in every variant of `students.variants` (labels only, distillation on the
 serving head, auxiliary head, auxiliary head + adapter: lrm.exfm.distill), each going on
 from that labels-only model (lrm.exfm.students). Training values are `train`'s with
-`students.train`'s overrides (ParamsConfig.train_for); tables are `model.tables`. The serving variant of each VM is
-`registry.variant`, or with `auto` the variant with the lowest NE on the validation day (the
-evaluation day before the last), never one worse than labels only. Writes
+`students.train`'s overrides (ParamsConfig.train_for); tables are `model.tables`. The
+serving variant of each VM is `registry.variant`, or with `auto` lrm.exfm.pick's choice on
+the last `registry.pick.days` validation days pooled (docs/exfm.md); a surface under
+`students.min_share` (or not in `students.verticals`) has no VM and serves the FM. Writes
 
     models/students/VM/VARIANT/     the last day's model of every variant
     models/students/serving.json    VM -> its serving variant and vertical (stage register)

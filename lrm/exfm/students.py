@@ -123,9 +123,9 @@ def train_vm(vm: VerticalModel, variants: Mapping[str, DistillConfig], job_for: 
     rest from `augmented` per variant, each going on from the labels-only model of the last
     day trained before. Returns variant -> its per-day rows (the shared days' rows in every
     variant), and on each `validation` day (an evaluation day of the augmented data) every
-    variant's and the FM's logits on the VM's rows (`VMRun.scores`). A day of the vertical too small to train on (a partial first day of an export,
-    a small surface's day) is said in one line and skipped (its row says why): the model
-    goes on from the day before it. Each variant's last model is its chain's newest
+    variant's and the FM's logits on the VM's rows (`VMRun.scores`). A day of the vertical
+    too small to train on (a partial first day of an export, a small surface's day) is said
+    in one line and skipped (its row says why): the model goes on from the day before it. Each variant's last model is its chain's newest
     finished day's (lrm.train.days.newest; None: no day of it trained)."""
     before = [d for d in days if d < first_served]
     after = [d for d in days if d >= first_served]
@@ -431,6 +431,7 @@ def mean_spread(values: Sequence[float]) -> dict[str, float]:
             "std": statistics.stdev(vals) if len(vals) > 1 else 0.0}
 
 
-__all__ = ["LABELS", "LABELS_ONLY", "VARIANTS", "Students", "VMRun", "VerticalModel", "markdown",
-           "mean_spread", "merged", "report", "last_model", "safe_names", "served_variant",
-           "small_surfaces", "teacher_per_day", "train_students", "train_vm", "vertical_models", "vertical_rows"]
+__all__ = ["LABELS", "LABELS_ONLY", "VARIANTS", "Students", "VMRun", "VerticalModel",
+           "markdown", "mean_spread", "merged", "report", "last_model", "safe_names",
+           "served_variant", "small_surfaces", "teacher_per_day", "train_students", "train_vm",
+           "vertical_models", "vertical_rows"]
