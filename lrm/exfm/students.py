@@ -125,8 +125,9 @@ def train_vm(vm: VerticalModel, variants: Mapping[str, DistillConfig], job_for: 
     variant), and on each `validation` day (an evaluation day of the augmented data) every
     variant's and the FM's logits on the VM's rows (`VMRun.scores`). A day of the vertical
     too small to train on (a partial first day of an export, a small surface's day) is said
-    in one line and skipped (its row says why): the model goes on from the day before it. Each variant's last model is its chain's newest
-    finished day's (lrm.train.days.newest; None: no day of it trained)."""
+    in one line and skipped (its row says why): the model goes on from the day before it.
+    Each variant's last model is its chain's newest finished day's (lrm.train.days.newest;
+    None: no day of it trained)."""
     before = [d for d in days if d < first_served]
     after = [d for d in days if d >= first_served]
     labels = DistillConfig(distill=False)
