@@ -349,11 +349,16 @@ def _days_of(data: Path) -> list[int]:
 
 def _link_fm(teacher: Path | None, dst: Path) -> None:
     """The foundation model's folder as the VM's served model (FM: its own prediction),
-    replacing an older copy (another day's teacher)."""
+    replacing an older copy (another day's teacher). Its files are checked against the
+    hashes the FM's stage recorded, then recorded again in the copy (what loads it checks)."""
     assert teacher is not None
+    src = Path(teacher)
+    io.verify_recorded(src, [f.name for f in src.iterdir()
+                             if f.is_file() and not f.name.startswith(".")])
     if dst.is_dir():
         shutil.rmtree(dst)
-    _link(Path(teacher), dst)
+    _link(src, dst)
+    io.record_dir(dst, NAME)
 
 
 STAGE = Stage(
