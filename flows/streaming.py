@@ -58,6 +58,7 @@ from stagekit.cli import terminated_as_exit
 from stages import augment, dedup, register
 from stages import student as student_stage
 from stages import teacher as teacher_stage
+from stages import train as train_stage
 
 ARTIFACT = "lrm-stream-day-{day}"
 
@@ -379,7 +380,8 @@ def streaming(days: int | None = None, day: int | None = None,
                 try:
                     sources.folder_days(inbox, paths.raw, cfg.ingest,
                                         cfg.generate.max_history,
-                                        unfit=partial(sdays.unfit, cfg=cfg),
+                                        unfit=partial(sdays.unfit, cfg=cfg,
+                                                      can_step=train_stage.can_step),
                                         settle=cfg.streaming.settle)
                 except DataError as e:  # the days before the file run; the run fails after
                     refused = e

@@ -40,6 +40,16 @@ from stagekit import Arg, Metrics, Stage, main
 NAME = "train"
 
 
+def can_step(train: TrainConfig, rows: int) -> bool:
+    """Whether `rows` impressions give this stage's training job one step at the smallest
+    batch its schedule takes (a first day and a day carried over alike): what a stream day
+    asks before it is made (lrm.streaming.days.unfit), since the stream trains only through
+    the stages and knows no training schedule of its own."""
+    from lrm.train.schedule import can_step as job_can_step
+
+    return job_can_step(train, rows)
+
+
 def run(*, kind: str, train: TrainConfig, split: SplitConfig,
         checkpoint: CheckpointConfig, loader: LoaderConfig, tables: TableConfig,
         model: StudentModelConfig | TeacherModelConfig, data: Path = Path("data/sessions"),

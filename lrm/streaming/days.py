@@ -13,6 +13,7 @@ whole users' sessions of the day.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import math
 import os
 import shutil
@@ -23,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 
 from lrm import io
-from lrm.config import DedupConfig, ParamsConfig, TableConfig
+from lrm.config import DedupConfig, ParamsConfig, TableConfig, TrainConfig
 from lrm.data import collisions, parquet
 from lrm.data.schema import META_KEY, FeatureSchema, day_files, part_path, read_schema
 from lrm.errors import ConfigError, DataError
@@ -31,7 +32,6 @@ from lrm.exfm.augment import read_manifest
 from lrm.exfm.students import vertical_models
 from lrm.streaming import sources
 from lrm.streaming.layout import STAGE, StreamPaths
-from lrm.train import schedule
 
 FROM = "_from.json"  # what a derived folder was made from: redone when that changes
 
@@ -117,19 +117,20 @@ def fit_rows(n: int, holdout: float) -> int:
     return n - max(1, math.ceil(holdout * n)) if n > 1 else n
 
 
-def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
+def unfit(table: pa.Table, cfg: ParamsConfig,
+          can_step: Callable[[TrainConfig, int], bool]) -> str | None:
     """Why a new day's impressions (`table`, lrm schema) cannot be a stream day, in words;
     None when they can. The teacher must take a step on the whole day, and on data of one
     surface its student on the day's fit part (the first 1 - `streaming.holdout`, as
     `split_day` cuts it, while the next day is not there), each at the smallest batch its
-    schedule takes (lrm.train.schedule.can_step: a model's first day and the days it is
-    carried over alike). A surface's day too small for its own vertical models is no reason:
+    schedule takes (`can_step(train, rows)`: the training stage's rule, stages.train.can_step;
+    the stream trains only through the stages). A surface's day too small for its own vertical models is no reason:
     they skip the day and say so (a small surface of an export has such days every day).
     Checked when the day is made, where its file can still be named and left out; found by
     training, the day would fail every run."""
     schema = FeatureSchema.from_json(table.schema.metadata[META_KEY].decode())
     n = table.num_rows
-    if not schedule.can_step(cfg.train_for("teacher"), n):
+    if not can_step(cfg.train_for("teacher"), n):
         return (f"its {n} impressions are too few for one teacher step at the smallest "
                 f"batch (train.min_batch_size)")
     student = cfg.train_for("students")
@@ -137,7 +138,7 @@ def unfit(table: pa.Table, cfg: ParamsConfig) -> str | None:
         if vm.vertical is not None:
             continue  # a surface's own day: its VMs skip it (stages/student.py)
         fit = fit_rows(n, cfg.streaming.holdout)
-        if not schedule.can_step(student, fit):
+        if not can_step(student, fit):
             return (f"student {vm.name} would train on {fit} of its {n} "
                     f"impressions (the first {1 - cfg.streaming.holdout:.0%}; the rest is "
                     f"held out), too few for one step of the smallest batch "

@@ -79,7 +79,12 @@ def test_a_day_too_small_for_a_step_of_every_model_is_said_unfit():
     import dataclasses
 
     from lrm.config import ParamsConfig, VerticalConfig, from_dict
-    from lrm.streaming.days import unfit
+    from functools import partial
+
+    from lrm.streaming import days
+    from stages.train import can_step
+
+    unfit = partial(days.unfit, can_step=can_step)  # as the stream flow asks it
 
     cfg = ParamsConfig()
     world = GenerateConfig(users=500, ads=100, advertisers=10, categories=4,
