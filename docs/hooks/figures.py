@@ -1,8 +1,8 @@
 """MkDocs hook: every figure of the site, drawn at build time by the code that measures it.
 
 * `figures/dag-dvc.svg`, `dag-criteo.svg`, `dag-logs.svg`: each pipeline as DVC sees it
-  (`dvc dag` of the dvc.yaml files rendered from flows/dag.py), each stage with its first
-  output.
+  (`dvc dag` of the dvc.yaml files that flows/dvc_yaml.py renders from the tables of
+  flows/dag.py: `make dag`), each stage with its first output.
 * the results' figures, from the records in docs/records/ (small CSV / JSON-lines files
   written by the runs that measured them; `python docs/hooks/record.py` writes them):
   `exfm_ne` (the `student` stage's plots/exfm_ne.csv of a `make run`, drawn by lrm.plots,
