@@ -30,9 +30,8 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,11 +47,13 @@ from lrm import io, lock, registry, tracking
 from lrm.config import ParamsConfig
 from lrm.errors import ConfigError, DataError, LrmError
 from lrm.data.schema import read_schema
-from lrm.exfm.pick import FM
-from lrm.exfm.students import vertical_models
+# nothing imported here may import fbgemm (lrm.exfm.students does): its import logs through
+# the root logger before Prefect sets logging up in `lrm serve`'s spawned runs, and every
+# line then came out as "INFO:prefect.task_runs:..." (see flows/cli.py)
 from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
 from lrm.streaming.layout import STAGE, StreamPaths
+from flows import vm_pool
 from stagekit import OFF, PARAMS, Result, Stage, execute, load_params
 from stagekit.cli import terminated_as_exit
 from stages import augment, dedup, register
@@ -198,6 +199,8 @@ def vm_day(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
         "plot": OFF}, cfg, day, parent)
     assert isinstance(trained, student_stage.Day), trained  # --day: one day
     m = trained.students[name]
+    from lrm.exfm.pick import FM  # here, not at load: see the module's imports
+
     served = m.serving
     base = {"variant": served, "validation_ne": m.validation_ne, "pick": m.pick,
             "ablation": m.ablation, "trained": sorted(m.variants)}
@@ -238,11 +241,6 @@ def _worker_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-# the day's worker processes (None: the VMs train in the flow's process), seen by the
-# student tasks: Prefect runs a submitted task in a copy of the flow's context
-_WORKERS: ContextVar[Executor | None] = ContextVar("lrm_stream_workers", default=None)
-
-
 @contextmanager
 def workers(cfg: ParamsConfig, vms: int) -> Iterator[bool]:
     """streaming.workers processes for the day's vertical models (fewer when the day has
@@ -253,19 +251,16 @@ def workers(cfg: ParamsConfig, vms: int) -> Iterator[bool]:
         return
     threads = max(1, len(os.sched_getaffinity(0)) // n)
     with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_threads, initargs=(threads,)) as pool:
-        token = _WORKERS.set(pool)
-        try:
-            yield True
-        finally:
-            _WORKERS.reset(token)
+                             initializer=_worker_threads, initargs=(threads,)) as pool, \
+            vm_pool.using(pool):
+        yield True
 
 
 @task(task_run_name="student {name} day {day}", cache_policy=NO_CACHE)
 def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
             teacher: str | None = None, parent: str | None = None) -> Judged:
     """Vertical model `name`'s day (`vm_day`), in a worker process when the day has them."""
-    pool = _WORKERS.get()
+    pool = vm_pool.current()
     if pool is None:
         return vm_day(cfg, paths, name, day, teacher, parent)
     return pool.submit(_vm_day_in_worker, cfg, paths, name, day, teacher, parent).result()
@@ -315,6 +310,8 @@ def stream_day(day: int, cfg: ParamsConfig, paths: StreamPaths) -> dict[str, Any
         t = teacher(cfg, paths, day)
         aug = augment_days(cfg, paths, day, next_day, t.champion)
         ev = evaluation_data(cfg, paths, day)
+        from lrm.exfm.students import vertical_models  # see the module's imports
+
         vms = vertical_models(read_schema(paths.sessions)[0], list(cfg.students.models))
         # one task a VM, submitted at once; with streaming.workers > 1 each trains in a
         # worker process (a model's training holds process-wide state: torch's threads, its

@@ -23,7 +23,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from lrm import plots, tracking
-from lrm.checkpoint import resumable
 from lrm.config import (
     MODEL_KINDS,
     CheckpointConfig,
@@ -58,6 +57,7 @@ def run(*, kind: str, train: TrainConfig, split: SplitConfig,
         metrics: Path | None = None, plot: Path | None = None, force: bool = False
         ) -> Metrics:
     """Train the teacher or the student (DMP, fused row-wise Adagrad, periodic checkpoints)."""
+    from lrm.checkpoint import resumable  # here: lrm.checkpoint imports fbgemm (flows/cli.py)
     from lrm.fp8.dispatch import transform
     from lrm.train import build_job
     from lrm.train import train as train_model

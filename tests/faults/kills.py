@@ -44,9 +44,9 @@ def forkserver() -> mp.context.ForkServerContext:
 
 def _new_entry(folder: Path, seen: set[str], timeout: float,
                alive: Callable[[], bool]) -> bool:
-    """Wait until an entry this loop has not seen appears in `folder`, while the work is
-    `alive` (a loaded machine takes minutes to get there: a fixed 30 s let the aimed kill
-    fall early, in the imports)."""
+    """Wait until an entry this loop has not seen appears in `folder`, for `timeout` s while
+    the work is `alive` (a bounded wait: where no new entry comes, the kill falls after it,
+    and a later aim of the caller's `before` takes over; a stream day's last attempt)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and alive():
         for p in folder.iterdir() if folder.is_dir() else ():
@@ -59,17 +59,19 @@ def _new_entry(folder: Path, seen: set[str], timeout: float,
 
 def kill_loop(start: Callable[[], mp.process.BaseProcess], *, kills: int, seed: int,
               writes_in: Path | None, check: Callable[[int], None],
-              before: Callable[[int], None] | None = None) -> dict[str, int]:
+              before: Callable[[int], None] | None = None,
+              aim_at: Callable[[int], bool] = lambda i: i % 2 == 0) -> dict[str, int]:
     """Start and SIGKILL the work `kills` times (see the module docstring). `before(i)`
-    runs just before kill i (e.g. to note which writes are in flight). Returns counts."""
+    runs just before kill i (e.g. to note which writes are in flight); `aim_at(i)`: whether
+    kill i waits for new entries in `writes_in` (the even ones). Returns counts."""
     rng = random.Random(seed)
     seen: set[str] = set()
     aimed = 0
     for i in range(kills):
         p = start()
-        if i % 2 == 0 and writes_in is not None:
+        if aim_at(i) and writes_in is not None:
             for _ in range(1 + i // 2 % 2):
-                if not _new_entry(writes_in, seen, timeout=600, alive=p.is_alive):
+                if not _new_entry(writes_in, seen, timeout=30, alive=p.is_alive):
                     break
             else:
                 aimed += 1

@@ -90,3 +90,19 @@ def test_the_lrm_commands_run_from_an_empty_folder(tmp_path, monkeypatch):
     assert (here / "criteo").is_dir() and (here / "logs").is_dir()
     # the params' folder and the store with its artifacts: all there is outside the project
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cfg", "mlflow.db", "mlruns", "project"]
+
+
+def test_the_command_line_loads_without_fbgemm():
+    """`lrm` (flows.cli, and the DAG table it reads) imports no fbgemm when it loads:
+    fbgemm's import logs through the root logger, which installs Python's bare handler
+    before Prefect's, and every line of `lrm serve`'s runs came out as "INFO:prefect...".
+    Red with stages/train.py importing lrm.checkpoint at load (it did)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import sys, flows.cli; print(sorted(m for m in "
+                        "('fbgemm_gpu', 'torchrec', 'torch') if m in sys.modules))"],
+                       capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
