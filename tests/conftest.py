@@ -145,3 +145,21 @@ def other_weights(folder: Path) -> None:
     sd = torch.load(folder / "state_dict.pt", weights_only=True)
     torch.save({k: v + 0.1 if v.is_floating_point() else v for k, v in sd.items()},
                folder / "state_dict.pt")
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every process it started (a machine lost, as its work sees it;
+    children in sessions of their own too), and wait for them to go."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=30)

@@ -22,11 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
 from lrm import registry
-from tests.conftest import REPO
+from tests.conftest import REPO, kill_tree
 from tests.flows.test_deployments import _free_port, _get, _lrm, _process, _runs, _wait
 from tests.flows.test_streaming import STUDENT, TEACHER, _write_params
 
@@ -38,18 +37,6 @@ FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
 def _day_runs(api: str, parent: str) -> list[dict]:
     return _get(f"{api}/flow_runs/filter",
                 {"flow_runs": {"parent_flow_run_id": {"any_": [parent]}}})
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL a process and every process it started (a machine lost, as its runs see it)."""
-    procs = [psutil.Process(pid)]
-    procs += procs[0].children(recursive=True)
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
 
 
 def _champions() -> dict[str, str | None]:
@@ -114,7 +101,7 @@ def test_a_worker_runs_the_scheduled_days_and_a_lost_worker_crashes_its_run(tmp_
                 return None
 
             killed = _wait("day 2 running", mid_day, 300, worker, tmp_path / "worker.log")
-            _kill_tree(worker.pid)
+            kill_tree(worker.pid)
         assert not (stream / "days" / "day=2.json").exists()
         assert _champions() == before  # a killed day moves no champion
 

@@ -32,7 +32,7 @@ import yaml
 
 from flows.dag import STAGES
 from stagekit import execute, load_params
-from tests.conftest import REPO
+from tests.conftest import REPO, kill_tree
 from tests.flows.test_deployments import _free_port
 
 pytestmark = pytest.mark.slow
@@ -78,29 +78,13 @@ def _nodes(setup: Path, data: Path, tmp: Path, params: str, out: str, ck: str, p
             for i in range(2)]
 
 
-def _kill(pid: int) -> None:
-    """SIGKILL a launcher and every process under it (its ranks run in sessions of their
-    own, out of its process group)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=30)
-
-
 def _finish(nodes: list[subprocess.Popen], tmp: Path, out: str, timeout: float = 600) -> None:
     for i, p in enumerate(nodes):
         try:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
             for q in nodes:
-                _kill(q.pid)
+                kill_tree(q.pid)
             raise
         assert p.returncode == 0, (tmp / f"{out}-{i}.log").read_text()[-4000:]
 
@@ -172,13 +156,13 @@ def test_a_lost_node_fails_the_other_in_bounded_time_naming_it(setup, datasets, 
             time.sleep(0.5)
         host = next(p for p in nodes if ("127.0.0.1", port) in _listeners([p.pid]))
         lost = next(p for p in nodes if p is not host)
-        _kill(lost.pid)  # the other node's host gone: its launcher and its rank
+        kill_tree(lost.pid)  # the other node's host gone: its launcher and its rank
         t0 = time.monotonic()
         host.wait(120)
         took = time.monotonic() - t0
     finally:
         for p in nodes:
-            _kill(p.pid)
+            kill_tree(p.pid)
     said = (tmp_path / f"long-{nodes.index(host)}.log").read_text()
     assert host.returncode not in (0, None), said[-3000:]
     assert f"pid {lost.pid}" in said and "lost node" in said, said[-3000:]
