@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 BENCH_DIR = Path(__file__).resolve().parent
-NOT_BENCHMARKS = {"__init__", "__main__", "common"}
+NOT_BENCHMARKS = {"__init__", "__main__", "common", "gpu"}  # gpu.py runs the others on a GPU
 
 
 def benchmarks() -> dict[str, Path]:
