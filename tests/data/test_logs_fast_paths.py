@@ -5,7 +5,8 @@ the one-key sort and the sort in runs are polars' sort; the chunk read ahead com
 order, its error in its place; sessions by a session column without a user spread over
 buckets (this crashed); each way of looking up ids gives the vocabulary's row; a value's
 first day is its earliest in a chunk; days on two threads build one cell at a time;
-calls run behind in order, and a spill's error neither hides a bad row's nor is lost.
+calls run behind in order, and a spill's error neither hides a bad row's nor is lost; a
+spill's batches, without the columns that hold one value there, read back as the chunks were.
 
 Planted bugs that turn these red (each tried): the bucket left out of the gap sessions'
 sort (cells.sessions); numbers read as float32 (blocks._read_text); a CSV block with quotes
@@ -16,7 +17,9 @@ bucketed unhashed (read.Parser._bucket, as before); the vocabulary map's ids in 
 order, or a missing value mapped to 0 (vocab.Lookup); a chunk's first day its first row's
 (read.Parser._values); the build without its lock, or the days on one thread
 (ingest.write_day); `Behind.submit` giving the new call's result, its quiet close raising,
-the read's spill closed loudly after a bad row or quietly at the end (ingest.read_file).
+the read's spill closed loudly after a bad row or quietly at the end (ingest.read_file); a
+left-out column put back with another value, a batch's place dropped though the other
+chunk's varies, or its rows put back in another order (spill._write, spill._whole).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lrm.data.logs import ahead, blocks, ingest, order, vocab
+from lrm.data.logs import ahead, blocks, ingest, order, spill, vocab
 from lrm.data.logs.culprits import RowError
-from lrm.data.logs.frame import SEED
+from lrm.data.logs.frame import BUCKET, DAY, FILE, ITEM, LABEL, POS, ROW, SEED, TIME, USER
 from tests.data._logs import T0, frame, run, write
 
 GAP = dict(label="clicked", user="user", item="item", time="ts", session_gap="30m")
@@ -263,3 +266,45 @@ def test_a_bad_row_is_the_error_even_while_a_spill_fails(tmp_path, monkeypatch):
         failing[0] = chunk
         with pytest.raises(OSError, match="disk full"):
             run([good], tmp_path / f"out{k}", chunk_rows=100, **GAP)
+
+
+def _chunk(file: int, rows: int, pos: np.ndarray, seed: int) -> pl.DataFrame:
+    """A parsed chunk as `read.Parser` makes one (the columns the spill reads back)."""
+    rng = np.random.default_rng(seed)
+    return pl.DataFrame({
+        FILE: pl.Series(np.full(rows, file, np.int32)),
+        ROW: pl.Series(np.arange(1, rows + 1, dtype=np.uint32)),
+        POS: pl.Series(pos.astype(np.int32)),
+        LABEL: pl.Series((rng.random(rows) < 0.3).astype(np.int8)),
+        TIME: pl.Series(rng.integers(0, 10**12, rows)),
+        USER: pl.Series(rng.integers(0, 2**63, rows).astype(np.uint64)),
+        ITEM: pl.Series(rng.integers(0, 2**63, rows).astype(np.uint64)),
+        DAY: pl.Series(rng.integers(4, 6, rows).astype(np.int32)),
+        BUCKET: pl.Series(rng.integers(0, 3, rows).astype(np.int32)),
+    })
+
+
+def test_a_spill_reads_back_the_rows_and_columns_of_its_chunks(tmp_path):
+    """The spill leaves out of its batches the columns that hold one value there (a cell's
+    day and bucket, the chunk's file, a place in a page view where there is none) and puts
+    them back: a day's cells and the clicks read back are the chunks' rows, every column
+    with its values and type, in their order; also where one chunk's place is constant and
+    the other's is not (their batches differ in columns)."""
+    one = _chunk(0, 500, np.zeros(500), 1)  # no page views: its place left out
+    two = _chunk(3, 400, np.arange(400) % 4, 2)  # page views: its place kept
+    spilled = [spill.write(c, tmp_path / f"c{k}.arrow", clicks=True)
+               for k, c in enumerate((one, two))]
+    assert spilled[0].fixed["cells"] == {FILE: 0, POS: 0}
+    assert spilled[1].fixed["cells"] == {FILE: 3}
+    both = pl.concat([one, two])
+    for day in (4, 5):
+        for buckets in ([0, 1, 2], [2, 0], [1]):
+            want = pl.concat([both.filter((pl.col(DAY) == day) & (pl.col(BUCKET) == b))
+                              for b in buckets])
+            got = spill.read_cell(spilled, day, buckets)
+            assert got is not None and got.schema == both.schema
+            assert got.equals(want)
+        clicks = spill.read_clicks(spilled, [2, 0], through_day=day)
+        want = pl.concat([c.filter((pl.col(LABEL) == 1) & (pl.col(BUCKET) == b))
+                          for c in (one, two) for b in (0, 2)]).filter(pl.col(DAY) <= day)
+        assert clicks.equals(want.select(spill.CLICK_COLUMNS))
