@@ -1,9 +1,9 @@
 """The shuffle between reading a log and writing its days: each chunk, once parsed, is
 written to a local Arrow IPC file with one record batch per (day, bucket) cell, and its
-clicks (label 1) to a second one with a batch per bucket. A day's writer then reads back
-just its cells (memory-mapped, zero-copy), so memory holds a chunk while reading and a cell
-while writing, never a file or a day. The files live in a temporary folder removed at the
-end; they are never an output.
+clicks (label 1) to a second one, a batch per (day, bucket) too. A day's writer then reads
+back just its cells and the clicks of its buckets up to its day (memory-mapped, zero-copy),
+so memory holds a chunk while reading and a cell while writing, never a file or a day. The
+files live in a temporary folder removed at the end; they are never an output.
 
 A column that holds one value in a batch is not written: a cell's day and bucket (its key),
 a chunk's file index, and the place in a page view where there is none (`CONSTANT`); the
@@ -33,11 +33,11 @@ CONSTANT = (FILE, POS)
 
 @dataclass(frozen=True)
 class Spilled:
-    """One chunk on disk: its batches per (day, bucket), and its clicks' per bucket."""
+    """One chunk on disk: its batches per (day, bucket), and its clicks' too."""
 
     path: Path
     cells: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    clicks: dict[int, list[int]] = field(default_factory=dict)
+    clicks: dict[tuple[int, int], list[int]] = field(default_factory=dict)
     rows: dict[tuple[int, int], int] = field(default_factory=dict)  # per cell
     # the columns a batch leaves out, by file (cells, clicks): their values in every batch
     # of the file, and the names and types of all the columns, in their order
@@ -88,10 +88,11 @@ def write(frame: pl.DataFrame, path: Path, clicks: bool, cells: bool = True) -> 
                 fixed={"cells": fixed}, schema={"cells": frame.schema})
     if clicks:
         c = frame.filter(pl.col(LABEL) == 1).select(*CLICK_COLUMNS, BUCKET)
-        by_bucket, s.fixed["clicks"] = _write(c, s.clicks_path, [BUCKET]) if c.height \
+        # (by day too: a day's histories read the clicks of the days up to it, not all)
+        by_cell, s.fixed["clicks"] = _write(c, s.clicks_path, [DAY, BUCKET]) if c.height \
             else ({}, {})
         s.schema["clicks"] = c.schema
-        s.clicks.update({b: [n] for (b,), (n, _) in by_bucket.items()})
+        s.clicks.update({(d, b): [n] for (d, b), (n, _) in by_cell.items()})
     return s
 
 
@@ -168,15 +169,14 @@ def read_clicks(spilled: Sequence[Spilled], bucket: int | Sequence[int] | None =
     want = None if bucket is None else {bucket} if isinstance(bucket, int) else set(bucket)
     parts = []
     for s in spilled:
-        if s.clicks and (want is None or want & s.clicks.keys()):
-            mine = [(b, i) for b, ids in s.clicks.items() for i in ids
-                    if want is None or b in want]
-            got = _read(s.clicks_path, [i for _, i in mine])
-            parts += [(s, "clicks", {BUCKET: b}, [x]) for (b, _), x in zip(mine, got,
-                                                                            strict=True)]
+        mine = [(d, b, i) for (d, b), ids in s.clicks.items() for i in ids
+                if (want is None or b in want) and (through_day is None or d <= through_day)]
+        if mine:
+            got = _read(s.clicks_path, [i for *_, i in mine])
+            parts += [(s, "clicks", {DAY: d, BUCKET: b}, [x])
+                      for (d, b, _), x in zip(mine, got, strict=True)]
     if not parts:
         return pl.DataFrame(schema={USER: pl.UInt64, TIME: pl.Int64, ITEM: pl.UInt64,
                                     FILE: pl.Int32, ROW: pl.UInt32, POS: pl.Int32,
                                     DAY: pl.Int32})
-    c = _whole(parts).drop(BUCKET)
-    return c if through_day is None else c.filter(pl.col(DAY) <= through_day)
+    return _whole(parts).drop(BUCKET)
