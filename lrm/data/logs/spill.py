@@ -102,28 +102,31 @@ def _whole(parts: list[tuple[Spilled, str, dict[str, int], list[pa.RecordBatch]]
     as one contiguous frame with every column of the files, in their order (the columns a
     batch left out put back: `_write`)."""
     schema = parts[0][0].schema[parts[0][1]]
-    kept = set.intersection(*(set(b.schema.names) for *_, bs in parts for b in bs))
-    batches = [b.select([c for c in b.schema.names if c in kept]) if len(b.schema) > len(kept)
-               else b for *_, bs in parts for b in bs]
+    batches = [b for *_, bs in parts for b in bs]
+    names = [b.schema.names for b in batches]
+    kept = set(names[0]).intersection(*names[1:])
+    same = [b.select([c for c in n if c in kept]) if len(n) > len(kept) else b
+            for b, n in zip(batches, names, strict=True)]  # (a column some left out)
     # (contiguous: a polars query on a frame of many chunks copies them all each time)
-    df: pl.DataFrame = pl.from_arrow(pa.Table.from_batches(batches),  # type: ignore[assignment]
+    df: pl.DataFrame = pl.from_arrow(pa.Table.from_batches(same),  # type: ignore[assignment]
                                      rechunk=True)
     if len(kept) == len(schema):
         return df
-    rows = [b.num_rows for *_, bs in parts for b in bs]
+    rows = [b.num_rows for b in batches]
+    known = [{**s.fixed[w], **keys} for s, w, keys, bs in parts for _ in bs]
+    some = set().union(*names) - kept  # in some batches only
     cols = []
     for c in schema:
         if c in kept:
             continue
-        if any(c in b.schema.names for *_, bs in parts for b in bs):  # in some batches only
-            cols.append(pl.concat([
-                pl.Series(c, b.column(c)) if c in b.schema.names else
-                pl.Series(c, np.full(b.num_rows, {**s.fixed[w], **keys}[c]), dtype=schema[c])
-                for s, w, keys, bs in parts for b in bs]))
-            continue
-        values = [{**s.fixed[w], **keys}[c] for s, w, keys, bs in parts for _ in bs]
         dtype = pl.Series(dtype=schema[c]).to_numpy().dtype  # (built as it is: no cast)
-        cols.append(pl.Series(c, np.repeat(np.asarray(values, dtype), rows)))
+        if c in some:
+            cols.append(pl.Series(c, np.concatenate([
+                b.column(c).to_numpy() if c in n else np.full(b.num_rows, v[c], dtype)
+                for b, n, v in zip(batches, names, known, strict=True)]).astype(dtype)))
+            continue
+        values = np.asarray([v[c] for v in known], dtype)
+        cols.append(pl.Series(c, np.repeat(values, rows)))
     return df.with_columns(cols).select(list(schema))
 
 
