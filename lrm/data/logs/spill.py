@@ -7,7 +7,7 @@ files live in a temporary folder removed at the end; they are never an output.
 
 A column that holds one value in a batch is not written: a cell's day and bucket (its key),
 a chunk's file index, and the place in a page view where there is none (`CONSTANT`); the
-reader puts them back (`_whole`). A quarter fewer bytes to write and read back, and to
+reader puts them back (`_whole`). A fifth fewer bytes to write and read back, and to
 gather when a chunk is cut into its cells.
 """
 
