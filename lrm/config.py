@@ -429,6 +429,10 @@ class TrainConfig:
     val_fraction: float = 0.1  # last share of the train days held out to validate (0: none)
     val_max_rows: int = 50_000  # at most this many impressions in that slice
     val_every: int = 0  # steps between validations (0: ten an epoch)
+    # the slice is the newest rows of the train days: once early stopping has put the best
+    # state back, they train once, in time order, so a run of several passes ends having
+    # learnt from every row (lrm.train.schedule says what was measured)
+    val_tail: bool = True  # after early stopping, one pass over the validation slice
     patience: int = 3  # validations without a lower NE before stopping (the best state returns)
     warmup_steps: int = 50  # linear learning-rate warm-up, both optimizers (at most a tenth of an epoch)
     fit_tables: bool = True  # hashed tables get no more rows than the train days have distinct ids

@@ -44,6 +44,7 @@ class Schedule:
     epochs: int  # passes over the train batches (the last may be partial)
     val_every: int  # steps between validations (0: none)
     warmup: int  # steps of linear learning-rate warm-up
+    tail: int = 0  # steps over the validation slice once the best state is back (0: none)
     adapted: tuple[str, ...] = ()  # what the data changed, in words (for the log)
 
     def lr_factor(self, step: int) -> float:
@@ -97,7 +98,8 @@ def plan(cfg: TrainConfig, rows: int, world_size: int) -> Schedule:
     warmup = min(cfg.warmup_steps, epoch_batches // 10)
     return Schedule(batch_size=batch, epoch_batches=epoch_batches, val_batches=val,
                     steps=steps, epochs=math.ceil(steps / epoch_batches) if epoch_batches
-                    else 0, val_every=val_every, warmup=warmup, adapted=tuple(adapted))
+                    else 0, val_every=val_every, warmup=warmup,
+                    tail=val if cfg.val_tail else 0, adapted=tuple(adapted))
 
 
 def can_step(cfg: TrainConfig, rows: int, world_size: int = 1) -> bool:
