@@ -12,9 +12,12 @@ three parts, read top to bottom:
              CUDA graph replay, lrm.train.step_graph) in segments that end where it
              evaluates: every log_every steps loss, windowed NE, samples/s; every val_every
              steps NE on the validation slice, stopping when it stops improving; every
-             eval_every steps NE/AUC on the held-out day; the checkpoint manager each step
-    finish   final checkpoint, the best validated state restored, final eval (with
-             confidence intervals), the unsharded model to `job.out` (rank 0)
+             eval_every steps NE/AUC on the held-out day; the checkpoint manager each step;
+             where it validated (train.val_tail), the best validated state restored and
+             the train days from it on, the validation slice (the newest rows) last,
+             trained once (`_tail`; lrm.train.schedule says why)
+    finish   final checkpoint, [the best validated state restored: no tail], final eval
+             (with confidence intervals), the unsharded model to `job.out` (rank 0)
 
 Where the run keeps a moving average of the dense weights (`train.ema_decay`), the average
 is what every evaluation scores, what validation copies as a best state and what the run
