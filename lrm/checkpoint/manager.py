@@ -262,6 +262,12 @@ class CheckpointManager:
             return True
         return False
 
+    def rewritten(self) -> None:
+        """The model's weights were written other than by a step (the best state put back,
+        which leaves the optimizer's row states as they were: the row tracker cannot see
+        it): the next save is a baseline."""
+        self._tracker.forget()
+
     def finish(self, step: int, parts: Mapping[str, Stateful]) -> Path | None:
         """The end of the run (or of a streaming day): save unless this step is already
         saved, wait until it is committed, and stop the writer. Returns the checkpoint."""

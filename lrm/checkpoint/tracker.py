@@ -57,6 +57,11 @@ class RowTracker:
                 ids[0] if ids else torch.empty(0, dtype=torch.int64)
         return out
 
+    def forget(self) -> None:
+        """The tables were written other than by the optimizer (a best state put back):
+        the next `take()` reports every row."""
+        self._seen = {}
+
     def reset(self, tables: Mapping[str, list[TableShard]]) -> None:
         """Remember the tables as they are now (after a save or a restore)."""
         self._seen = {(key, s.r0, s.c0): s.states[min(s.states)].detach().clone()

@@ -82,6 +82,20 @@ class DenseAverage:
         finally:
             self.swap()
 
+    @torch.no_grad()
+    def restart(self, from_average: bool = False) -> None:
+        """Weights and average the same from here on, its count kept: the model's weights
+        as they are (a best state put back), or, `from_average`, the average's (the model
+        takes it). Before the validation slice trains (lrm.train.loop)."""
+        if from_average and self.in_model:
+            raise RuntimeError("restart(from_average=True) while the average is in the model")
+        for k, p in self.params.items():
+            if from_average:
+                p.detach().copy_(self.shadow[k])
+            else:
+                self.shadow[k].copy_(p.detach())
+        self.in_model = False
+
     def state_dict(self) -> dict[str, torch.Tensor]:
         if self.in_model:
             raise RuntimeError("state_dict() while the average is in the model")

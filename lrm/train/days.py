@@ -19,8 +19,9 @@ scored on the next, seeds 0 and 1), a warm start beat carrying the optimizers' s
 every day after the first: day 5 NE 0.9290 / 0.9304 against 0.9325 / 0.9321. Row-wise
 Adagrad's accumulators only grow, so a model carried with them learns each new day at an
 ever smaller rate, while the world drifts day by day. And a day's model is the state its
-validation chose (lrm.train.early_stop), which the next day should go on from, not the
-last checkpoint's. (Measured while every day was still fitted to 500 small steps, below.)
+validation chose (lrm.train.early_stop; where it passed more than once, then the newest
+rows once: lrm.train.loop's tail), which the next day should go on from, not the last
+checkpoint's. (Measured while every day was still fitted to 500 small steps, below.)
 A day after the first is not fitted to `train.fit_steps` (the many small steps a model's
 first run takes on a small log): it goes on at `train.batch_size`. Measured on the default
 world (2 cores, labels-only VMs carried over days 0-5, day 6 held out, 3 seeds): the next-day

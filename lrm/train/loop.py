@@ -12,9 +12,12 @@ three parts, read top to bottom:
              CUDA graph replay, lrm.train.step_graph) in segments that end where it
              evaluates: every log_every steps loss, windowed NE, samples/s; every val_every
              steps NE on the validation slice, stopping when it stops improving; every
-             eval_every steps NE/AUC on the held-out day; the checkpoint manager each step
-    finish   final checkpoint, the best validated state restored, final eval (with
-             confidence intervals), the unsharded model to `job.out` (rank 0)
+             eval_every steps NE/AUC on the held-out day; the checkpoint manager each step;
+             where it validated (train.val_tail), the best validated state restored and
+             the train days from it on, the validation slice (the newest rows) last,
+             trained once (`_tail`; lrm.train.schedule says why)
+    finish   final checkpoint, [the best validated state restored: no tail], final eval
+             (with confidence intervals), the unsharded model to `job.out` (rank 0)
 
 Where the run keeps a moving average of the dense weights (`train.ema_decay`), the average
 is what every evaluation scores, what validation copies as a best state and what the run
@@ -60,7 +63,7 @@ from lrm.sharding import parallel
 from lrm.train import schedule as schedules
 from lrm.train.average import DenseAverage
 from lrm.train.data import EpochStream, TrainData, fit_tables, loaders, model_hash_sizes, \
-    per_rank_batch, run_identity
+    per_rank_batch, run_identity, seek
 from lrm.train.early_stop import EarlyStopping
 from lrm.train.evaluate import scored
 from lrm.train.graphs import graph_mlps
@@ -209,6 +212,7 @@ class _Run:
             if self.state.best_step >= 0:  # its checkpoint stays through retention
                 self.ckpt.pin(self.state.best_step)
         self.history: list[dict[str, float]] = []
+        self.restored: int | None = None  # the best state's step, put back before the tail
         self.meter = Meter(env, cfg.ne_window)
         self.batch_rows = 0  # impressions of the latest step's batch (this rank)
         self.steps = _steps(self.dmp, self.opt, env, self._step, cfg,
@@ -221,13 +225,15 @@ class _Run:
         """The steps, in segments up to each evaluation; True when it stopped early."""
         env, sched, state, cfg = self.env, self.sched, self.state, self.cfg
         total = sched.steps
-        reporter = Reporter(f"train {self.kind}", total=max(total - state.step, 0)
-                            * sched.batch_size, unit="samples") if env.is_main else None
+        left = max(total - state.step, 0) + sched.tail if state.tail_from < 0 else \
+            state.tail_from + sched.tail - state.step
+        reporter = Reporter(f"train {self.kind}", total=left * sched.batch_size,
+                            unit="samples") if env.is_main else None
         stopped_early = self._catch_up()
         with contextlib.closing(iter(self.stream)) as it, \
                 (reporter or contextlib.nullcontext(_Quiet())) as rep:
             self.meter.resume_clock()
-            while state.step < total and not stopped_early:
+            while state.step < total and not stopped_early and state.tail_from < 0:
                 # a segment of steps up to the next evaluation: the pipeline drains at its end
                 end = _next_pause(state.step, total, sched, cfg.eval_every)
                 segment = islice(it, end - state.step)
@@ -242,27 +248,68 @@ class _Run:
                 if cfg.eval_every and state.step % cfg.eval_every == 0:
                     self._evaluate(cfg.eval_batches or None)
                 self.meter.resume_clock()
-            if stopped_early:
+            if stopped_early and state.tail_from < 0:
                 log.info("train %s: validation NE has not improved for %d validations; "
                          "stopped at step %d of %d", self.kind, cfg.patience, state.step, total)
+            if sched.tail:
+                self._tail(stopped_early, rep)
         self.guard.check()
         return stopped_early
+
+    def _tail(self, stopped_early: bool, rep: Any) -> None:
+        """The validation slice (the train days' newest rows) trains once, in time order,
+        from the best validated state (schedule.tail): the run ends having learnt from every
+        row, and early stopping still chose how long the passes before it ran. A run resumed
+        in this pass goes on with it."""
+        state, sched = self.state, self.sched
+        if state.tail_from < 0:
+            if not stopped_early and state.validated_at != state.step:
+                self._validate()  # the final state competes too
+            self.restored = self.stopper.restore(state.step)
+            if self.average is not None:  # the served weights go on: the average restarts
+                self.average.restart(from_average=self.restored is None)
+            if self.ckpt is not None:
+                self.ckpt.rewritten()
+            state.tail_from = state.step
+            # a best state within the first pass has not seen the rows after it either
+            at = self.restored if self.restored is not None else state.step
+            state.tail_batch = min(at, sched.epoch_batches)
+            log.info("train %s: %s; the train days from batch %d on, the newest rows last, "
+                     "train once (%d steps)", self.kind, f"restored the state of step "
+                     f"{self.restored} (validation NE {state.best_ne:.5f})"
+                     if self.restored is not None else "the last state is the best",
+                     state.tail_batch, len(self.loaders.train) - state.tail_batch)
+        end = state.tail_from + len(self.loaders.train) - state.tail_batch
+        done = state.step - state.tail_from
+        seek(self.loaders.train, state.tail_batch + done)
+        with contextlib.closing(iter(self.loaders.train)) as it:
+            segment = islice(it, end - state.step)
+            self.meter.resume_clock()
+            while state.step < end:
+                self._advance(segment, rep, end, stream=False)
+            self.steps.pause()
 
     def _catch_up(self) -> bool:
         """Where a resumed run starts: a checkpoint saved at a validation step holds the
         state before that validation (saves come first); run it now, as the run never
-        stopped did. True when the run had already stopped early there."""
+        stopped did. True when the run had already stopped early there (or before the
+        pass over the validation slice it resumed in)."""
         state, sched = self.state, self.sched
         if self.resumed_from is None or not sched.val_batches:
             return False
+        if state.tail_from >= 0:
+            return state.tail_from < sched.steps
         if state.stale >= self.cfg.patience:
             return True
         if sched.validates_at(state.step) and state.validated_at < state.step < sched.steps:
             return self._validate()
         return False
 
-    def _advance(self, segment: Iterator[Batch], rep: Any, total: int) -> None:
-        """One optimizer step and its bookkeeping: counts, logs, checkpoint."""
+    def _advance(self, segment: Iterator[Batch], rep: Any, total: int,
+                 stream: bool = True) -> None:
+        """One optimizer step and its bookkeeping: counts, logs, checkpoint (`stream`: a
+        batch of the epochs' stream, whose position moves; the validation slice's pass
+        counts its position in steps, TrainState.tail_from)."""
         env, state, cfg = self.env, self.state, self.cfg
         seed_step(cfg.seed, state.step, env.rank, env.device)
         self.lrs.set(self.sched.lr_factor(state.step))
@@ -273,7 +320,8 @@ class _Run:
             self.average.update()
         state.step += 1
         state.samples += self.batch_rows * env.world_size
-        self.stream.advance()
+        if stream:
+            self.stream.advance()
         self.meter.tick(self.batch_rows)
         rep.update(self.batch_rows * env.world_size)
         logs = state.step % cfg.log_every == 0 or state.step == total
@@ -333,10 +381,14 @@ class _Run:
         """The model's weights of `step` from this run's checkpoint of it (see _validate),
         with that step's dense average in them where the run keeps one."""
         kept = {k: self.parts[k] for k in ("model", "average") if k in self.parts}
+        count = self.average.updates if self.average is not None else 0
         if self.ckpt is None or not self.ckpt.restore_model(step, kept):
             return False
         if self.average is not None:
             self.average.swap()
+            # the updates counted so far stay (as the in-memory copy leaves them): the
+            # newest rows' pass goes on averaging at the rate the run had reached
+            self.average.updates = count
         return True
 
     def _non_finite(self, step: int, value: float) -> str:
@@ -351,23 +403,31 @@ class _Run:
     def finish(self, stopped_early: bool) -> TrainResult:
         """Final checkpoint, the best validated state back, final eval, the model saved."""
         job, env, state, sched = self.job, self.env, self.state, self.sched
-        if sched.val_batches and not stopped_early and state.validated_at != state.step:
+        if sched.val_batches and not sched.tail and not stopped_early and \
+                state.validated_at != state.step:
             self._validate()  # the final state competes too
         if self.ckpt is not None:  # the run's own last state: a resume with more steps goes
             self.ckpt.finish(state.step, self.parts)  # on from it as an uninterrupted run would
-        restored = self.stopper.restore(state.step) if sched.val_batches else None
-        if restored is not None:
-            log.info("train %s: restored the state of step %d (validation NE %.5f)", self.kind,
-                     restored, state.best_ne)
+        if sched.tail:  # put back before the validation slice trained (_tail)
+            restored = self.restored if self.restored is not None or self.resumed_from is None \
+                else (state.best_step if 0 <= state.best_step != state.tail_from else None)
+        else:
+            restored = self.stopper.restore(state.step) if sched.val_batches else None
+            if restored is not None:
+                log.info("train %s: restored the state of step %d (validation NE %.5f)",
+                         self.kind, restored, state.best_ne)
         if self.average is not None:
-            if restored is None:  # the current state's average (a restored one has its own)
-                self.average.swap()
+            if restored is None or sched.tail:  # the current state's average (a restored
+                self.average.swap()  # one has its own, unless the slice trained on from it)
             self.average = None  # the model holds what the run saves: scored as it is
         final = self._evaluate(None, ci=True)
         weights = parallel.full_state_dict(self.dmp, env)
         validation = {"best_ne": state.best_ne if math.isfinite(state.best_ne) else None,
                       "best_step": state.best_step, "stopped_early": stopped_early,
-                      "restored": restored}
+                      "restored": restored,
+                      # the pass over the newest rows after it: from this step, from this
+                      # batch of the train days on (-1: none)
+                      "tail_from": state.tail_from, "tail_batch": state.tail_batch}
         sharding = parallel.sharding_types(self.dmp)
         if env.is_main and job.out is not None:
             assert weights is not None

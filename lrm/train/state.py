@@ -23,6 +23,10 @@ class TrainState:
     best_step: int = -1  # the step it was measured at (-1: none yet)
     stale: int = 0  # validations since the best
     validated_at: int = -1  # the step of the last validation (-1: none yet)
+    # the step at which the validation slice began to train, the best state back (-1: not
+    # yet; lrm.train.schedule's tail): a run resumed after it goes on with that pass
+    tail_from: int = -1
+    tail_batch: int = -1  # the batch of the train days that pass began at
     # checked before the state is saved (not state itself): lrm.train.guard, so that no
     # checkpoint holds a state past a step whose loss was not finite
     guard: Check | None = field(default=None, repr=False, compare=False)

@@ -92,3 +92,27 @@ def test_two_processes_track_one_and_resume(datasets, tmp_path):
     assert back.resumed_from == 30 and back.steps == 40 and back.samples == one40.samples
     assert back.eval["ne"] == pytest.approx(one40.eval["ne"], abs=1e-4)
     _assert_weights_track(_weights(tmp_path / "one40"), _weights(tmp_path / "back40"))
+
+
+def test_two_processes_train_on_every_row_of_a_run_that_validates(datasets, tmp_path):
+    """Several passes, stopping early on the newest rows, in two processes: every rank
+    puts the same best state back and goes on through the same newest rows (each its share
+    of every batch, as in the passes), so together they train on every row of the train
+    days, the newest last, and end at the same step (a rank that went on alone would hang
+    the other in its collectives)."""
+    from lrm.data.loader import BatchLoader
+    from lrm.models.saved import read_card
+    from tests.train._run import fingerprint
+
+    r = _launch(tmp_path, "val", data=str(datasets["sessions"]), model=MODEL,
+                out=str(tmp_path / "m"), record=str(tmp_path / "seen"),
+                train={**CFG, "epochs": 3, "patience": 1, "fit_steps": 0})  # the batch as given
+    seen = [(tmp_path / "seen" / f"rank-{i}.txt").read_text().split() for i in range(2)]
+    assert r["world_size"] == 2 and len(seen[0]) == len(seen[1]) == r["steps"]
+    per_rank = CFG["batch_size"] // 2  # rank r reads batches r, r + 2, ... of this size
+    rows = [fingerprint(b) for b in BatchLoader(
+        datasets["sessions"], per_rank, days=[0, 1], drop_last=True,
+        hash_sizes=read_card(tmp_path / "m").hash_sizes)]
+    rows = rows[:len(rows) // 2 * 2]  # every rank gets as many
+    assert set(rows) <= set(seen[0]) | set(seen[1]), "rows never trained"
+    assert {seen[0][-1], seen[1][-1]} == set(rows[-2:])  # the newest rows last

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import traceback
 
@@ -19,6 +20,7 @@ from lrm.errors import ConfigError, LrmError
 from lrm.metrics import normalized_entropy
 from lrm.models.saved import load_model
 from lrm.train import NonFiniteLossError, TrainJob, evaluate, train
+from lrm.train.job import bce_loss
 from lrm.train.data import eval_batch
 from lrm.train.evaluate import predict
 from lrm.checkpoint import Store
@@ -262,7 +264,9 @@ def test_an_overfitting_run_stops_early_and_keeps_its_best_validated_state(datas
                                                                            tmp_path):
     data, out = datasets["sessions"], tmp_path / "model"
     # six passes at a high table learning rate overfit the tiny data within two
-    cfg = tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2, log_every=8)
+    # (the slice held out to the end: the saved model is the best state as validated)
+    cfg = tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2, log_every=8,
+                     val_tail=False)
     r = train(TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=data, loader=LOADER,
                        out=out))
     s, v = r.schedule, r.validation
@@ -323,6 +327,79 @@ def test_a_run_stopped_after_its_best_validation_resumes_to_the_same_model(datas
     r = train(job("k", start="resume"))
     assert r.resumed_from == kill and r.steps == stop
     assert r.validation == ref.validation
+    got, want = _weights(tmp_path / "k"), _weights(tmp_path / f"ref{seed}")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _fingerprint(b) -> bytes:
+    """A batch by its rows' dense values and labels (not its hashed ids: table sizes apart)."""
+    return hashlib.blake2b(b.dense.detach().cpu().numpy().tobytes()
+                           + b.labels.detach().cpu().numpy().tobytes(), digest_size=16).digest()
+
+
+def test_a_run_of_several_passes_trains_on_every_row_the_newest_last(datasets, tmp_path):
+    """A run that validates (several passes) holds out its train days' newest batches to
+    stop early on; once the best state is back they train too, in time order: every batch
+    of the train days reaches the optimizer, and the run's last step is the newest one.
+    (Red with the pass over the validation slice dropped: its batches never train.)"""
+    data, seen = datasets["sessions"], []
+
+    def loss(model, b):
+        seen.append(_fingerprint(b))
+        return bce_loss(model, b)
+
+    cfg = tiny_train(epochs=3, patience=1, log_every=8)
+    r = train(TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=data, loader=LOADER,
+                       out=tmp_path / "m", loss=loss))
+    assert r.schedule["val_batches"] > 0 and r.validation["best_ne"] is not None
+    batch, card = r.schedule["batch_size"], load_model(tmp_path / "m")[1]
+    rows = [_fingerprint(b) for b in BatchLoader(data, batch, days=[0, 1], drop_last=True,
+                                                  hash_sizes=card.hash_sizes)]
+    assert len(rows) == r.schedule["epoch_batches"] + r.schedule["val_batches"]
+    assert set(rows) <= set(seen), f"{len(set(rows) - set(seen))} batches never trained"
+    assert seen[-1] == rows[-1]  # the newest rows last
+    # off, the slice is held out as before: its batches never train
+    seen.clear()
+    off = train(TrainJob(kind="student", train=dataclasses.replace(cfg, val_tail=False),
+                         model=SMALL_MODEL, data=data, loader=LOADER, loss=loss))
+    assert not set(rows[-off.schedule["val_batches"]:]) & set(seen)
+
+
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_a_run_killed_in_its_pass_over_the_newest_rows_resumes_to_the_same_model(
+        datasets, tmp_path, ema):
+    """Killed after the best state is back, in the pass over the validation slice (and the
+    rows after a best state of the first pass), a run resumed from its checkpoints ends
+    with the weights of the run never stopped, bit for bit: the delta checkpoints after the
+    best state was put back hold every row (red when the restore is not announced to the
+    checkpoints: the next delta holds only the rows a step moved), and the resumed pass
+    reads on from where it was (with a dense average too)."""
+    ck_cfg = CheckpointConfig(every=1, deltas=50, keep=1, quantize="none")
+
+    def job(name, **kw):
+        return TrainJob(kind="student", train=cfg, model=SMALL_MODEL, data=datasets["sessions"],
+                        loader=LOADER, checkpoint=ck_cfg, checkpoints=tmp_path / f"ck-{name}",
+                        out=tmp_path / name, **kw)
+
+    for seed in range(8):  # the first seed whose best state is not its last: one put back
+        cfg = tiny_train(epochs=6, embedding_lr=0.5, lr=0.03, patience=2, log_every=1,
+                         val_every=3, seed=seed, device="cpu", ema_decay=ema)
+        ref = train(job(f"ref{seed}"))
+        v = ref.validation
+        if v["restored"] is not None and ref.steps - v["tail_from"] >= 3:
+            break
+    else:
+        pytest.fail("no seed puts a best state back: the test cannot run")
+    kill = v["tail_from"] + 2
+
+    def log_fn(point, step):
+        if step > kill:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        train(job("k"), log_fn=log_fn)
+    r = train(job("k", start="resume"))
+    assert r.resumed_from == kill and r.steps == ref.steps and r.validation == v
     got, want = _weights(tmp_path / "k"), _weights(tmp_path / f"ref{seed}")
     assert all(torch.equal(got[k], want[k]) for k in want)
 
