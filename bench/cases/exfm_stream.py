@@ -59,6 +59,11 @@ def _params(surfaces: int, setting: str, quick: bool) -> dict[str, Any]:
     if quick:  # smaller models: the run's fixed costs, not its steps, are what it shows
         p["students"] = {**p.get("students", {}), "models": {
             "small": {"embedding_dim": 8, "bottom_mlp": [32], "top_mlp": [64, 32]}}}
+    if smoke():  # a few steps a model, one small FM version: that the lines print
+        p["train"] = {"fit_steps": 0, "min_steps": 4, "batch_size": 512}
+        p["exfm"]["teacher_every"] = 0
+        p["model"] = {"teacher": {"embedding_dim": 8, "layers": 1, "fm_mlp": [16],
+                                  "top_mlp": [16]}}
     return p
 
 

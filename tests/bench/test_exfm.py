@@ -63,8 +63,8 @@ def test_the_stream_day_case_prints_each_setting_against_the_surfaces(tmp_path, 
     for side in (prod, default):
         assert side["vms"] == 3 and side["seconds"] > 0 and len(side["load_avg_at_end"]) == 3
         assert side["cpu_seconds"] > 0
-    assert three["cpu_ratio"] == round(default["cpu_seconds"] / prod["cpu_seconds"], 4)
         assert side["seconds"] == (three["candidate"] if side is prod else three["baseline"])
+    assert three["cpu_ratio"] == round(default["cpu_seconds"] / prod["cpu_seconds"], 4)
     assert default["vm_variant_days"] == 3 * 4  # every variant of every VM, every day
     assert prod["vm_variant_days"] < default["vm_variant_days"]  # served + labels only
     assert three["settings"]["production"]["streaming"]["workers"] == three["cores"]
