@@ -200,7 +200,7 @@ class Loaders:
     validation: BatchLoader | None  # the train days again, read from `train_batches` on
     held_out: BatchLoader
     # the validation slice's batches once read whole: a run validates ten times an epoch,
-    # and each pass read the slice again, seeking past the train batches (validation was a
+    # and each pass read the slice again, seeking past the train batches (scoring it was a
     # quarter of a small VM's run in a stream worker's profile, docs/performance.md). At
     # most train.val_max_rows impressions are kept.
     _validation: list[Batch] | None = field(default=None, repr=False)
