@@ -32,7 +32,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,24 +53,16 @@ from lrm.streaming import days as sdays
 from lrm.streaming import ledger, models, report, sources
 from lrm.streaming.layout import STAGE, StreamPaths
 from flows import vm_pool
-from stagekit import OFF, PARAMS, Result, Stage, execute, load_params
+from flows.vm_day import Judged, vm_day, vm_day_in_worker, worker_threads
+from flows.vm_day import champion_after as _champion_after
+from flows.vm_day import run_stage as _stage
+from stagekit import OFF, PARAMS, load_params
 from stagekit.cli import terminated_as_exit
-from stages import augment, dedup, register
-from stages import student as student_stage
+from stages import augment, dedup
 from stages import teacher as teacher_stage
 from stages import train as train_stage
 
 ARTIFACT = "lrm-stream-day-{day}"
-
-
-@dataclass(frozen=True)
-class Judged:
-    """A model's step of the day: its part of the day's record, and the registry's decision
-    on it (None: nothing registered), carried out by `promote` once the day is done."""
-
-    record: dict[str, Any]
-    decision: registry.Decision | None = None
-    champion: str | None = None  # @champion's version once the day's decision is carried out
 
 
 def settings(params: list[str] | None, root: str | None) -> tuple[ParamsConfig, StreamPaths]:
@@ -79,14 +70,6 @@ def settings(params: list[str] | None, root: str | None) -> tuple[ParamsConfig, 
     files = [Path(p) for p in params] if params else ([PARAMS] if PARAMS.exists() else None)
     cfg = load_params(files, {"streaming.root": root} if root else None)
     return cfg, StreamPaths(Path(cfg.streaming.root))
-
-
-def _stage(stage: Stage, args: dict[str, Any], cfg: ParamsConfig, day: int,
-           parent: str | None = None) -> Result:
-    """Run a stage for day `day` through the stage runner (its checks, locks, MLflow run
-    nested under the day's: the active one, or `parent`; one-line errors); its typed
-    result."""
-    return execute(stage, args, cfg, tags={"lrm.stream.day": str(day)}, parent=parent)
 
 
 # ---------------------------------------------------------------------------- tasks
@@ -147,13 +130,6 @@ def teacher(cfg: ParamsConfig, paths: StreamPaths, day: int) -> Judged:
                    "decision": decision.as_dict(), "champion": champion}, decision, champion)
 
 
-def _champion_after(decision: registry.Decision, name: str, cfg: ParamsConfig) -> str | None:
-    """@champion of `name` once the day's decision is carried out (at the end of the day)."""
-    if decision.promoted:
-        return str(decision.version)
-    return registry.alias_version(name, registry.CHAMPION, cfg.tracking)
-
-
 @task(task_run_name="augment day {day}", cache_policy=NO_CACHE)
 def augment_days(cfg: ParamsConfig, paths: StreamPaths, day: int, next_day: bool,
                  champion: str | None) -> dict[str, Any]:
@@ -178,69 +154,6 @@ def evaluation_data(cfg: ParamsConfig, paths: StreamPaths, day: int) -> dict[str
     return {"label": p.label, "next_day": p.next_day, "split": split}
 
 
-def vm_day(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
-           teacher: str | None = None, parent: str | None = None) -> Judged:
-    """Vertical model `name`'s day D: the student stage carries it on (its serving variant,
-    or with registry.variant auto the variants of the day: every one every
-    students.ablation_every days, else the served one and labels only); the register stage
-    registers the served one (a VM's variant, or `teacher`, the day's foundation model,
-    where its own prediction serves the surface) and judges it on NE. A VM with nothing
-    new to serve (its surface's day too small to train on) registers nothing. `parent`: the
-    day's MLflow run (a worker process has none active)."""
-    plan = sdays.plan(paths, day, cfg.streaming.holdout)
-    out = paths.student_models(day)
-    trained = _stage(student_stage.STAGE, {
-        "data": plan.train_data, "sessions": paths.sessions, "out": out,
-        "teacher": Path(teacher) if teacher else None,
-        "checkpoints": paths.student_chains(), "day": day, "name": name,
-        "eval_data": plan.separate_eval, "eval_day": plan.eval_day,
-        "plan": cfg.streaming.plan or None,
-        "metrics": paths.reports / f"student_{name}_day={day}.json", "table": OFF,
-        "plot": OFF}, cfg, day, parent)
-    assert isinstance(trained, student_stage.Day), trained  # --day: one day
-    m = trained.students[name]
-    from lrm.exfm.pick import FM  # here, not at load: see the module's imports
-
-    served = m.serving
-    base = {"variant": served, "validation_ne": m.validation_ne, "pick": m.pick,
-            "ablation": m.ablation, "trained": sorted(m.variants)}
-    if served is None or (served != FM and served not in m.variants):
-        why = m.skipped or m.not_trained or "nothing trained"
-        champion = registry.alias_version(registry.student_model(name, cfg.registry),
-                                          registry.CHAMPION, cfg.tracking)
-        return Judged({**base, "skipped": why, "decision": None, "champion": champion},
-                      None, champion)
-    r = _stage(register.STAGE, {
-        "models": out, "data": plan.eval_data, "day": plan.eval_day, "name": name,
-        "evaluated_on": plan.label, "defer": True,
-        "metrics": paths.reports / f"register_{name}_day={day}.json"}, cfg, day, parent)
-    assert isinstance(r, register.Registered), r
-    decision = r.decisions[name]
-    champion = _champion_after(decision, decision.name, cfg)
-    return Judged({**base, "train": m.variants.get(served, {"foundation_model": teacher}),
-                   "decision": {**decision.as_dict(), "variant": r.variants[name]},
-                   "champion": champion}, decision, champion)
-
-
-def _vm_day_in_worker(*args: Any) -> Judged:
-    """`vm_day` in a worker process: bad input comes back as one line (an LrmError that
-    pickles: DataError's fields do not)."""
-    try:
-        return vm_day(*args)
-    except LrmError as e:
-        raise LrmError(str(e)) from None
-
-
-def _worker_threads(threads: int) -> None:
-    """A worker process's share of the cores (lrm.dist.intra_op_threads reads it)."""
-    import os
-
-    import torch
-
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    torch.set_num_threads(threads)
-
-
 @contextmanager
 def workers(cfg: ParamsConfig, vms: int) -> Iterator[bool]:
     """streaming.workers processes for the day's vertical models (fewer when the day has
@@ -251,7 +164,7 @@ def workers(cfg: ParamsConfig, vms: int) -> Iterator[bool]:
         return
     threads = max(1, len(os.sched_getaffinity(0)) // n)
     with ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_threads, initargs=(threads,)) as pool, \
+                             initializer=worker_threads, initargs=(threads,)) as pool, \
             vm_pool.using(pool):
         yield True
 
@@ -263,7 +176,7 @@ def student(cfg: ParamsConfig, paths: StreamPaths, name: str, day: int,
     pool = vm_pool.current()
     if pool is None:
         return vm_day(cfg, paths, name, day, teacher, parent)
-    return pool.submit(_vm_day_in_worker, cfg, paths, name, day, teacher, parent).result()
+    return pool.submit(vm_day_in_worker, cfg, paths, name, day, teacher, parent).result()
 
 
 @task(task_run_name="promote day {day}", cache_policy=NO_CACHE)

@@ -199,12 +199,28 @@ class Loaders:
     train_batches: int  # per rank
     validation: BatchLoader | None  # the train days again, read from `train_batches` on
     held_out: BatchLoader
+    # the validation slice's batches once read whole: a run validates ten times an epoch,
+    # and each pass read the slice again, seeking past the train batches (scoring it was a
+    # quarter of a small VM's run in a stream worker's profile, docs/performance.md). At
+    # most train.val_max_rows impressions are kept.
+    _validation: list[Batch] | None = field(default=None, repr=False)
 
     def validation_batches(self) -> Iterator[Batch]:
-        """The validation slice: the train stream's batches after the training ones."""
+        """The validation slice: the train stream's batches after the training ones (read
+        once; the passes after the first one give the same batches from memory)."""
+        assert self.validation is not None
+        if self._validation is not None:
+            return iter(self._validation)
+        return self._read_validation()
+
+    def _read_validation(self) -> Iterator[Batch]:
         assert self.validation is not None
         seek(self.validation, self.train_batches)
-        return iter(self.validation)
+        kept = []
+        for b in self.validation:
+            kept.append(b)
+            yield b
+        self._validation = kept  # only a whole pass is kept
 
 
 def seek(loader: BatchLoader, batch: int) -> None:

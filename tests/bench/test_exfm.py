@@ -44,3 +44,27 @@ def test_a_field_export_through_its_mapping(tmp_path) -> None:
     assert set(cases(lines, "exfm.teacher_gain")) == {"feed", "search"}  # live: no VM
     live = [x for x in lines if x["bench"] == "exfm.table" and x["case"].startswith("live/")]
     assert live and all(set(x["served"]) == {"fm"} and x["not_trained"] for x in live)
+
+
+def test_the_stream_day_case_prints_each_setting_against_the_surfaces(tmp_path, monkeypatch):
+    """--only stream at smoke sizes: 1 and 3 surfaces streamed two days with the default and
+    the production settings. Each line's sides say the day's seconds, the VMs and what they
+    trained, and the load; production's day 2 trains the served variant and labels only
+    (students.ablation_every 7), the default every variant: red when a setting does not
+    reach the stream it runs (the params file not laid over params.yaml)."""
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))  # its own server's store
+    lines = smoke("exfm", "--only", "stream")
+    assert benches(lines) == {"exfm.stream_day"}
+    assert set(cases(lines, "exfm.stream_day")) == {
+        "default/1_vs_3_surfaces", "production/1_vs_3_surfaces",
+        "1_surfaces/production_vs_default", "3_surfaces/production_vs_default"}
+    three = next(x for x in lines if x["case"] == "3_surfaces/production_vs_default")
+    prod, default = three["candidate_detail"], three["baseline_detail"]
+    for side in (prod, default):
+        assert side["vms"] == 3 and side["seconds"] > 0 and len(side["load_avg_at_end"]) == 3
+        assert side["cpu_seconds"] > 0
+        assert side["seconds"] == (three["candidate"] if side is prod else three["baseline"])
+    assert three["cpu_ratio"] == round(default["cpu_seconds"] / prod["cpu_seconds"], 4)
+    assert default["vm_variant_days"] == 3 * 4  # every variant of every VM, every day
+    assert prod["vm_variant_days"] < default["vm_variant_days"]  # served + labels only
+    assert three["settings"]["production"]["streaming"]["workers"] == three["cores"]

@@ -105,3 +105,32 @@ def test_a_held_out_dataset_lets_every_day_of_the_data_train(datasets, tmp_path)
     assert train_data.split_days(data, SplitConfig(days=[1]), held=one) == ([1], 2)
     with pytest.raises(ConfigError, match="the held-out dataset is the train data"):
         train_data.split_days(one, SplitConfig(), held=Dataset.open(tmp_path / "." / "one"))
+
+
+def test_a_run_reads_its_validation_slice_once_and_scores_the_same_batches(datasets,
+                                                                          monkeypatch):
+    """A run validates ten times an epoch; the slice is read from the data once (the seek
+    past the train batches, then its batches), every later pass scores the same batches
+    from memory: the run's validation NEs are those of a run that reads the slice every
+    time. Red when the batches read are not kept (a seek a validation), and when what is
+    kept is not the whole slice (other NEs)."""
+    from lrm.train import TrainJob, train
+    from tests.conftest import LOADER, SMALL_MODEL, tiny_train
+
+    job = TrainJob(kind="student", train=tiny_train(epochs=2, log_every=8), model=SMALL_MODEL,
+                   data=datasets["sessions"], loader=LOADER)
+    seeks = []
+    seek = train_data.seek
+    monkeypatch.setattr(train_data, "seek", lambda ld, b: (seeks.append(b), seek(ld, b)))
+    r = train(job)
+    vals = [h["val_ne"] for h in r.history if "val_ne" in h]
+    # the validation loader's seeks (the train stream's start at batch 0 each epoch)
+    assert len(vals) > 3 and seeks.count(r.schedule["epoch_batches"]) == 1
+
+    def every_time(self):  # the slice read again for each pass, as before
+        seek(self.validation, self.train_batches)
+        return iter(self.validation)
+
+    monkeypatch.setattr(train_data.Loaders, "validation_batches", every_time)
+    again = train(job)
+    assert [h["val_ne"] for h in again.history if "val_ne" in h] == vals
