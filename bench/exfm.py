@@ -58,6 +58,9 @@ def main() -> None:
                     help="the log's column mapping (lrm ingest logs --map)")
     ap.add_argument("--params", type=Path, action="append", default=None,
                     help="params files laid over params.yaml (repeat; later win)")
+    ap.add_argument("--keep-scores", type=Path, default=None,
+                    help="write every candidate's logits per seed, VM and evaluation day "
+                         "there (to replay a pick rule on them)")
     args = ap.parse_args()
     common.use_mode(args)
     for flag, value in (("--seeds", args.seeds), ("--fm-seeds", args.fm_seeds)):
@@ -82,7 +85,7 @@ def main() -> None:
                           tiny=args.world == "tiny", log=args.log, mapping=args.mapping,
                           params=args.params) as w:
         if args.only in (None, "gains"):
-            exfm_cases.run_gains(w, seeds=seeds)
+            exfm_cases.run_gains(w, seeds=seeds, keep=args.keep_scores)
         if args.only in (None, "augment"):
             exfm_cases.run_augment(w)
 
