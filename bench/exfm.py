@@ -6,9 +6,11 @@ exfm.teacher_gain       a line per vertical: the foundation model's mean NE over
 exfm.table              a line per vertical x size: every candidate's mean held-out NE
                         (`variants`, the FM's own prediction as `fm`), the served one per seed
                         (registry.variant auto, lrm.exfm.pick) and the one the old rule served
-exfm.pick_regret        served NE / the best candidate's NE on the held-out day (aim <= 1.005;
-                        candidate: lrm.exfm.pick's choice, baseline: the old rule's, one
-                        validation day, the lowest NE never worse than labels only)
+exfm.pick_regret        served NE / the best candidate's NE on each held-out full day (aim
+                        <= 1.005; the mean over seeds x days, each figure and their spread;
+                        candidate: lrm.exfm.pick's choice from the days before that day,
+                        baseline: the old rule's, one validation day, the lowest NE never
+                        worse than labels only; the data's last day alone beside)
 exfm.served_vs_labels   labels-only NE / served NE (aim >= 1.0), the old rule's beside it
 exfm.student_gain       labels-only NE (baseline) against the served variant's (candidate),
                         every seed's figures, their spread and the gain over it
@@ -16,8 +18,10 @@ exfm.augment            augment rows/s against the teacher's bare forward on the
 exfm.stream_day         (--only stream) a stream day's seconds against the number of surfaces
                         (1, 3, 9), default and production settings (bench/cases/exfm_stream.py)
 
-The held-out day is the data's last, later than every day the pick saw (the validation
-days before it, registry.pick.days of them). The labels-only vertical model is trained on
+The held-out day of exfm.table and student_gain is the data's last, later than every day
+the pick saw (the validation days before it, registry.pick.days of them). The pick is also
+judged on every full day H with registry.pick.days scored days before it, as if H were the
+last (exfm_cases.held_out): an export's last day, cut mid-day, is too noisy a judge. The labels-only vertical model is trained on
 every day of its vertical: the user's real alternative. The data: params.yaml's world
 (--world tiny: with a 1.2% surface, where distillation helps, and a 0.3% one under
 students.min_share that serves the FM), or any click log through its column mapping
