@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -261,8 +261,9 @@ def students(w: dict[str, Any], seeds: int, keep: Path | None = None
         prior = P.prior_of(list(pc.students.variants),
                            {n: v.distill for n, v in pc.students.variants.items()},
                            pc.registry.pick.prior)
+        full = full_days(sessions)
         rep["held_out"] = {name: held_out(sc, prior, pc.registry.pick.days,
-                                          fm=pc.registry.pick.fm)
+                                          fm=pc.registry.pick.fm, full=full)
                            for name, sc in run.scores.items() if sc}
         if keep is not None:
             for name, sc in run.scores.items():
@@ -273,22 +274,35 @@ def students(w: dict[str, Any], seeds: int, keep: Path | None = None
     return reports
 
 
-FULL = 0.5  # a day with under this share of its vertical's median rows is a partial day
+FULL = 0.75  # a day with under this share of the median day's rows is a partial day
 
 
-def held_out(scores: dict[int, P.Scores], prior: str, pick_days: int, *, fm: bool = True
-             ) -> dict[int, dict[str, Any]]:
+def full_days(data: Path) -> list[int]:
+    """The days of `data` with at least FULL of the median day's rows (every surface's: a
+    small surface's own rows vary too much from day to day to tell a half day)."""
+    import pyarrow.parquet as pq
+
+    rows = {d: sum(pq.read_metadata(f).num_rows for f in files)
+            for d, files in day_files(data).items()}
+    median = sorted(rows.values())[len(rows) // 2] if rows else 0
+    return [d for d, n in sorted(rows.items()) if n >= FULL * median]
+
+
+def held_out(scores: dict[int, P.Scores], prior: str, pick_days: int, *, fm: bool = True,
+             full: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
     """The pick judged on held-out days (`scores`: a VM's candidates on every evaluation
     day the teacher served): for each full day H with `pick_days` scored days before it,
     what the pipeline would serve were H its last day (lrm.exfm.pick on those days), the old
     rule's choice (`old_rule` on the day before H), and every candidate's NE on H (the same
     rows). A partial day (an export's last, cut mid-day: under FULL of the median rows) is
     too noisy to judge on: left out. Where no day has the days before it (a short world),
-    the last day is judged on what there is."""
+    the last full day is judged on what there is."""
     days = sorted(scores)
     median = sorted(scores[d].rows for d in days)[len(days) // 2] if days else 0
-    full = [d for d in days if scores[d].rows >= FULL * median]
-    judged = [d for d in full if sum(e < d for e in days) >= pick_days] or days[-1:]
+    full = [d for d in days if (d in full if full is not None
+                                else scores[d].rows >= FULL * median)]
+    judged = ([d for d in full if sum(e < d for e in days) >= pick_days]
+              or (full or days)[-1:])
     out = {}
     for h in judged:
         cands = [c for c in scores[h].logits if fm or c != P.FM]

@@ -24,7 +24,8 @@ def test_every_exfm_case_prints_its_lines() -> None:
 def test_a_field_export_through_its_mapping(tmp_path) -> None:
     """--log FILE --map MAP: the export's surfaces by name, the one under students.min_share
     served by the FM. Red when the mapping file is not read as `lrm ingest logs --map`
-    reads it (the benchmark stopped on an import moved from under it)."""
+    reads it (the benchmark stopped on an import moved from under it), and when the
+    export's half last day judges the pick (bench: full_days)."""
     world = GenerateConfig(users=800, ads=150, advertisers=15, categories=6, days=6,
                            sessions_per_day=1000, mean_session_length=4.0, max_history=10,
                            verticals=[VerticalConfig(name="feed", share=0.6),
@@ -42,6 +43,10 @@ def test_a_field_export_through_its_mapping(tmp_path) -> None:
                   "--map", str(tmp_path / "map.yaml"))
     assert GAINS <= benches(lines)
     assert set(cases(lines, "exfm.teacher_gain")) == {"feed", "search"}  # live: no VM
+    # the export ends mid-day: its last day judges no pick (the last full day does)
+    regret = [x for x in lines if x["bench"] == "exfm.pick_regret"]
+    assert regret and all(x["held_out_days"] == [[x["eval_day"] - 1]] for x in regret), \
+        [(x["held_out_days"], x["eval_day"]) for x in regret]
     live = [x for x in lines if x["bench"] == "exfm.table" and x["case"].startswith("live/")]
     assert live and all(set(x["served"]) == {"fm"} and x["not_trained"] for x in live)
 
