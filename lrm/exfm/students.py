@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from lrm import progress
-from lrm.config import DistillConfig, SplitConfig, default_variants
+from lrm.config import DistillConfig, PickConfig, SplitConfig, default_variants
 from lrm.data.schema import FeatureSchema, day_files
 from lrm.errors import ConfigError
 from lrm.exfm.augment import TEACHER_COLUMN, read_manifest
@@ -57,6 +57,7 @@ LABELS = {
     "aux_adapter": "auxiliary head + adapter",
 }
 PREFIX = "_labels"  # the chain of a VM's days before the teacher serves
+PICK_DAYS = PickConfig().days  # registry.pick.days' default (one place: lrm.config)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ class Students:
 
 def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillConfig],
                    job_for: JobFor, *, sessions: Path, augmented: Path, days: Sequence[int],
-                   chains: Path, owner: str, rule: str, prior: str = "", pick_days: int = 3,
+                   chains: Path, owner: str, rule: str, prior: str = "", pick_days: int = PICK_DAYS,
                    fm: bool = True, small: Mapping[int, str] | None = None,
                    log_fn: LogFn | None = None,
                    done: Callable[[VerticalModel, Path], None] | None = None,
