@@ -21,8 +21,9 @@ exfm.stream_day         (--only stream) a stream day's seconds against the numbe
 The held-out day of exfm.table and student_gain is the data's last, later than every day
 the pick saw (the validation days before it, registry.pick.days of them). The pick is also
 judged on every full day H with registry.pick.days scored days before it, as if H were the
-last (exfm_cases.held_out): an export's last day, cut mid-day, is too noisy a judge. The labels-only vertical model is trained on
-every day of its vertical: the user's real alternative. The data: params.yaml's world
+last (exfm_cases.held_out): an export's last day, cut mid-day, is too noisy a judge. The
+labels-only vertical model is trained on every day of its vertical: the user's real
+alternative. The data: params.yaml's world
 (--world tiny: with a 1.2% surface, where distillation helps, and a 0.3% one under
 students.min_share that serves the FM), or any click log through its column mapping
 (--log FILE... --map MAP: the logs pipeline's procedure, ingest logs -> dedup -> the FM's

@@ -214,7 +214,8 @@ class Students:
 
 def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillConfig],
                    job_for: JobFor, *, sessions: Path, augmented: Path, days: Sequence[int],
-                   chains: Path, owner: str, rule: str, prior: str = "", pick_days: int = PICK_DAYS,
+                   chains: Path, owner: str, rule: str, prior: str = "",
+                   pick_days: int = PICK_DAYS,
                    fm: bool = True, small: Mapping[int, str] | None = None,
                    log_fn: LogFn | None = None,
                    done: Callable[[VerticalModel, Path], None] | None = None,
