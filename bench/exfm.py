@@ -6,9 +6,11 @@ exfm.teacher_gain       a line per vertical: the foundation model's mean NE over
 exfm.table              a line per vertical x size: every candidate's mean held-out NE
                         (`variants`, the FM's own prediction as `fm`), the served one per seed
                         (registry.variant auto, lrm.exfm.pick) and the one the old rule served
-exfm.pick_regret        served NE / the best candidate's NE on the held-out day (aim <= 1.005;
-                        candidate: lrm.exfm.pick's choice, baseline: the old rule's, one
-                        validation day, the lowest NE never worse than labels only)
+exfm.pick_regret        served NE / the best candidate's NE on each held-out full day (aim
+                        <= 1.005; the mean over seeds x days, each figure and their spread;
+                        candidate: lrm.exfm.pick's choice from the days before that day,
+                        baseline: the old rule's, one validation day, the lowest NE never
+                        worse than labels only; the data's last day alone beside)
 exfm.served_vs_labels   labels-only NE / served NE (aim >= 1.0), the old rule's beside it
 exfm.student_gain       labels-only NE (baseline) against the served variant's (candidate),
                         every seed's figures, their spread and the gain over it
@@ -16,9 +18,12 @@ exfm.augment            augment rows/s against the teacher's bare forward on the
 exfm.stream_day         (--only stream) a stream day's seconds against the number of surfaces
                         (1, 3, 9), default and production settings (bench/cases/exfm_stream.py)
 
-The held-out day is the data's last, later than every day the pick saw (the validation
-days before it, registry.pick.days of them). The labels-only vertical model is trained on
-every day of its vertical: the user's real alternative. The data: params.yaml's world
+The held-out day of exfm.table and student_gain is the data's last, later than every day
+the pick saw (the validation days before it, registry.pick.days of them). The pick is also
+judged on every full day H with registry.pick.days scored days before it, as if H were the
+last (exfm_cases.held_out): an export's last day, cut mid-day, is too noisy a judge. The
+labels-only vertical model is trained on every day of its vertical: the user's real
+alternative. The data: params.yaml's world
 (--world tiny: with a 1.2% surface, where distillation helps, and a 0.3% one under
 students.min_share that serves the FM), or any click log through its column mapping
 (--log FILE... --map MAP: the logs pipeline's procedure, ingest logs -> dedup -> the FM's
@@ -58,6 +63,9 @@ def main() -> None:
                     help="the log's column mapping (lrm ingest logs --map)")
     ap.add_argument("--params", type=Path, action="append", default=None,
                     help="params files laid over params.yaml (repeat; later win)")
+    ap.add_argument("--keep-scores", type=Path, default=None,
+                    help="write every candidate's logits per seed, VM and evaluation day "
+                         "there (to replay a pick rule on them)")
     args = ap.parse_args()
     common.use_mode(args)
     for flag, value in (("--seeds", args.seeds), ("--fm-seeds", args.fm_seeds)):
@@ -82,7 +90,7 @@ def main() -> None:
                           tiny=args.world == "tiny", log=args.log, mapping=args.mapping,
                           params=args.params) as w:
         if args.only in (None, "gains"):
-            exfm_cases.run_gains(w, seeds=seeds)
+            exfm_cases.run_gains(w, seeds=seeds, keep=args.keep_scores)
         if args.only in (None, "augment"):
             exfm_cases.run_augment(w)
 

@@ -23,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,8 @@ from lrm.data.loader import BatchLoader
 from lrm.data.schema import day_files, read_schema
 from lrm.dist import quiet_libraries
 from lrm.exfm import fm
+from lrm import metrics
+from lrm.exfm import pick as P
 from lrm.exfm import students as S
 from lrm.exfm.augment import augment_dataset, teacher_logits
 from lrm.exfm.distill import distillation
@@ -212,10 +214,13 @@ def old_rule(ne: dict[str, float]) -> str:
     return best if ne[best] < ne[S.LABELS_ONLY] else S.LABELS_ONLY
 
 
-def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
+def students(w: dict[str, Any], seeds: int, keep: Path | None = None
+             ) -> list[dict[str, Any]]:
     """The student stage's procedure for each seed (lrm.exfm.students.train_students: every
     vertical model, every variant, the pick), seed s distilled from FM seed s mod
-    len(w["fms"]): its report, with `old_rule`'s pick beside the served one."""
+    len(w["fms"]): its report, with `old_rule`'s pick beside the served one and the pick
+    judged on each held-out day (`held_out`). `keep`: every candidate's logits per VM and
+    day written there (seed=S/VM/day=D.pt, lrm.exfm.pick.save_scores), to replay a rule."""
     pc: ParamsConfig = w["params"]
     root = w["root"]
     sessions = root / "sessions"
@@ -244,7 +249,7 @@ def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
                                chains=root / "chains" / f"seed{seed}", owner="bench",
                                rule="auto", prior=pc.registry.pick.prior,
                                pick_days=pc.registry.pick.days, fm=pc.registry.pick.fm,
-                               small=small)
+                               small=small, score_all=True)
         rep = S.report(run.results, vms, schema,
                        S.teacher_per_day(augmented, [d for d in evals if d in served]),
                        served=run.served, picks=run.picks, trained=run.not_trained)
@@ -253,17 +258,76 @@ def students(w: dict[str, Any], seeds: int) -> list[dict[str, Any]]:
             name: old_rule({v: next(r["ne"] for r in rows if r["day"] == one_day)
                             for v, rows in per.items()}) if per else S.FM
             for name, per in run.results.items()}
+        prior = P.prior_of(list(pc.students.variants),
+                           {n: v.distill for n, v in pc.students.variants.items()},
+                           pc.registry.pick.prior)
+        full = full_days(sessions)
+        rep["held_out"] = {name: held_out(sc, prior, pc.registry.pick.days,
+                                          fm=pc.registry.pick.fm, full=full)
+                           for name, sc in run.scores.items() if sc}
+        if keep is not None:
+            for name, sc in run.scores.items():
+                for d, x in sc.items():
+                    P.save_scores(keep / f"seed={seed}" / name, d, x, owner="bench")
         reports.append(rep)
         shutil.rmtree(root / "chains" / f"seed{seed}")  # the seed's rows are in its report
     return reports
 
 
-def run_gains(w: dict[str, Any], seeds: int = 3) -> list[dict[str, Any]]:
+FULL = 0.75  # a day with under this share of the median day's rows is a partial day
+
+
+def full_days(data: Path) -> list[int]:
+    """The days of `data` with at least FULL of the median day's rows (every surface's: a
+    small surface's own rows vary too much from day to day to tell a half day)."""
+    import pyarrow.parquet as pq
+
+    rows = {d: sum(pq.read_metadata(f).num_rows for f in files)
+            for d, files in day_files(data).items()}
+    median = sorted(rows.values())[len(rows) // 2] if rows else 0
+    return [d for d, n in sorted(rows.items()) if n >= FULL * median]
+
+
+def held_out(scores: dict[int, P.Scores], prior: str, pick_days: int, *, fm: bool = True,
+             full: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
+    """The pick judged on held-out days (`scores`: a VM's candidates on every evaluation
+    day the teacher served): for each full day H with `pick_days` scored days before it,
+    what the pipeline would serve were H its last day (lrm.exfm.pick on those days), the old
+    rule's choice (`old_rule` on the day before H), and every candidate's NE on H (the same
+    rows). A partial day (an export's last, cut mid-day: under FULL of the median rows) is
+    too noisy to judge on: left out. Where no day has the days before it (a short world),
+    the last full day is judged on what there is."""
+    days = sorted(scores)
+    median = sorted(scores[d].rows for d in days)[len(days) // 2] if days else 0
+    full = [d for d in days if (d in full if full is not None
+                                else scores[d].rows >= FULL * median)]
+    judged = ([d for d in full if sum(e < d for e in days) >= pick_days]
+              or (full or days)[-1:])
+    out = {}
+    for h in judged:
+        cands = [c for c in scores[h].logits if fm or c != P.FM]
+        seen, used = P.pool({d: x for d, x in scores.items() if d < h}, cands, pick_days)
+        served = P.choose(seen, prior, days=used).served
+        ne = {c: metrics.normalized_entropy(scores[h].logits[c], scores[h].labels)
+              for c in cands}
+        if not all(math.isfinite(x) for x in ne.values()):
+            continue  # no click that day: no NE to judge on
+        before = [d for d in days if d < h]
+        old = (old_rule({c: metrics.normalized_entropy(scores[before[-1]].logits[c],
+                                                        scores[before[-1]].labels)
+                         for c in cands if c != P.FM}) if before else S.LABELS_ONLY)
+        out[h] = {"served": served, "old": old, "ne": ne, "rows": scores[h].rows,
+                  "days": used}
+    return out
+
+
+def run_gains(w: dict[str, Any], seeds: int = 3, keep: Path | None = None
+              ) -> list[dict[str, Any]]:
     """exfm.teacher_gain per vertical; per vertical x size exfm.student_gain,
     exfm.pick_regret and exfm.served_vs_labels; the held-out table (exfm.table)."""
     pc: ParamsConfig = w["params"]
     t0 = time.perf_counter()
-    reports = students(w, seeds)
+    reports = students(w, seeds, keep)
     seconds = round(time.perf_counter() - t0, 1)
     schema, _ = read_schema(w["root"] / "sessions")
     flops = {"teacher": _flops("teacher", pc.model, schema),
@@ -347,22 +411,33 @@ def _size_lines(reports: list[dict[str, Any]], vname: str, size: str,
         return out  # a small surface: the FM serves, nothing to compare it with
     ne = [{var: p["variants"][var]["ne"] for var in p["variants"]} for p in per]
     best = [min(x.values()) for x in ne]
-    regret = [x[s] / b for x, s, b in zip(ne, served, best, strict=True)]
-    regret_old = [x[s] / b for x, s, b in zip(ne, old, best, strict=True)]
+    # the data's last day alone (an export's is often partial: a noisy judge), per seed
+    last = {"last_day_per_seed": [round(x[s] / b, 5) for x, s, b in
+                                  zip(ne, served, best, strict=True)],
+            "last_day_vs_labels_per_seed": [round(x["labels_only"] / x[s], 5)
+                                            for x, s in zip(ne, served, strict=True)]}
+    # judged on every held-out full day (held_out): the seed x day figures
+    held = [r["held_out"][model] for r in reports]
+    regret = [[j["ne"][j["served"]] / min(j["ne"].values()) for j in h.values()]
+              for h in held]
+    regret_old = [[j["ne"][j["old"]] / min(j["ne"].values()) for j in h.values()]
+                  for h in held]
+    vs = [[j["ne"]["labels_only"] / j["ne"][j["served"]] for j in h.values()] for h in held]
+    vs_old = [[j["ne"]["labels_only"] / j["ne"][j["old"]] for j in h.values()] for h in held]
+    days = {"held_out_days": [sorted(h) for h in held],
+            "served_per_day": [[j["served"] for j in h.values()] for h in held],
+            "old_rule_per_day": [[j["old"] for j in h.values()] for h in held],
+            "best_per_day": [[min(j["ne"], key=j["ne"].get) for j in h.values()]
+                             for h in held],
+            "rows_per_day": [[j["rows"] for j in h.values()] for h in held]}
     out.append(emit("exfm.pick_regret", f"{vname}/{size}", "NE ratio",
-                    candidate=round(S.mean_spread(regret)["mean"], 5),
-                    baseline=round(S.mean_spread(regret_old)["mean"], 5), better="lower",
-                    aim=1.005, per_seed=[round(x, 5) for x in regret],
-                    old_rule_per_seed=[round(x, 5) for x in regret_old], served=served,
-                    old_rule_served=old,
-                    best=[min(x, key=x.get) for x in ne], **common))
-    vs = [x["labels_only"] / x[s] for x, s in zip(ne, served, strict=True)]
-    vs_old = [x["labels_only"] / x[s] for x, s in zip(ne, old, strict=True)]
+                    candidate=round(_mean(regret), 5), baseline=round(_mean(regret_old), 5),
+                    better="lower", aim=1.005, **_over(regret), **_over(regret_old, "old_rule_"),
+                    **days, **last, **common))
     out.append(emit("exfm.served_vs_labels", f"{vname}/{size}", "NE ratio",
-                    candidate=round(S.mean_spread(vs)["mean"], 5),
-                    baseline=round(S.mean_spread(vs_old)["mean"], 5), better="higher",
-                    aim=1.0, per_seed=[round(x, 5) for x in vs],
-                    old_rule_per_seed=[round(x, 5) for x in vs_old], **common))
+                    candidate=round(_mean(vs), 5), baseline=round(_mean(vs_old), 5),
+                    better="higher", aim=1.0, **_over(vs), **_over(vs_old, "old_rule_"),
+                    **days, **last, **common))
     base = [x["labels_only"] for x in ne]
     cand = [x[s] for x, s in zip(ne, served, strict=True)]
     spread = max(S.mean_spread(base)["spread"], S.mean_spread(cand)["spread"])
@@ -382,6 +457,22 @@ def _size_lines(reports: list[dict[str, Any]], vname: str, size: str,
                                            if paired["spread"] else None),
                     table={**table, "teacher": fm_table}, **common))
     return out
+
+
+def _mean(per: list[list[float]]) -> float:
+    return S.mean_spread([x for xs in per for x in xs])["mean"]
+
+
+def _over(per: list[list[float]], prefix: str = "") -> dict[str, Any]:
+    """Seed x held-out day figures: each seed's days, each seed's mean, the worst day, and
+    the spread of the per-seed means and of every day (max - min)."""
+    flat = [x for xs in per for x in xs]
+    means = [S.mean_spread(xs)["mean"] for xs in per]
+    return {f"{prefix}per_seed_day": [[round(x, 5) for x in xs] for xs in per],
+            f"{prefix}per_seed": [round(x, 5) for x in means],
+            f"{prefix}seed_spread": round(max(means) - min(means), 5),
+            f"{prefix}day_min": round(min(flat), 5), f"{prefix}day_max": round(max(flat), 5),
+            f"{prefix}day_std": round(S.mean_spread(flat)["std"], 5)}
 
 
 def _flops(kind: str, cfg: ModelConfig, schema: Any) -> int:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from lrm import progress
-from lrm.config import DistillConfig, SplitConfig, default_variants
+from lrm.config import DistillConfig, PickConfig, SplitConfig, default_variants
 from lrm.data.schema import FeatureSchema, day_files
 from lrm.errors import ConfigError
 from lrm.exfm.augment import TEACHER_COLUMN, read_manifest
@@ -57,6 +57,7 @@ LABELS = {
     "aux_adapter": "auxiliary head + adapter",
 }
 PREFIX = "_labels"  # the chain of a VM's days before the teacher serves
+PICK_DAYS = PickConfig().days  # registry.pick.days' default (one place: lrm.config)
 
 
 @dataclass(frozen=True)
@@ -206,20 +207,27 @@ class Students:
     served: dict[str, str]  # VM -> its served variant, or FM (VMs with nothing to serve: out)
     not_trained: dict[str, str]  # VM -> why it has no model of its own (a small surface)
     validation: list[int]  # the evaluation days the picks may pool
+    # VM -> evaluation day -> every candidate's logits on its rows (`score_all`: every day
+    # the teacher served, the held-out last too; else the days the pick pooled)
+    scores: dict[str, dict[int, Scores]] = field(default_factory=dict)
 
 
 def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillConfig],
                    job_for: JobFor, *, sessions: Path, augmented: Path, days: Sequence[int],
-                   chains: Path, owner: str, rule: str, prior: str = "", pick_days: int = 3,
+                   chains: Path, owner: str, rule: str, prior: str = "",
+                   pick_days: int = PICK_DAYS,
                    fm: bool = True, small: Mapping[int, str] | None = None,
                    log_fn: LogFn | None = None,
-                   done: Callable[[VerticalModel, Path], None] | None = None) -> Students:
+                   done: Callable[[VerticalModel, Path], None] | None = None,
+                   score_all: bool = False) -> Students:
     """Every VM of `vms` day by day in every variant (`train_vm`, each in chains/VM), then
     what it serves (`served_variant`): registry.variant `rule`, with auto chosen on the
     last `pick_days` evaluation days before the held-out last (lrm.exfm.pick, against
     `prior`, the FM a candidate when `fm`). A VM of a `small` surface is not trained and
     serves the FM. `done(vm, chains)`: called once a VM's days are over (the stage links
-    its models)."""
+    its models). `score_all`: every candidate scored on every evaluation day the teacher
+    served, the held-out last included (`Students.scores`; bench/exfm.py judges the pick on
+    each held-out day from them); the pick still sees only the validation days."""
     small = small or {}
     first_served = min(day_files(augmented))
     evals = [d + 1 for d in days]
@@ -231,6 +239,8 @@ def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillC
         raise ConfigError(f"registry.pick.prior: {prior!r} is not one of students.variants "
                           f"{sorted(variants)}")
     out = Students({}, {}, {}, {}, validation)
+    scored = ([e for e in evals if e - 1 >= first_served] if score_all else
+              validation[-pick_days:] if rule == "auto" else [])
     for vm in vms:
         if vm.vertical is not None and vm.vertical in small and fm:
             out.not_trained[vm.name] = small[vm.vertical]
@@ -241,14 +251,15 @@ def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillC
             continue
         run = train_vm(vm, variants, job_for, sessions=sessions, augmented=augmented,
                        days=days, first_served=first_served, chains=chains / vm.name,
-                       owner=owner, log_fn=log_fn,
-                       validation=validation[-pick_days:] if rule == "auto" else ())
+                       owner=owner, log_fn=log_fn, validation=scored)
         out.results[vm.name] = run.rows
+        out.scores[vm.name] = run.scores
         models = [v for v in variants if last_model(chains / vm.name, v) is not None]
         pk = None
         if rule == "auto" and prior in models:
             cands = models + ([FM] if fm else [])
-            pooled, used = pool(run.scores, cands, pick_days)
+            seen = {d: x for d, x in run.scores.items() if d in validation}  # never the last
+            pooled, used = pool(seen, cands, pick_days)
             pk = choose(pooled, prior, days=used)
             out.picks[vm.name] = pk
             log.info("%s serves %s: %s", vm.name, pk.served, pk.reason)

@@ -140,3 +140,41 @@ def test_mean_spread():
     m = S.mean_spread([0.9, 0.92, 0.91])
     assert m["mean"] == pytest.approx(0.91) and m["spread"] == pytest.approx(0.02)
     assert S.mean_spread([1.0])["std"] == 0.0 and not math.isnan(S.mean_spread([1.0])["mean"])
+
+
+@pytest.mark.parametrize("score_all", [False, True])
+def test_the_pick_never_sees_the_held_out_last_day(monkeypatch, tmp_path, score_all):
+    """auto picks on the validation days before the held-out last one; with score_all (the
+    benchmark's, to judge the pick on each held-out day) every evaluation day is scored, the
+    last too, and still the pick pools only the days before it. aux_head is far ahead on
+    the last day alone: the prior serves. Red with the pooled days not cut to the
+    validation days (the last day's scores seen)."""
+    import torch
+
+    from lrm.exfm.pick import Scores
+
+    seen = []
+
+    def fake_train_vm(vm, variants, job_for, *, validation, **kw):
+        seen.append(list(validation))
+        g = torch.Generator().manual_seed(0)
+        y = (torch.rand(3000, generator=g) < 0.2).double()
+        x = torch.randn(3000, generator=g, dtype=torch.float64) - 1.4
+        scores = {d: Scores(y, {"labels_only": x, "aux_head": x + (2.0 if d == 6 else 0.0)
+                                * (2 * y - 1)}) for d in validation}
+        return S.VMRun({v: [] for v in variants}, scores)
+
+    monkeypatch.setattr(S, "train_vm", fake_train_vm)
+    monkeypatch.setattr(S, "last_model", lambda chains, variant: chains / variant)
+    (tmp_path / "augmented" / "day=2").mkdir(parents=True)
+    (tmp_path / "augmented" / "day=2" / "part-0.parquet").touch()  # the teacher serves day 2 on
+    vm = S.VerticalModel("search-small", 1, "small")
+    variants = {"labels_only": DistillConfig(distill=False), "aux_head": DistillConfig()}
+    run = S.train_students([vm], variants, None, sessions=tmp_path, days=[0, 1, 2, 3, 4, 5],
+                           augmented=tmp_path / "augmented", chains=tmp_path / "chains",
+                           owner="student", rule="auto", prior="labels_only", pick_days=3,
+                           fm=False, score_all=score_all)
+    assert seen == [[3, 4, 5, 6] if score_all else [3, 4, 5]]
+    assert run.validation == [3, 4, 5] and run.picks[vm.name].days == [3, 4, 5]
+    assert run.served[vm.name] == "labels_only", run.picks[vm.name].reason
+    assert sorted(run.scores[vm.name]) == seen[0]
