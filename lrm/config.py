@@ -817,9 +817,9 @@ class PickConfig:
     each candidate against `prior` on the same rows (paired bootstrap intervals); `prior`
     serves while no candidate beats it beyond the noise."""
 
-    # validation days pooled: a small surface's few hundred rows a day need several (3 left
-    # the FM's lead of 5-10% on 1,000-row surfaces unseen on most days: docs/results.md)
-    days: int = 5
+    # a small surface's few hundred rows a day need several (3 left the FM's lead of 5-10%
+    # on 1,000-row surfaces unseen on most days: docs/results.md)
+    days: int = 5  # validation days pooled, the newest before the held-out one
     prior: str = ""  # the variant served on thin evidence ("": the first that distils)
     # the foundation model's own prediction is a candidate too: it serves a surface where
     # it beats the VM chosen beyond the noise, and a surface with no VM (students.min_share)
