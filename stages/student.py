@@ -166,7 +166,8 @@ def run(*, cfg: StudentStageConfig, train: TrainConfig, loader: LoaderConfig,
         run_ = S.train_students(
             vms, cfg.variants, job_for, sessions=sessions, augmented=data, days=days,
             chains=checkpoints, owner=NAME, rule=serving, prior=pick.prior,
-            pick_days=pick.days, fm=fm_dir is not None, small=small, log_fn=log_fn,
+            pick_days=pick.days, fm=fm_dir is not None, fm_ties=pick.fm_ties, small=small,
+            log_fn=log_fn,
             done=done)
         if FM in run_.served.values():
             assert fm_dir is not None
@@ -284,7 +285,7 @@ def _one_day(cfg: StudentStageConfig, serving: str, pick: PickConfig, vms: list[
             cands = list(cfg.variants) + ([P.FM] if fm else [])
             pooled, used = P.pool(P.load_scores(chains / SCORES, before=day), cands,
                                   pick.days)
-            pk = P.choose(pooled, prior, days=used)
+            pk = P.choose(pooled, prior, days=used, fm_ties=fm and pick.fm_ties)
         if trained and serving == "auto":  # today's scores: the next days' evidence
             P.save_scores(chains / SCORES, day, P.day_scores(
                 {v: out / vm.name / v for v in trained}, eval_data or data, held,

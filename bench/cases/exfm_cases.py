@@ -249,6 +249,7 @@ def students(w: dict[str, Any], seeds: int, keep: Path | None = None
                                chains=root / "chains" / f"seed{seed}", owner="bench",
                                rule="auto", prior=pc.registry.pick.prior,
                                pick_days=pc.registry.pick.days, fm=pc.registry.pick.fm,
+                               fm_ties=pc.registry.pick.fm_ties,
                                small=small, score_all=True)
         rep = S.report(run.results, vms, schema,
                        S.teacher_per_day(augmented, [d for d in evals if d in served]),
@@ -263,7 +264,8 @@ def students(w: dict[str, Any], seeds: int, keep: Path | None = None
                            pc.registry.pick.prior)
         full = full_days(sessions)
         rep["held_out"] = {name: held_out(sc, prior, pc.registry.pick.days,
-                                          fm=pc.registry.pick.fm, full=full)
+                                          fm=pc.registry.pick.fm, full=full,
+                                          fm_ties=pc.registry.pick.fm_ties)
                            for name, sc in run.scores.items() if sc}
         if keep is not None:
             for name, sc in run.scores.items():
@@ -289,7 +291,8 @@ def full_days(data: Path) -> list[int]:
 
 
 def held_out(scores: dict[int, P.Scores], prior: str, pick_days: int, *, fm: bool = True,
-             full: Sequence[int] | None = None) -> dict[int, dict[str, Any]]:
+             full: Sequence[int] | None = None,
+             fm_ties: bool = False) -> dict[int, dict[str, Any]]:
     """The pick judged on held-out days (`scores`: a VM's candidates on every evaluation
     day the teacher served): for each full day H with `pick_days` scored days before it,
     what the pipeline would serve were H its last day (lrm.exfm.pick on those days), the old
@@ -307,7 +310,7 @@ def held_out(scores: dict[int, P.Scores], prior: str, pick_days: int, *, fm: boo
     for h in judged:
         cands = [c for c in scores[h].logits if fm or c != P.FM]
         seen, used = P.pool({d: x for d, x in scores.items() if d < h}, cands, pick_days)
-        served = P.choose(seen, prior, days=used).served
+        served = P.choose(seen, prior, days=used, fm_ties=fm and fm_ties).served
         ne = {c: metrics.normalized_entropy(scores[h].logits[c], scores[h].labels)
               for c in cands}
         if not all(math.isfinite(x) for x in ne.values()):

@@ -92,10 +92,11 @@ def pool(per_day: Mapping[int, Scores], candidates: Sequence[str], days: int
 
 def choose(scores: Scores, prior: str, *, days: Sequence[int] = (),
            level: float = metrics.CI_LEVEL, resamples: int = metrics.BOOTSTRAP,
-           seed: int = 0) -> Pick:
+           seed: int = 0, fm_ties: bool = False) -> Pick:
     """The served candidate of `scores` (module docstring): `prior` unless a VM candidate
     beats it beyond the noise; then the FM (`FM`, when among the candidates) if it beats
-    that choice beyond the noise."""
+    that choice beyond the noise, or, with `fm_ties`, unless that choice beats the FM
+    beyond the noise (a tie goes to the FM)."""
     if prior not in scores.logits:
         raise ValueError(f"the prior {prior!r} is not among the candidates "
                          f"{sorted(scores.logits)}")
@@ -127,6 +128,11 @@ def choose(scores: Scores, prior: str, *, days: Sequence[int] = (),
             reason = (f"the foundation model: NE {ne[FM]:.4f} below {served}'s "
                       f"{ne[served]:.4f} beyond the noise (paired interval [{lo:+.4f}, "
                       f"{hi:+.4f}])")
+            served = FM
+        elif fm_ties and not (lo > 0 and ne[served] < ne[FM]):
+            reason = (f"the foundation model: {served} (NE {ne[served]:.4f}) does not beat "
+                      f"its {ne[FM]:.4f} beyond the noise (paired interval [{lo:+.4f}, "
+                      f"{hi:+.4f}]; registry.pick.fm_ties)")
             served = FM
     return Pick(served=served, prior=prior, reason=reason, ne=ne, against=against,
                 rows=scores.rows, days=list(days))

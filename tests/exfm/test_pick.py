@@ -251,3 +251,22 @@ def test_stored_scores_round_trip_and_only_the_newest_days_stay(tmp_path, monkey
     back = load_scores(tmp_path / "s", before=5)
     assert list(back) == [4] and torch.equal(back[4].logits[FM], y - 4)
     assert torch.equal(back[4].labels, y)
+
+
+def test_with_fm_ties_the_fm_serves_unless_a_vm_beats_it_beyond_the_noise():
+    """registry.pick.fm_ties: a tie between the FM and the chosen VM goes to the FM; a VM
+    better beyond the noise still serves. Planted bugs that turn this red (tried): the
+    fm_ties branch dropped (the VM serves the tie); its check inverted (the FM serves where
+    the VM beats it)."""
+    g = torch.Generator().manual_seed(0)
+    y = (torch.rand(4000, generator=g) < 0.1).double()
+    x = torch.randn(4000, generator=g, dtype=torch.float64) - 2
+    noise = torch.randn(4000, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    level = Scores(y, {"distill_serving": x, FM: x + 0.05 * noise})
+    tie = choose(level, "distill_serving", fm_ties=True)
+    assert tie.against[FM][0] < 0 < tie.against[FM][1]  # within the noise either way
+    assert tie.served == FM and "fm_ties" in tie.reason
+    assert choose(level, "distill_serving").served == "distill_serving"  # the default: the VM
+    vm_better = Scores(y, {"distill_serving": x + 1.5 * (2 * y - 1), FM: x})
+    beat = choose(vm_better, "distill_serving", fm_ties=True)
+    assert beat.against[FM][0] > 0 and beat.served == "distill_serving"
