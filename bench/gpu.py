@@ -17,10 +17,10 @@ steps that no longer fit the budget skipped (said, not silent):
 
 DIR gets gpu.jsonl (every benchmark line, each naming the machine), gpu.log (the steps'
 stderr) and summary.json (per step: status, lines, seconds); the summary is printed too.
-The exit status is 1 when a step failed or did not fit the budget. Before any step the script checks that the
-packages the steps import are there and names the missing ones (the GPU machine has no
-torchrec, fbgemm-gpu or polars: ../shared/gpu/README.md says how they travel, and
-docs/performance.md the device call).
+The exit status is 1 when a step failed or did not fit the budget. Before any step the
+script checks that the packages the steps import are there and names the missing ones (the
+GPU machine has no torchrec, fbgemm-gpu or polars: ../shared/gpu/README.md says how they
+travel, and docs/performance.md the device call).
 
 `--smoke` runs the same steps on the CPU at tiny sizes (seconds each): tests/bench does so,
 so that a flag a step passes cannot rot unseen while no GPU is lent.

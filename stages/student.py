@@ -285,7 +285,7 @@ def _one_day(cfg: StudentStageConfig, serving: str, pick: PickConfig, vms: list[
             cands = list(cfg.variants) + ([P.FM] if fm else [])
             pooled, used = P.pool(P.load_scores(chains / SCORES, before=day), cands,
                                   pick.days)
-            pk = P.choose(pooled, prior, days=used, fm_ties=fm and pick.fm_ties)
+            pk = P.choose(pooled, prior, days=used, fm_ties=pick.fm_ties)
         if trained and serving == "auto":  # today's scores: the next days' evidence
             P.save_scores(chains / SCORES, day, P.day_scores(
                 {v: out / vm.name / v for v in trained}, eval_data or data, held,

@@ -310,7 +310,7 @@ def held_out(scores: dict[int, P.Scores], prior: str, pick_days: int, *, fm: boo
     for h in judged:
         cands = [c for c in scores[h].logits if fm or c != P.FM]
         seen, used = P.pool({d: x for d, x in scores.items() if d < h}, cands, pick_days)
-        served = P.choose(seen, prior, days=used, fm_ties=fm and fm_ties).served
+        served = P.choose(seen, prior, days=used, fm_ties=fm_ties).served
         ne = {c: metrics.normalized_entropy(scores[h].logits[c], scores[h].labels)
               for c in cands}
         if not all(math.isfinite(x) for x in ne.values()):

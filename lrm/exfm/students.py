@@ -224,9 +224,9 @@ def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillC
     """Every VM of `vms` day by day in every variant (`train_vm`, each in chains/VM), then
     what it serves (`served_variant`): registry.variant `rule`, with auto chosen on the
     last `pick_days` evaluation days before the held-out last (lrm.exfm.pick, against
-    `prior`, the FM a candidate when `fm`, a tie to the FM with `fm_ties`). A VM of a `small` surface is not trained and
-    serves the FM. `done(vm, chains)`: called once a VM's days are over (the stage links
-    its models). `score_all`: every candidate scored on every evaluation day the teacher
+    `prior`, the FM a candidate when `fm`, a tie to the FM with `fm_ties`). A VM of a
+    `small` surface is not trained and serves the FM. `done(vm, chains)`: called once a
+    VM's days are over (the stage links its models). `score_all`: every candidate scored on every evaluation day the teacher
     served, the held-out last included (`Students.scores`; bench/exfm.py judges the pick on
     each held-out day from them); the pick still sees only the validation days."""
     small = small or {}
@@ -261,7 +261,7 @@ def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillC
             cands = models + ([FM] if fm else [])
             seen = {d: x for d, x in run.scores.items() if d in validation}  # never the last
             pooled, used = pool(seen, cands, pick_days)
-            pk = choose(pooled, prior, days=used, fm_ties=fm and fm_ties)
+            pk = choose(pooled, prior, days=used, fm_ties=fm_ties)
             out.picks[vm.name] = pk
             log.info("%s serves %s: %s", vm.name, pk.served, pk.reason)
         served = served_variant(rule, pk, models, fm)
