@@ -15,7 +15,9 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 # make test: test files spread over this many pytest-xdist workers (a file stays on one, with
 # its module fixtures). 2 = CI's cores: the end-to-end tests wait on servers, schedules and
-# subprocesses, so two at a time fill the cores (suite wall time about 17 -> 11 min here)
+# subprocesses, so two at a time fill the cores (suite wall time about 17 -> 11 min here).
+# --no-loadscope-reorder: the files go out in the order tests/conftest.py gives them (the
+# slow ones first), not xdist's (the most tests first: the longest, one-test files last)
 TEST_WORKERS ?= 2
 
 .PHONY: setup run repro repro-criteo repro-logs dag test bench lock clean ui docs docs-serve
@@ -52,7 +54,7 @@ dag: $(STAMP)
 	$(BIN)/python -m flows.dvc_yaml
 
 test: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30; rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 # Every benchmark's --quick, each in its own process (python -m bench): all run, and the end
 # says which failed (exit 1 if any did). BENCH_FLAGS=--smoke: seconds each, that they run.

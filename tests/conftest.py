@@ -163,3 +163,14 @@ def kill_tree(pid: int) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=30)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a `slow` test (multi-process, end to end: minutes each, much of it waiting
+    on servers, schedules and subprocesses) run first, every file's tests together and in
+    order. `make test` hands files to its workers in this order (--dist loadfile
+    --no-loadscope-reorder): the long ones start early, next to the CPU-bound ones, and the
+    many short files even out the end; xdist's own order (the files with the most tests
+    first) left the one-test end-to-end files, the longest, to the end, one worker alone."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the rest keeps its order
