@@ -165,6 +165,7 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=30)
 
 
+@pytest.hookimpl(tryfirst=True)  # before --ff/--nf, which reorder what this gives
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Files with a `slow` test (multi-process, end to end: minutes each, much of it waiting
     on servers, schedules and subprocesses) run first, every file's tests together and in
