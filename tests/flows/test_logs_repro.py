@@ -46,9 +46,13 @@ WORLD = GenerateConfig(users=3000, ads=400, advertisers=40, categories=8, days=5
                        verticals=SURFACES)
 # over the default pipeline's test settings (TINY: its smallest models): the schedule this
 # log's five days give (one FM version on days 0-1), and a sessions file a day, as a user's
-# would be (TINY's 100-row files are too small for an item table to pay)
+# would be (TINY's 100-row files are too small for an item table to pay); a few steps a run
+# (train.fit_steps off, min_steps 4; fitted, the student stage took 577 steps over its 18
+# vertical-model days): what is checked is what the stages read, name, skip and serve, not
+# what the models learn (a run's validation and early stopping end to end: test_pipeline.py)
 PARAMS = {"exfm": {"teacher_days": 2, "teacher_every": 0, "teacher_lag": 1},
-          "dedup": {"rows_per_file": 200_000}}
+          "dedup": {"rows_per_file": 200_000},
+          "train": {"fit_steps": 0, "min_steps": 4}}
 
 
 @pytest.fixture(scope="module")
