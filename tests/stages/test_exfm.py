@@ -35,7 +35,11 @@ WORLD = GenerateConfig(users=2000, ads=300, advertisers=40, categories=8, days=5
                        verticals=[VerticalConfig(name="north", share=0.6),
                                   VerticalConfig(name="south", share=0.4, base_ctr=0.05,
                                                  position=2.0, own=0.5)])
-SMALL_TRAIN = {"batch_size": 512, "lr": 0.01, "log_every": 5, "threads": 1}
+# a few steps a run (train.fit_steps off, min_steps 4; by default each run took about 50,
+# train.min_steps): what is checked is how versions, days and variants chain, not what they
+# learn
+SMALL_TRAIN = {"batch_size": 512, "lr": 0.01, "log_every": 5, "threads": 1, "fit_steps": 0,
+               "min_steps": 4}
 PARAMS = {
     "exfm": {"teacher_days": 1, "teacher_every": 2, "teacher_lag": 2},
     "model": {"tables": {"max_rows": 5000},
