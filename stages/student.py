@@ -250,8 +250,10 @@ def _one_day(cfg: StudentStageConfig, serving: str, pick: PickConfig, vms: list[
                                   not_trained=small[vm.vertical])
             continue
         # which variants train today: the whole ablation every `ablation_every` days, else
-        # the served one and labels only (the control)
-        daily = {yesterday, S.LABELS_ONLY} & set(cfg.variants)
+        # the served one and labels only (the control); where the FM serves, the prior (the
+        # variant that distils) in its place, so the VM that would replace it stays current
+        daily = {prior if yesterday in (None, P.FM) else yesterday, S.LABELS_ONLY} \
+            & set(cfg.variants)
         others = [max(carried.finished(chains / v, before=day), default=-1)
                   for v in cfg.variants if v not in daily]
         ablation = serving == "auto" and (not others or min(others) < 0

@@ -491,7 +491,8 @@ def test_a_stream_of_two_surfaces_picks_beyond_the_noise_in_worker_processes(
     north = [r["students"]["north-small"] for r in days]
     assert [n["ablation"] for n in north] == [True, False, True]
     assert north[0]["trained"] == ["aux_head", "distill_serving", "labels_only"]
-    assert north[0]["variant"] == "distill_serving"  # the prior: no evidence yet
+    # no evidence yet: no VM beats the FM, and a tie goes to it (registry.pick.fm_ties)
+    assert north[0]["variant"] == "fm"
     assert north[1]["trained"] == ["distill_serving", "labels_only"]  # served + control
     pick = north[2]["pick"]
     assert pick["prior"] == "distill_serving" and pick["days"] == [1]

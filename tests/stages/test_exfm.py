@@ -142,12 +142,16 @@ def test_teacher_augment_student_register_chain(world, tmp_path):
         assert s["variants"]["fm"]["ne"] == v["teacher"]["ne"]
         assert all(0 < m["ne"] < 2 for m in s["variants"].values())
         # the pick: on the validation day's rows, every variant and the FM against the
-        # prior (the first variant that distils), which serves unless beaten beyond the noise
+        # prior (the first variant that distils), which serves unless beaten beyond the noise;
+        # then the FM against that choice, which serves unless the choice beats it beyond the
+        # noise (registry.pick.fm_ties: a tie goes to the FM)
         pick = s["pick"]
         assert pick["prior"] == "distill_serving" and pick["days"] == [3]
         assert set(pick["ne"]) == set(s["variants"]) and pick["rows"] > 100
         assert s["serving"] == pick["served"]
-        if s["serving"] != "distill_serving":
+        lo, _ = pick["against"]["fm"]
+        assert (s["serving"] == "fm") == (not lo > 0), pick  # lo > 0: the VM beats the FM
+        if s["serving"] not in ("distill_serving", "fm"):
             lo, hi = pick["against"][s["serving"]]
             assert hi < 0 and pick["ne"][s["serving"]] < pick["ne"]["distill_serving"]
     serving = json.loads((tmp_path / "models/students/serving.json").read_text())
