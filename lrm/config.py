@@ -456,9 +456,9 @@ class TrainConfig:
     # every model since issue 44 (it was the FM's alone): where the schedule shrinks the batch
     # (a small log: ~500 steps of ~160 rows) the student's last steps set its calibration.
     # Student, 0 -> 0.98, mean held-out NE (2-core Xeon): MovieLens 100K held out on day 7 /
-    # 8 / 9 (3 seeds) 0.9067 -> 0.8901, 0.9464 -> 0.9227, 0.8854 -> 0.8881 (torchrec's DLRM
-    # 0.8941, 0.9174, 0.8841); ml-latest-small 0.9091 -> 0.9041; the default world's baseline
-    # (2 seeds) 0.8940 -> 0.8917; the synthetic log 0.9042 -> 0.9043, the Criteo sample
+    # 8 / 9 (3 seeds) 0.9035 -> 0.8901, 0.9460 -> 0.9227, 0.8854 -> 0.8881 (torchrec's DLRM
+    # 0.8934, 0.9173, 0.8932: docs/results.md); ml-latest-small 0.9091 -> 0.9041; the
+    # default world's baseline (2 seeds) 0.8940 -> 0.8917; the synthetic log 0.9042 -> 0.9043, the Criteo sample
     # 0.8858 -> 0.8855, the MIND sample 0.9973 -> 0.9986 (the DLRM 0.9991)
     ema_decay: float = 0.98  # average of the dense weights kept in place of the last (0: off)
     seed: int = 0  # init and data order (the same seed: the same run on CPU)
@@ -747,9 +747,10 @@ class TeacherStageConfig:
     # 0.9018, one seed) but the MIND teacher loses to the DLRM (3 seeds: 1.0002 against
     # 0.9991). Issues 26 and 27.
     # What a version keeps is the moving average of its dense weights (`train`'s ema_decay
-    # 0.98, lrm.train.average; the FM's before it was every model's), not its last noisy steps: on the default world (one seed) the FM's
-    # versions predicted 0.94-1.23 of the next day's clicks, now 0.98-1.04, and scored
-    # 0.9244 / 0.8998 / 0.9390 on day 6, now 0.9221 / 0.9005 / 0.9365; 3 seeds from scratch:
+    # 0.98, lrm.train.average; the FM's before it was every model's), not its last noisy
+    # steps: on the default world (one seed) the FM's versions predicted 0.94-1.23 of the
+    # next day's clicks, now 0.98-1.04, and scored 0.9244 / 0.8998 / 0.9390 on day 6, now
+    # 0.9221 / 0.9005 / 0.9365; 3 seeds from scratch:
     # MIND 0.9976 -> 0.9958, Criteo 0.8830 -> 0.8839 (the DLRM: 0.9991, 0.9531).
     train: TrainOverrides = field(default_factory=lambda: TrainOverrides(
         log_every=20, batch_size=512, lr=5e-4))

@@ -10,7 +10,7 @@ day's clicks, though the world's daily CTR is flat. An average over the last ~50
 against 0.94-1.23). The students' days on that world, which take few large steps, gained
 little (3 seeds), so it was the FM's alone, until a small log showed the same swing in the
 student: where the schedule shrinks the batch to ~160 rows, MovieLens 100K's student held out
-on days 7 and 8 scored 1.8% and 2.5% better with the average (and 0.3% worse on day 9), and no
+on days 7 and 8 scored 1.5% and 2.5% better with the average (and 0.3% worse on day 9), and no
 log measured lost more than 0.13% (lrm/config.py, `TrainConfig.ema_decay`): on in `train`.
 
 The t-th update decays at min(decay, (1 + t) / (10 + t)) (TensorFlow's
