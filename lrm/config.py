@@ -458,8 +458,9 @@ class TrainConfig:
     # Student, 0 -> 0.98, mean held-out NE (2-core Xeon): MovieLens 100K held out on day 7 /
     # 8 / 9 (3 seeds) 0.9035 -> 0.8901, 0.9460 -> 0.9227, 0.8854 -> 0.8881 (torchrec's DLRM
     # 0.8934, 0.9173, 0.8932: docs/results.md); ml-latest-small 0.9091 -> 0.9041; the
-    # default world's baseline (2 seeds) 0.8940 -> 0.8917; the synthetic log 0.9042 -> 0.9043, the Criteo sample
-    # 0.8858 -> 0.8855, the MIND sample 0.9973 -> 0.9986 (the DLRM 0.9991)
+    # default world's baseline (2 seeds) 0.8940 -> 0.8917; the synthetic log 0.9042 ->
+    # 0.9043, the Criteo sample 0.8858 -> 0.8855, the MIND sample 0.9973 -> 0.9986 (the
+    # DLRM 0.9991)
     ema_decay: float = 0.98  # average of the dense weights kept in place of the last (0: off)
     seed: int = 0  # init and data order (the same seed: the same run on CPU)
     eval_every: int = 0  # steps between evals on the held-out day (0: only at the end)

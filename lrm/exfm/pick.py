@@ -96,7 +96,8 @@ def choose(scores: Scores, prior: str, *, days: Sequence[int] = (),
     """The served candidate of `scores` (module docstring): `prior` unless a VM candidate
     beats it beyond the noise; then the FM (`FM`, when among the candidates) if it beats
     that choice beyond the noise, or, with `fm_ties`, unless that choice beats the FM
-    beyond the noise (a tie goes to the FM)."""
+    beyond the noise (a tie goes to the FM). `fm_ties` is off here, the rule on its own;
+    the stages pass `registry.pick.fm_ties`, on by default (lrm.config.PickConfig)."""
     if prior not in scores.logits:
         raise ValueError(f"the prior {prior!r} is not among the candidates "
                          f"{sorted(scores.logits)}")

@@ -226,9 +226,10 @@ def train_students(vms: Sequence[VerticalModel], variants: Mapping[str, DistillC
     last `pick_days` evaluation days before the held-out last (lrm.exfm.pick, against
     `prior`, the FM a candidate when `fm`, a tie to the FM with `fm_ties`). A VM of a
     `small` surface is not trained and serves the FM. `done(vm, chains)`: called once a
-    VM's days are over (the stage links its models). `score_all`: every candidate scored on every evaluation day the teacher
-    served, the held-out last included (`Students.scores`; bench/exfm.py judges the pick on
-    each held-out day from them); the pick still sees only the validation days."""
+    VM's days are over (the stage links its models). `score_all`: every candidate scored on
+    every evaluation day the teacher served, the held-out last included (`Students.scores`;
+    bench/exfm.py judges the pick on each held-out day from them); the pick still sees only
+    the validation days."""
     small = small or {}
     first_served = min(day_files(augmented))
     evals = [d + 1 for d in days]
