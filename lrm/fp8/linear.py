@@ -13,7 +13,9 @@ in FP8 on the device's real kernels:
   too. Every dimension is zero-padded to a multiple of 16 inside the quantization
   (`_scaled_mm` rejects others on CUDA; padding adds zeros to no sum, so the function is
   the same); on CUDA the quantization is compiled (`torch.compile`: amax, scale and cast fused
-  into one pass over the tensor), which is what makes it pay.
+  into one pass over the tensor), which is what makes it pay. A device without an FP8 GEMM
+  (`native_gemm`: a CPU without AVX512-FP16, a GPU before sm_89) multiplies the same FP8
+  operands in float32 instead: the error training sees is FP8's, the speed is not.
 
 `Fp8Linear` also takes a `Quantized` input: an activation its producer already cast to e4m3
 with one scale (lrm.fp8.norm.QuantizedLayerNorm fuses the cast into the LayerNorm, mod
@@ -123,12 +125,48 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool = False, *,
     return fn(x, dtype, rowwise)
 
 
+@functools.cache
+def _native_gemm(device: torch.device) -> bool:
+    """Whether `torch._scaled_mm` runs on `device`, found by trying it once: on a CPU it is
+    oneDNN's FP8 matmul, which needs AVX512-FP16 (Intel Sapphire Rapids and later; not an
+    AMD Zen 4 or an older Intel CPU, where it raises "could not create a primitive
+    descriptor for the matmul primitive"); on CUDA, FP8 tensor cores (sm_89 and later)."""
+    a = torch.zeros(ALIGN, ALIGN, device=device).to(E4M3)
+    one = torch.ones((), device=device)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    except RuntimeError as e:
+        log.info("fp8: no FP8 GEMM on %s (torch._scaled_mm: %s): FP8 layers multiply their "
+                 "FP8 operands in float32 there (FP8's error, not its speed)", device,
+                 (str(e).splitlines() or ["unsupported"])[0][:80])
+        return False
+    return True
+
+
+def native_gemm(device: torch.device | str) -> bool:
+    """Whether FP8 GEMMs on `device` run on its own kernel (`torch._scaled_mm`); elsewhere
+    `Fp8Linear` multiplies the same FP8 operands in float32 (`_mm`)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _native_gemm(device)
+
+
 def _mm(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
         out_dtype: torch.dtype, bias: torch.Tensor | None = None) -> torch.Tensor:
     """a [M, K] @ b [N, K]ᵀ from quantized operands (b's rows are the output columns)."""
     (qa, sa), (qb, sb) = a, b
     if sb.dim() == 2:  # per row of b = per output column
         sb = sb.reshape(1, -1)
+    if not native_gemm(qa.device):
+        # the same product where the device has no FP8 GEMM: the e4m3/e5m2 operands are
+        # exact in float32, and so are their products; only the order of the float32 sums
+        # may differ from a kernel's (training sees FP8's error, at float32's speed)
+        with torch.autocast(qa.device.type, enabled=False):
+            y = torch.mm(qa.float(), qb.float().t()) * sa * sb
+            if bias is not None:
+                y = y + bias.float()
+        return y.to(out_dtype)
     return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, bias=bias,
                             out_dtype=out_dtype)
 
@@ -251,5 +289,5 @@ def is_fp8(module: nn.Module) -> bool:
     return type(module).__name__ == "Float8Linear"  # torchao's, without importing it
 
 
-__all__ = ["ALIGN", "Fp8Linear", "Quantized", "TORCHAO", "is_fp8", "quantize",
+__all__ = ["ALIGN", "Fp8Linear", "Quantized", "TORCHAO", "is_fp8", "native_gemm", "quantize",
            "resolve_backend", "to_fp8", "torchao_available"]

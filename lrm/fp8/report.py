@@ -38,7 +38,7 @@ from lrm.dist import _device
 from lrm.errors import ConfigError
 from lrm.fp8.dispatch import FORMAT, dispatch
 from lrm.fp8.formats import RECIPES
-from lrm.fp8.linear import resolve_backend
+from lrm.fp8.linear import native_gemm, resolve_backend
 from lrm.fp8.probe import Probe, safety
 from lrm.fp8.speed import fast_fp8, median_ms, precision, time_linear
 from lrm.models.precision import autocast
@@ -188,7 +188,9 @@ def settings(cfg: FP8Config, device: torch.device | str, amp: bool) -> dict[str,
     device = torch.device(device)
     return {"recipe": cfg.recipe, "format": RECIPES[cfg.recipe],
             "backend": resolve_backend(cfg.backend), "compile": cfg.compile,
-            "fast_fp8": fast_fp8(device), "budget_s": cfg.budget_s,
+            "fast_fp8": fast_fp8(device),
+            "fp8_gemm": "native" if native_gemm(device) else "float32 emulation",
+            "budget_s": cfg.budget_s,
             "slow_device_batches": cfg.slow_device_batches,
             "precision": precision(device, amp), "min_sqnr_db": cfg.min_sqnr_db,
             "min_grad_sqnr_db": cfg.min_grad_sqnr_db, "min_speedup": cfg.min_speedup,
@@ -249,13 +251,21 @@ def stopped(why: str, s: dict[str, Any]) -> str:
     }.get(why, why)
 
 
+def _emulated(s: dict[str, Any]) -> str:
+    if s.get("fp8_gemm", "native") == "native":
+        return ""
+    return (" (this device has no FP8 GEMM: FP8 layers multiply their FP8 operands in "
+            "float32 here, so their speed is not FP8's)")
+
+
 def markdown(report: dict[str, Any]) -> str:
     """Per model and layer: statistics, error (row SQNR, dB, 95% CI), speed, verdict."""
     s = report["settings"]
     lines = [f"# FP8 probe ({report['device']})", "",
              f"Recipe {s['recipe']} ({s['format']}), backend {s['backend']}, against "
-             f"{s['precision']}. Safe: row SQNR lower bound >= {s['min_sqnr_db']:g} dB "
-             f"forward, >= {s['min_grad_sqnr_db']:g} dB gradients (e5m2); fast: FP8 forward + "
+             f"{s['precision']}{_emulated(s)}. Safe: row SQNR lower bound >= "
+             f"{s['min_sqnr_db']:g} dB forward, >= {s['min_grad_sqnr_db']:g} dB gradients "
+             f"(e5m2); fast: FP8 forward + "
              f"backward >= {s['min_speedup']:g}x. SQNR in dB, mean ± 95% half width.", ""]
     for name, m in report["models"].items():
         chk = m["model_check"]

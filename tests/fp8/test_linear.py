@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -10,6 +14,7 @@ from lrm.errors import ConfigError
 from lrm.fp8 import linear as L
 from lrm.fp8.formats import per_tensor
 from lrm.fp8.probe import error_metrics
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
@@ -137,3 +142,62 @@ def test_a_quantized_input_flattens_alike_and_is_no_tensor():
     assert torch.equal(flat.dequantize(), x.dequantize().flatten(1))
     with pytest.raises(TypeError):
         nn.Linear(24, 2)(flat)  # a plain layer cannot read it by mistake
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_without_a_device_gemm_the_same_fp8_operands_multiply_in_float32(monkeypatch,
+                                                                         recipe):
+    # the product a device without `_scaled_mm` computes: where this CPU has the kernel,
+    # against the kernel's own result (the forward and both gradients)
+    torch.manual_seed(3)
+    lin = nn.Linear(40, 24)
+    x = torch.randn(37, 40)
+    g = torch.randn(37, 24)
+
+    def run() -> list[torch.Tensor]:
+        xg = x.clone().requires_grad_()
+        lin.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = L.Fp8Linear.from_linear(lin, recipe)(xg)
+        assert y.dtype == torch.bfloat16  # the autocast dtype, as nn.Linear's
+        y.float().backward(g)
+        return [y.float(), xg.grad.clone(), lin.weight.grad.clone(), lin.bias.grad.clone()]
+
+    native = L.native_gemm("cpu")
+    kernel = run() if native else None
+    monkeypatch.setattr(L, "native_gemm", lambda device: False)
+    emulated = run()
+    if kernel is None:
+        pytest.skip("this CPU has no FP8 GEMM to compare with (the subprocess test runs "
+                    "the emulation)")
+    for a, b in zip(kernel, emulated, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3)  # (the bf16 output's ulp)
+
+
+def test_a_cpu_without_an_fp8_gemm_trains_an_fp8_layer(tmp_path):
+    # oneDNN's FP8 matmul needs AVX512-FP16 (not AMD's Zen 4, not Intel before Sapphire
+    # Rapids); ONEDNN_MAX_CPU_ISA=AVX2 makes this CPU look like one without it
+    script = tmp_path / "step.py"
+    script.write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "from lrm.fp8 import linear as L\n"
+        "from lrm.fp8.formats import per_tensor\n"
+        "assert not L.native_gemm('cpu')\n"
+        "torch.manual_seed(1)\n"
+        "lin = nn.Linear(13, 7)\n"
+        "x = torch.randn(5, 13, requires_grad=True)\n"
+        "y = L.Fp8Linear.from_linear(lin)(x)\n"
+        "want = per_tensor(x.detach()) @ per_tensor(lin.weight.detach()).T "
+        "+ lin.bias.detach().double()\n"
+        "torch.testing.assert_close(y.double(), want, rtol=1e-5, atol=1e-5)\n"
+        "g = torch.randn(5, 7)\n"
+        "y.backward(g)\n"
+        "qg = per_tensor(g, L.E5M2)\n"
+        "torch.testing.assert_close(x.grad.double(), qg @ per_tensor(lin.weight.detach()), "
+        "rtol=1e-5, atol=1e-5)\n"
+        "print('ok')\n")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -171,3 +171,9 @@ def test_the_probe_is_bounded_on_a_cpu_and_by_its_time_budget(datasets, model_di
     doc = R.build({"student": res}, cfg, "cpu", amp=False)
     assert doc["settings"]["fast_fp8"] is False
     assert says in R.markdown(doc)
+    # a CPU without oneDNN's FP8 matmul (no AVX512-FP16): the FP8 layers were emulated, and
+    # the table says their speed is not FP8's
+    no_gemm = {**doc, "settings": {**doc["settings"], "fp8_gemm": "float32 emulation"}}
+    assert "this device has no FP8 GEMM" in R.markdown(no_gemm)
+    assert ("this device has no FP8 GEMM" in R.markdown(doc)) == (
+        doc["settings"]["fp8_gemm"] != "native")
