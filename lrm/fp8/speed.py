@@ -1,9 +1,10 @@
 """Speed on the device at hand: a layer, or a whole model's step, in its training precision
 vs FP8, timed on the real kernels (quantization included).
 
-The training precision is bf16 autocast on CUDA when `amp` is on (what lrm.train runs),
-float32 otherwise. A CPU has no fast FP8 GEMM (`torch._scaled_mm` there emulates it), so
-its verdicts say "slow": a finding about the device, not a failure.
+The training precision is bf16 autocast when `amp` is on, on CUDA or a CPU that multiplies
+bf16 natively (what lrm.train runs), float32 otherwise. A CPU has no fast FP8 GEMM
+(`torch._scaled_mm` there emulates it, or is absent), so its verdicts say "slow": a finding
+about the device, not a failure.
 
 `bytes_moved(fn)` counts the memory traffic of eager code instead of timing it: the bytes
 every operator reads and writes, the same on any device (what a mod that narrows dtypes
@@ -24,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from lrm.fp8.linear import to_fp8
-from lrm.models.precision import autocast
+from lrm.models.precision import autocast, cpu_bf16
 
 WARMUP = 3  # untimed calls first (a compiled quantization compiles in the first)
 
@@ -124,8 +125,10 @@ def fast_fp8(device: torch.device | str) -> bool:
 
 
 def precision(device: torch.device, amp: bool) -> str:
-    """The training precision lrm.train uses on `device` (what FP8 is compared against)."""
-    return "bf16" if amp and device.type == "cuda" else "float32"
+    """The training precision lrm.train uses on `device` (what FP8 is compared against):
+    bf16 where `autocast` turns it on (a GPU, a CPU that multiplies bf16 natively)."""
+    native = device.type == "cuda" or (device.type == "cpu" and cpu_bf16())
+    return "bf16" if amp and native else "float32"
 
 
 __all__ = ["bytes_moved", "fast_fp8", "median_ms", "precision", "time_linear"]
