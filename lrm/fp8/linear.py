@@ -125,31 +125,37 @@ def quantize(x: torch.Tensor, dtype: torch.dtype, rowwise: bool = False, *,
     return fn(x, dtype, rowwise)
 
 
-@functools.cache
-def _native_gemm(device: torch.device) -> bool:
-    """Whether `torch._scaled_mm` runs on `device`, found by trying it once: on a CPU it is
-    oneDNN's FP8 matmul, which needs AVX512-FP16 (Intel Sapphire Rapids and later; not an
-    AMD Zen 4 or an older Intel CPU, where it raises "could not create a primitive
-    descriptor for the matmul primitive"); on CUDA, FP8 tensor cores (sm_89 and later)."""
+# devices where `torch._scaled_mm` failed: their FP8 GEMMs multiply in float32 from then on
+_NO_GEMM: set[str] = set()
+
+
+def _no_gemm(device: torch.device, e: RuntimeError) -> None:
+    _NO_GEMM.add(str(device))
+    log.warning("fp8: no FP8 GEMM on %s (torch._scaled_mm: %s): its FP8 layers multiply "
+                "their FP8 operands in float32 (FP8's error, not its speed)", device,
+                (str(e).strip().splitlines() or ["unsupported"])[0][:100])
+
+
+def native_gemm(device: torch.device | str) -> bool:
+    """Whether FP8 GEMMs on `device` run on its own kernel (`torch._scaled_mm`) now, tried
+    on a small product; elsewhere `Fp8Linear` multiplies the same FP8 operands in float32.
+
+    On a CPU, torch runs oneDNN's FP8 matmul, which needs AVX512-FP16 (Intel Sapphire
+    Rapids and later: not an AMD Zen 4, nor an older Intel CPU with AVX-512, where it raises
+    "could not create a primitive descriptor for the matmul primitive"), or its own kernel
+    where it does not use oneDNN; which one can change within a process (once oneDNN has run
+    a bf16 matmul, as bf16 autocast does), so this is asked, not cached. On CUDA: FP8 tensor
+    cores (sm_89 and later)."""
+    device = torch.device(device)
+    if str(device) in _NO_GEMM:
+        return False
     a = torch.zeros(ALIGN, ALIGN, device=device).to(E4M3)
     one = torch.ones((), device=device)
     try:
         torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-    except RuntimeError as e:
-        log.info("fp8: no FP8 GEMM on %s (torch._scaled_mm: %s): FP8 layers multiply their "
-                 "FP8 operands in float32 there (FP8's error, not its speed)", device,
-                 (str(e).splitlines() or ["unsupported"])[0][:80])
+    except RuntimeError:
         return False
     return True
-
-
-def native_gemm(device: torch.device | str) -> bool:
-    """Whether FP8 GEMMs on `device` run on its own kernel (`torch._scaled_mm`); elsewhere
-    `Fp8Linear` multiplies the same FP8 operands in float32 (`_mm`)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _native_gemm(device)
 
 
 def _mm(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor],
@@ -158,17 +164,19 @@ def _mm(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tenso
     (qa, sa), (qb, sb) = a, b
     if sb.dim() == 2:  # per row of b = per output column
         sb = sb.reshape(1, -1)
-    if not native_gemm(qa.device):
-        # the same product where the device has no FP8 GEMM: the e4m3/e5m2 operands are
-        # exact in float32, and so are their products; only the order of the float32 sums
-        # may differ from a kernel's (training sees FP8's error, at float32's speed)
-        with torch.autocast(qa.device.type, enabled=False):
-            y = torch.mm(qa.float(), qb.float().t()) * sa * sb
-            if bias is not None:
-                y = y + bias.float()
-        return y.to(out_dtype)
-    return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, bias=bias,
-                            out_dtype=out_dtype)
+    if str(qa.device) not in _NO_GEMM:
+        try:
+            return torch._scaled_mm(qa, qb.t(), scale_a=sa, scale_b=sb, bias=bias,
+                                    out_dtype=out_dtype)
+        except RuntimeError as e:  # no kernel for it here (`native_gemm`)
+            _no_gemm(qa.device, e)
+    # the same product without the kernel: e4m3/e5m2 operands are exact in float32, and so
+    # are their products; only the order of the float32 sums may differ from a kernel's
+    with torch.autocast(qa.device.type, enabled=False):
+        y = torch.mm(qa.float(), qb.float().t()) * sa * sb
+        if bias is not None:
+            y = y + bias.float()
+    return y.to(out_dtype)
 
 
 class _Fp8Matmul(torch.autograd.Function):
