@@ -26,7 +26,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 
 from lrm import registry, tracking
-from tests.conftest import HARNESS_STARTUP_S
+from tests.conftest import HARNESS_STARTUP_S, new_store
 from tests.faults.kills import forkserver, kill_loop
 from tests.flows.test_streaming import STUDENT, TEACHER, _write_params
 
@@ -78,7 +78,7 @@ def _finish(p: mp.process.BaseProcess, what: str) -> None:
 def test_a_killed_stream_day_moves_no_champion_and_its_runs_end_killed(harness, tmp_path,
                                                                        monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU runs (see test_kills.py)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = new_store(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     ctx = forkserver()
     from tests.faults import _stream_day
