@@ -4,8 +4,11 @@ test folder uses."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,32 @@ def _mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> None:
     db = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+_TEMPLATE: list[Path] = []  # this process's empty store, made on first use
+_TEMPLATE_LOCK = threading.Lock()
+
+
+def new_store(folder: Path, name: str = "mlflow.db") -> str:
+    """The URI of a SQLite tracking store `folder`/`name` holding MLflow's tables, as the
+    first use of a new store leaves it (made there unless it exists): a copy of one made once
+    a process, since MLflow's migrations take 2-5 s a store. For the tests of what lrm does
+    with a store; those of a user's first run (a fresh clone, `lrm serve`, a worker) let it
+    make its own."""
+    db = Path(folder) / name
+    with _TEMPLATE_LOCK:
+        if not _TEMPLATE:
+            from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+            root = Path(tempfile.mkdtemp(prefix="lrm-test-mlflow-"))
+            atexit.register(shutil.rmtree, root, ignore_errors=True)
+            # its Default experiment's artifacts would go beside it (lrm makes its own)
+            SqlAlchemyStore(f"sqlite:///{root / 'mlflow.db'}", str(root / "mlruns"))
+            _TEMPLATE.append(root / "mlflow.db")
+        if not db.exists():
+            db.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(_TEMPLATE[0], db)
+    return f"sqlite:///{db}"
 
 
 @pytest.fixture

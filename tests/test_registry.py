@@ -30,7 +30,7 @@ from lrm.errors import ConfigError, DataError
 from lrm.models.saved import WEIGHTS, load_model, read_card, save_model
 from lrm.serving import pyfunc
 from lrm.train import TrainJob, train
-from tests.conftest import LOADER, SMALL_MODEL, tiny_train
+from tests.conftest import LOADER, SMALL_MODEL, new_store, tiny_train
 
 pytestmark = pytest.mark.slow
 NAME = "lrm-student-small"
@@ -42,7 +42,7 @@ def store(tmp_path_factory):
     """A tracking store of this module's own; the working folder holds its artifacts."""
     root = tmp_path_factory.mktemp("registry")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.setenv("MLFLOW_TRACKING_URI", new_store(root))
         mp.chdir(root)
         yield root
 

@@ -23,8 +23,10 @@ when its stream ended (the machine may be shared: the ratios of one run are what
 
 from __future__ import annotations
 
+import atexit
 import os
 import resource
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -76,6 +78,27 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+_STORE: list[Path] = []  # an empty MLflow store, made once a process
+
+
+def _new_store(root: Path) -> str:
+    """A SQLite MLflow store in `root` with MLflow's tables made, a copy of one made once a
+    process: MLflow's migrations take 2-5 s a new store, a cost of no stream day (each
+    stream still has a store of its own, as a user's stream has)."""
+    db = root / "mlflow.db"
+    if _STORE:
+        shutil.copy(_STORE[0], db)
+    else:
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+        keep = Path(tempfile.mkdtemp(prefix="lrm-bench-store-")) / "mlflow.db"
+        atexit.register(shutil.rmtree, keep.parent, ignore_errors=True)
+        SqlAlchemyStore(f"sqlite:///{keep}", str(keep.parent / "mlruns"))
+        _STORE.append(keep)
+        shutil.copy(keep, db)
+    return f"sqlite:///{db}"
+
+
 def day_seconds(surfaces: int, setting: str, quick: bool) -> dict[str, Any]:
     """Stream days 1 and 2 of a world of `surfaces`; day 2's seconds and what it trained."""
     from flows.streaming import streaming
@@ -85,7 +108,7 @@ def day_seconds(surfaces: int, setting: str, quick: bool) -> dict[str, Any]:
         params = root / "params.yaml"
         params.write_text(yaml.safe_dump(_params(surfaces, setting, quick)))
         old = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI",)}
-        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{root}/mlflow.db"
+        os.environ["MLFLOW_TRACKING_URI"] = _new_store(root)
         cwd = os.getcwd()
         os.chdir(root)
         try:

@@ -26,7 +26,7 @@ from prefect.settings import PREFECT_API_URL
 from prefect.testing.utilities import prefect_test_harness
 
 from lrm import registry, tracking
-from tests.conftest import HARNESS_STARTUP_S
+from tests.conftest import HARNESS_STARTUP_S, new_store
 from tests.faults.kills import forkserver, kill_loop
 from tests.flows.test_streaming import STUDENT, TEACHER, _write_params
 
@@ -78,7 +78,7 @@ def _finish(p: mp.process.BaseProcess, what: str) -> None:
 def test_a_killed_stream_day_moves_no_champion_and_its_runs_end_killed(harness, tmp_path,
                                                                        monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # CPU runs (see test_kills.py)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    uri = new_store(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     ctx = forkserver()
     from tests.faults import _stream_day
@@ -90,8 +90,11 @@ def test_a_killed_stream_day_moves_no_champion_and_its_runs_end_killed(harness, 
             "prefect_api": PREFECT_API_URL.value(), "tmp": str(tmp_path)}
     started: list[mp.process.BaseProcess] = []
 
-    def start(report_s: float = 2.0) -> mp.process.BaseProcess:
-        """An attempt at the next day (one to be killed: its report takes 2 s longer)."""
+    def start(report_s: float = 10.0) -> mp.process.BaseProcess:
+        """An attempt at the next day (one to be killed: its report takes 10 s longer, the
+        window of the last kill: only that attempt gets there, killed at once when `before`
+        sees its register run end; 2 s was missed once with the machine at load 14-17,
+        `_runs()` slower than the window, and the day's promotions were made)."""
         p = ctx.Process(target=_stream_day.run, args=({**spec, "report_s": report_s},),
                         daemon=True)
         p.start()

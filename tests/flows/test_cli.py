@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from flows import dag
 from flows.cli import app
 from flows.dvc_yaml import command
+from tests.conftest import new_store
 from tests.data._logs import clicks_log, write
 from tests.data.test_criteo import random_lines
 from tests.flows.clone import TINY
@@ -58,7 +59,7 @@ def test_the_lrm_commands_run_from_an_empty_folder(tmp_path, monkeypatch):
     here = tmp_path / "project"
     here.mkdir()
     monkeypatch.chdir(here)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
     runner = CliRunner()
 
     def lrm(*argv: str, params_opt: bool = True) -> str:

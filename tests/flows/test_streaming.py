@@ -33,7 +33,7 @@ from lrm import lock, registry
 from lrm.config import GenerateConfig, from_dict
 from lrm.data import synthetic
 from lrm.train import days as chains
-from tests.conftest import HARNESS_STARTUP_S, REPO
+from tests.conftest import HARNESS_STARTUP_S, REPO, new_store
 from tests.test_registry import _scrambled
 
 pytestmark = pytest.mark.slow
@@ -136,7 +136,7 @@ def world(harness, tmp_path_factory):
         return exclusive_all(paths, **kw)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.setenv("MLFLOW_TRACKING_URI", new_store(root))
         mp.chdir(root)
         mp.setattr(lock, "exclusive_all", recording)
         with pytest.MonkeyPatch.context() as planted:
@@ -344,7 +344,7 @@ def test_the_folder_source_through_the_command(harness, tmp_path, monkeypatch):
     for f in inbox.iterdir():  # dropped a while ago: settled (streaming.settle)
         os.utime(f, (time.time() - 3600,) * 2)
     params = _write_params(tmp_path, streaming={"source": "folder"})
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
     monkeypatch.chdir(tmp_path)
     app = typer.Typer()
     app.command()(streaming_main)
@@ -369,7 +369,7 @@ def test_an_inbox_that_is_not_there_or_holds_nothing_read_is_said(harness, tmp_p
     """`streaming.watch` naming no folder (a typo) is exit 2, not "no new day" on every run
     forever; a run with nothing to do names the inbox and the files no source reads. Red
     with the watch check dropped, or the old one-line message."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
     monkeypatch.chdir(tmp_path)
     app = typer.Typer()
     app.command()(streaming_main)
@@ -429,7 +429,7 @@ def test_a_stream_day_honours_train_fp8_and_the_streaming_plan(harness, tmp_path
     from stagekit import execute, load_params
     from stages import shard_plan
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
     monkeypatch.chdir(tmp_path)
     world = tmp_path / "world"  # the plan's statistics: the same world's days
     synthetic.generate(from_dict(GenerateConfig, WORLD, "generate"), world / "raw")
@@ -474,7 +474,7 @@ def test_a_stream_of_two_surfaces_picks_beyond_the_noise_in_worker_processes(
     the day completes, and south serves the foundation model, registered under its own
     name and scored on its rows. Red with the ablation every day (day 2 trains every
     variant), and with a worker's runs not nested (no parent run in the process)."""
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
     monkeypatch.chdir(tmp_path)
     two = [{"name": "north", "share": 0.97}, {"name": "south", "share": 0.03}]
     params = _write_params(
@@ -535,7 +535,7 @@ def test_a_failed_day_moves_no_champion_and_its_rerun_moves_them_once(harness, t
     completes and moves it."""
     from lrm.exfm import distill
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
     monkeypatch.chdir(tmp_path)
     params = _write_params(tmp_path, exfm={"teacher_every": 1})  # a new teacher every day
     state = streaming(days=1, params=[str(params)], return_state=True)

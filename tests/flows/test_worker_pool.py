@@ -52,7 +52,11 @@ def test_a_worker_runs_the_scheduled_days_and_a_lost_worker_crashes_its_run(tmp_
            "PREFECT_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(REPO),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": store, "PREFECT_WORKER_QUERY_SECONDS": "2",
-           "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+           # a run's process starts (7-14 s on a loaded 2-core machine) before its minute;
+           # the server holds it Pending until then (Prefect's WaitForScheduledTime). Under
+           # the ~60 s between the kill and the next scheduled run: the worker killed has
+           # not taken that run yet
+           "PREFECT_WORKER_PREFETCH_SECONDS": "20"}
     for k in ("PREFECT_API_KEY", "PREFECT_SERVER_ANALYTICS_ENABLED"):
         env.pop(k, None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store)  # this test reads the same registry

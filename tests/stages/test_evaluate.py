@@ -16,7 +16,7 @@ from lrm.data.loader import BatchLoader
 from lrm.errors import ConfigError
 from stages import evaluate as stage
 from stagekit.cli import app as stage_app
-from tests.conftest import REPO
+from tests.conftest import REPO, new_store
 
 KEYS = {"ne", "auc", "calibration", "rows", "day_rows", "ne_ci", "auc_ci", "calibration_ci"}
 
@@ -28,7 +28,7 @@ def model_dir(student_dir):  # noqa: F811
 
 def _cli(tmp_path, *args):
     env = {**os.environ, "PYTHONPATH": str(REPO),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"}
+           "MLFLOW_TRACKING_URI": new_store(tmp_path)}
     return subprocess.Popen([sys.executable, "-m", "stages.evaluate", *map(str, args)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

@@ -25,7 +25,7 @@ from lrm.config import DedupConfig, GenerateConfig, VerticalConfig
 from lrm.data import dedup, synthetic
 from lrm.exfm.augment import TEACHER_COLUMN
 from lrm.models.saved import model_hash
-from tests.conftest import REPO
+from tests.conftest import REPO, new_store
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +70,7 @@ def world(tmp_path_factory):
 
 def _env(tmp_path):
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+            "MLFLOW_TRACKING_URI": new_store(tmp_path),
             "MLFLOW_EXPERIMENT_NAME": "test-exfm"}
 
 

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import mlflow
 import pyarrow.parquet as pq
 import yaml
 
@@ -16,6 +15,7 @@ from lrm import io
 from lrm.config import GenerateConfig
 from lrm.data.schema import day_files, read_schema
 from stages import generate
+from tests.conftest import new_store
 
 PARAMS = {"generate": {"users": 1_000, "ads": 300, "max_history": 20, "seed": 7}}
 
@@ -111,8 +111,7 @@ def test_runs_by_hand_keep_their_metrics_beside_their_output(tmp_path: Path) -> 
     do not block each other on ./metrics/generate.json, and each may run again."""
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(PARAMS))
     data = tmp_path / "data"
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # made before: two first uses would race
-    mlflow.MlflowClient(tracking_uri=store).search_experiments()
+    store = new_store(tmp_path)  # made before: two first uses would race
 
     def start(name: str) -> subprocess.Popen[str]:
         return subprocess.Popen(

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 from flows.cli import app as lrm_app
 from lrm.data.schema import day_files, read_schema
 from stages import ingest_logs
+from tests.conftest import new_store
 from tests.data._logs import T0, frame, write
 
 MIND_MAP = {"format": "tsv", "columns": ["impression_id", "user", "time", "history",
@@ -122,7 +123,7 @@ def test_python_m_and_params(tmp_path):
                        capture_output=True, text=True, timeout=300,
                        env={"PYTHONPATH": str(Path(ingest_logs.__file__).parents[1]),
                             "PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
-                            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
+                            "MLFLOW_TRACKING_URI": new_store(tmp_path)})
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "m.json").read_text())["files"] == 1
     assert f.exists() and len(day_files(tmp_path / "raw")) == 1
@@ -182,7 +183,7 @@ def test_a_terminated_ingest_leaves_nothing_beside_out(tmp_path):
          "--time", "ts", "--session-gap", "30m"], cwd=tmp_path, stderr=subprocess.PIPE,
         env={"PYTHONPATH": str(Path(ingest_logs.__file__).parents[1]), "PATH": "/usr/bin:/bin",
              "HOME": str(tmp_path / "home"),
-             "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})
+             "MLFLOW_TRACKING_URI": new_store(tmp_path)})
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(".out.tmp-*/.lrm-ingest-spill-*")):  # (inside the output)
         assert p.poll() is None and time.monotonic() < deadline, \

@@ -16,7 +16,7 @@ import yaml
 from lrm.checkpoint import Store
 from lrm.data.loader import BatchLoader
 from lrm.serving.pyfunc import OUTPUT, example_frame
-from tests.conftest import REPO, only_days, poison_day
+from tests.conftest import REPO, new_store, only_days, poison_day
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +30,7 @@ PARAMS = {
 
 def _env(tmp_path, db="mlflow"):
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/{db}.db",
+            "MLFLOW_TRACKING_URI": new_store(tmp_path, f"{db}.db"),
             "MLFLOW_EXPERIMENT_NAME": "test-train"}
 
 

@@ -13,7 +13,7 @@ import mlflow
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, new_store
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ PARAMS = {
 
 def _env(tmp_path):
     return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db",
+            "MLFLOW_TRACKING_URI": new_store(tmp_path),
             "MLFLOW_EXPERIMENT_NAME": "test-tune"}
 
 
