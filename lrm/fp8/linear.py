@@ -133,7 +133,7 @@ def _no_gemm(device: torch.device, e: RuntimeError) -> None:
     _NO_GEMM.add(str(device))
     log.warning("fp8: no FP8 GEMM on %s (torch._scaled_mm: %s): its FP8 layers multiply "
                 "their FP8 operands in float32 (FP8's error, not its speed)", device,
-                (str(e).strip().splitlines() or ["unsupported"])[0][:100])
+                (str(e).strip().splitlines() or ["unsupported"])[0].split(". ")[0][:120])
 
 
 def native_gemm(device: torch.device | str) -> bool:
