@@ -14,11 +14,12 @@ PIP := $(BIN)/python -m pip install --disable-pip-version-check -q
 # 2-core machine that was not enough ("Timed out while attempting to connect")
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 120
 # make test: test files spread over this many pytest-xdist workers (a file stays on one, with
-# its module fixtures). 2 = CI's cores: the end-to-end tests wait on servers, schedules and
-# subprocesses, so two at a time fill the cores (suite wall time about 17 -> 11 min here).
+# its module fixtures). 3 on CI's 2 cores: the end-to-end tests wait minutes on Prefect (cron
+# minutes, its 30 s heartbeats, servers, subprocesses), which left a core idle with 2 workers
+# (back to back on a quiet 2-core Xeon, the whole suite green: 21:22 with 2, 15:12 with 3)
 # --no-loadscope-reorder: the files go out in the order tests/conftest.py gives them (the
 # slow ones first), not xdist's (the most tests first: the longest, one-test files last)
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 .PHONY: setup run repro repro-criteo repro-logs dag test bench lock clean ui docs docs-serve
 
