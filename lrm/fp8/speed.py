@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from lrm.fp8.linear import to_fp8
-from lrm.models.precision import autocast, cpu_bf16
+from lrm.models.precision import autocast, uses_bf16
 
 WARMUP = 3  # untimed calls first (a compiled quantization compiles in the first)
 
@@ -125,10 +125,8 @@ def fast_fp8(device: torch.device | str) -> bool:
 
 
 def precision(device: torch.device, amp: bool) -> str:
-    """The training precision lrm.train uses on `device` (what FP8 is compared against):
-    bf16 where `autocast` turns it on (a GPU, a CPU that multiplies bf16 natively)."""
-    native = device.type == "cuda" or (device.type == "cpu" and cpu_bf16())
-    return "bf16" if amp and native else "float32"
+    """The training precision lrm.train uses on `device` (what FP8 is compared against)."""
+    return "bf16" if uses_bf16(device, amp) else "float32"
 
 
 __all__ = ["bytes_moved", "fast_fp8", "median_ms", "precision", "time_linear"]

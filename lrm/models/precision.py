@@ -26,13 +26,17 @@ def cpu_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def uses_bf16(device: torch.device, amp: bool) -> bool:
+    """Whether the steps on `device` run under bf16 autocast: when asked, on a GPU or a CPU
+    that multiplies bf16 natively."""
+    return amp and (device.type == "cuda" or (device.type == "cpu" and cpu_bf16()))
+
+
 def autocast(device: torch.device, amp: bool,
              cache: bool = True) -> contextlib.AbstractContextManager[Any]:
-    """bf16 autocast when asked, on a GPU or a CPU that multiplies bf16 natively; float32
-    elsewhere. Weights, gradients and optimizer state stay float32. `cache`: autocast's
-    cache of weight casts within the region (off for a CUDA graph capture)."""
-    if amp and device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=cache)
-    if amp and device.type == "cpu" and cpu_bf16():
-        return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache)
+    """bf16 autocast where `uses_bf16`; float32 elsewhere. Weights, gradients and optimizer
+    state stay float32. `cache`: autocast's cache of weight casts within the region (off for
+    a CUDA graph capture)."""
+    if uses_bf16(device, amp):
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=cache)
     return contextlib.nullcontext()
