@@ -108,8 +108,9 @@ def deploy(pool: str = typer.Option(..., "--pool", help="the Prefect work pool (
            heartbeat: int = typer.Option(30, "--heartbeat", help="seconds between a run's "
                                          "heartbeats (a lost run is crashed after 3 missed)"),
            ) -> None:
-    """Deploy the streaming retraining flow to a Prefect work pool on a cron schedule; its
-    runs are executed by `prefect worker start --pool POOL` (on the GPU machines)."""
+    """Deploy the streaming retraining flow to a Prefect work pool on a cron schedule.
+
+    Its runs are executed by `prefect worker start --pool POOL` (on the GPU machines)."""
     from flows import deployments
 
     setup_logging()
@@ -146,8 +147,10 @@ def models(ctx: typer.Context, params: list[Path] = PARAMS_OPT) -> None:
 
 @models_app.command("list")
 def list_models(params: list[Path] = PARAMS_OPT) -> None:
-    """Every registered lrm model (lrm-*, and the names params give: teacher.registry_name,
-    registry.student_prefix): versions, aliases, NE, the decision and why."""
+    """Every registered lrm model: versions, aliases, NE, the decision and why.
+
+    The models: lrm-*, and the names params give (teacher.registry_name,
+    registry.student_prefix)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -181,10 +184,11 @@ def promote(name: str = typer.Argument(..., help="registered model, e.g. lrm-stu
                                                           "judged its newest day on)"),
             day: int = typer.Option(-1, "--day", help="its day (-1: the last)"),
             params: list[Path] = PARAMS_OPT) -> None:
-    """Promote VERSION to @champion through the same check as the flow: its NE and the
-    champion's on the same rows, by default those the stream judged its newest day on (a day
-    either model trained on is refused); exit 1 when it does not beat the champion by the
-    margin."""
+    """Promote VERSION to @champion if it beats the champion as the flow judges (else exit 1).
+
+    The same check as the flow: its NE and the champion's on the same rows, by default those
+    the stream judged its newest day on (a day either model trained on is refused); exit 1
+    when it does not beat the champion by the margin."""
     from lrm import registry
     from lrm.data.schema import day_files, pick_day
     from lrm.streaming import days as sdays

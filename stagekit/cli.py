@@ -317,7 +317,9 @@ def command(stage: Stage) -> Callable[..., None]:
             raise fail(line) from None
 
     cli.__signature__ = inspect.Signature(cli_params(stage))  # type: ignore[attr-defined]
-    cli.__doc__ = (inspect.getdoc(stage.run) or stage.name).split("\n\n")[0]
+    # the docstring's first paragraph as one line: typer keeps its line breaks, which then
+    # cut the command's summary in `lrm --help` mid-sentence
+    cli.__doc__ = " ".join((inspect.getdoc(stage.run) or stage.name).split("\n\n")[0].split())
     cli.__name__ = stage.name
     return cli
 

@@ -107,3 +107,29 @@ def test_the_command_line_loads_without_fbgemm():
                        cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout
+
+
+def test_each_command_s_summary_is_one_line_of_its_listing(monkeypatch):
+    """`lrm --help` (and `lrm models --help`, ...): each command's summary, the first
+    paragraph of its help, is one line of the command table at any width that holds it, not
+    cut where its docstring's source line ended (rich keeps a docstring's line breaks: `lrm
+    --help` broke `teacher`, `register`, `tune` and `deploy` mid-sentence). Red with the
+    stages' summaries taken as written (stagekit.cli) or a summary spanning two source lines."""
+    import click
+    import typer.main
+    import typer.rich_utils
+
+    monkeypatch.setattr(typer.rich_utils, "MAX_WIDTH", 400)
+
+    def walk(group: click.Group, path: list[str]) -> int:
+        r = CliRunner().invoke(app, [*path, "--help"])
+        assert r.exit_code == 0, (path, r.output)
+        lines = r.output.splitlines()
+        seen = 0
+        for name, cmd in group.commands.items():
+            summary = " ".join((cmd.help or "").split("\n\n")[0].split())
+            assert any(summary in line for line in lines), (path, name, summary, r.output)
+            seen += 1 + (walk(cmd, [*path, name]) if isinstance(cmd, click.Group) else 0)
+        return seen
+
+    assert walk(typer.main.get_command(app), []) >= len(dag.STAGES)
