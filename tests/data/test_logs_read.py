@@ -337,3 +337,24 @@ def test_a_float_among_integer_json_ids_names_its_line(tmp_path):
         run([f], tmp_path / "out", **BASE)
     assert (e.value.line, e.value.field) == (8, "user"), str(e.value)
     assert "holds Float64: 1.0" in str(e.value), str(e.value)
+
+
+def test_dictionary_encoded_text_in_parquet_reads_as_its_text(tmp_path):
+    """pandas' `category` columns (Arrow's dictionary type, polars' Categorical) were
+    refused: 'a user column must hold ids (text or integers), this one holds Categorical'."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    df = frame(_log(12))
+    plain = write(df, tmp_path / "plain.parquet")
+    table = df.to_arrow()
+    for col in ("user", "item", "cat"):
+        i = table.schema.get_field_index(col)
+        table = table.set_column(i, col, pa.compute.cast(table[col], pa.string())
+                                 .dictionary_encode())
+    f = tmp_path / "dict.parquet"
+    pq.write_table(table, f, row_group_size=5)
+    assert pq.read_schema(f).field("user").type == pa.dictionary(pa.int32(), pa.string())
+    _, ref = run([plain], tmp_path / "ref", chunk_rows=4, **BASE)
+    _, rows = run([f], tmp_path / "out", chunk_rows=4, **BASE)
+    assert rows.equals(ref)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
+import polars.selectors as cs
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -21,6 +22,8 @@ from lrm.data.logs.culprits import RowError
 from lrm.data.logs.files import GZIP_ERRORS, Source, gzip_check, gzip_error, open_file
 from lrm.data.logs.frame import ROW, dense_names
 from lrm.errors import DataError
+
+F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
 
 
 def _polars_error(path: Path, e: Exception) -> DataError:
@@ -39,7 +42,7 @@ def scan(src: Source, cfg: LogsConfig) -> pl.LazyFrame:
     parses its own, so a bad value names its row instead of failing the whole read)."""
     p = src.path
     if src.format == "parquet":
-        lf = pl.scan_parquet(p)
+        lf = _plain_text(pl.scan_parquet(p))
     elif src.format == "jsonl":
         lf = pl.scan_ndjson(p, infer_schema_length=files.JSON_INFER_ROWS)
     else:
@@ -101,12 +104,19 @@ def chunks(src: Source, types: dict[str, pl.DataType], cfg: LogsConfig, rows: in
         raise _polars_error(src.path, e) from None
 
 
+def _plain_text(frame: F) -> F:
+    """Dictionary-encoded text (pandas' `category`, Arrow's dictionary type: polars'
+    Categorical or Enum) as plain text: the values are the ids, the encoding is the
+    writer's choice."""
+    return frame.with_columns(cs.by_dtype(pl.Categorical, pl.Enum).cast(pl.String))
+
+
 def _parquet_chunks(src: Source, rows: int) -> Iterator[pl.DataFrame]:
     f = pq.ParquetFile(src.path)
     n = 1
     for batch in f.iter_batches(batch_size=rows):
-        df = pl.from_arrow(batch)
-        yield df.with_row_index(ROW, offset=n)  # type: ignore[union-attr]
+        df = _plain_text(pl.from_arrow(batch))  # type: ignore[arg-type]
+        yield df.with_row_index(ROW, offset=n)
         n += batch.num_rows
 
 
