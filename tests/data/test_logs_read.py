@@ -358,3 +358,41 @@ def test_dictionary_encoded_text_in_parquet_reads_as_its_text(tmp_path):
     _, ref = run([plain], tmp_path / "ref", chunk_rows=4, **BASE)
     _, rows = run([f], tmp_path / "out", chunk_rows=4, **BASE)
     assert rows.equals(ref)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv.gz"])
+@pytest.mark.parametrize("end", ["\n\n", "\r\n\r\n\r\n", "\n\n\n\n"])
+def test_empty_lines_that_end_a_text_file_are_no_rows(tmp_path, suffix, end):
+    """An export whose last line ends twice was refused: 'row 7: 0 fields where the header
+    has 6 (a line cut short?)'."""
+    df = frame(_log())
+    ref_file = write(df, tmp_path / f"ref{suffix}")
+    text = gzip.decompress(ref_file.read_bytes()) if suffix.endswith(".gz") else \
+        ref_file.read_bytes()
+    text = text.rstrip(b"\n") + end.encode()
+    if "\r" in end:
+        text = text.replace(b"\n", b"\r\n").replace(b"\r\r\n", b"\r\n")
+    f = tmp_path / f"log{suffix}"
+    f.write_bytes(gzip.compress(text) if suffix.endswith(".gz") else text)
+    _, ref = run([ref_file], tmp_path / "ref", **BASE)
+    m, rows = run([f], tmp_path / "out", **BASE)
+    assert rows.equals(ref) and m["rows"] == 6
+
+
+BLOCK_BYTES = 65536  # the first text block's bytes (lrm.data.logs.blocks: then fitted)
+
+
+@pytest.mark.parametrize("shift", [-1, 0, 1])  # before, at and after a block's first line
+def test_an_empty_line_between_rows_names_its_row(tmp_path, shift):
+    """An empty line that began a block (and not the file) failed polars' read of the block
+    as one column: 'cannot read as csv: provided `new_columns` does not match ...'."""
+    head = "user,ts,item,clicked\n"
+    lines = [f"u{i % 7:03d},{T0 + i},i{i:05d},{i % 2}\n" for i in range(4000)]
+    at = -(-BLOCK_BYTES // len(lines[0])) + shift  # the first block ends at line `at`
+    f = tmp_path / "log.csv"
+    f.write_text(head + "".join(lines[:at]) + "\n" + "".join(lines[at:]))
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", chunk_rows=1000, label="clicked", user="user",
+            item="item", time="ts")
+    assert e.value.line == at + 1, str(e.value)
+    assert "0 fields where the header has 4 (an empty line)" in str(e.value), str(e.value)

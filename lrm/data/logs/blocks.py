@@ -145,17 +145,22 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
         if src.format != "jsonl" and not cfg.columns:
             fh.readline()  # the header: `names` already holds it
         block = 1 << 16  # bytes; fitted to `rows` lines after the first block
+        blank = b""  # empty lines that ended the block before: rows only if more follow
         while True:
             data = fh.read(block)
             if not data:
                 return
-            data += fh.readline()
+            data = blank + data + fh.readline()
             quotes = quoted and b'"' in data
             while quotes and data.count(b'"') % 2:  # inside a quoted field: read on
                 more = fh.readline()
                 if not more:
                     break
                 data += more
+            if src.format != "jsonl":  # (polars' JSON reader skips empty lines)
+                data, blank = _trailing_blank(data)
+                if not data:
+                    continue
             if src.format == "jsonl":
                 schema = {c: types[c] for c in names}
                 try:
@@ -180,8 +185,9 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                 if numbers and not quotes:
                     try:
                         df = _read_text(data, names, sep, quoted, numbers)
-                    except pl.exceptions.ComputeError:
-                        pass  # a value that is not a number: read as text, checked there
+                    except pl.exceptions.PolarsError:
+                        pass  # a value that is not a number (or a block that starts with
+                        # an empty line: one column, to polars): read as text, checked there
                 if df is None:
                     try:
                         df = _read_text(data, names, sep, quoted)
@@ -211,6 +217,18 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
             for start in range(0, df.height, rows):  # the first block may hold more
                 yield df.slice(start, rows)
 
+
+
+def _trailing_blank(data: bytes) -> tuple[bytes, bytes]:
+    """A block without the empty lines that end it, and those lines: an export's last line
+    ended twice (or a final empty line) is no row, while an empty line that more rows follow
+    is one with no fields (an error naming it)."""
+    body = data.rstrip(b"\r\n")
+    end = data[len(body):]
+    keep = 2 if end.startswith(b"\r\n") else min(1, len(end))
+    if not body:
+        keep = 0
+    return data[:len(body) + keep], end[keep:]
 
 
 def _read_text(data: bytes, names: list[str], sep: str, quoted: bool,

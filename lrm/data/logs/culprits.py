@@ -206,7 +206,8 @@ def csv_culprit(path: Path, data: bytes, first_row: int, fields: int, sep: str,
                       else csv.QUOTE_NONE, strict=False)
     for k, rec in enumerate(rows):
         if len(rec) != fields:
-            cut = " (a line cut short?)" if len(rec) < fields else ""
+            cut = (" (an empty line)" if not rec else " (a line cut short?)"
+                   if len(rec) < fields else "")
             return RowError(path, first_row + k, None, f"{len(rec)} fields where {named_by} "
                                                        f"has {fields}{cut}")
     return None
