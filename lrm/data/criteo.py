@@ -53,6 +53,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from lrm import fanout, io
@@ -152,6 +153,24 @@ def _chunks(path: Path, chunk_rows: int) -> Iterator[pl.DataFrame]:
                         f"cannot read as lines of text (a NUL byte?): {first}") from None
 
 
+def _blank_tail_dropped(chunks: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame]:
+    """The chunks without the empty lines that end the file (its last line ended twice): an
+    empty line that more lines follow is still a bad row. A chunk's closing empty lines wait
+    for the next chunk."""
+    held: pl.DataFrame | None = None
+    for chunk in chunks:
+        if held is not None:
+            chunk, held = pl.concat([held, chunk]), None
+        filled = ~chunk[LINE].is_in(["", "\r"]).to_numpy()
+        if not filled.any():
+            held = chunk
+            continue
+        end = len(filled) - int(np.argmax(filled[::-1]))  # after the last line with text
+        if end < chunk.height:
+            chunk, held = chunk.head(end), chunk.slice(end)
+        yield chunk
+
+
 def _split(lines: pl.LazyFrame) -> pl.LazyFrame:
     """The raw string fields of each line (null past its end), its field count and line number."""
     parts = pl.col(LINE).str.split("\t")
@@ -247,7 +266,7 @@ def _files_unit(index: int, *, files: list[Path], first_lines: list[int], out: P
     for j in todo:
         path = files[j]
         file_bad = 0
-        for chunk in _chunks(path, cfg.chunk_rows):
+        for chunk in _blank_tail_dropped(_chunks(path, cfg.chunk_rows)):
             parsed = _parse(chunk, values, bad_expr)
             if parsed["_bad"].any():
                 errors = _first_failures(path, chunk.filter(parsed["_bad"]), checks)

@@ -117,6 +117,35 @@ def test_crlf_line_endings_and_missing_final_newline(tmp_path):
         assert read(tmp_path / f"o{i + 2}").equals(ref[1])
 
 
+@pytest.mark.parametrize("rows", [50, 70])  # the empty lines a chunk of their own, or not
+@pytest.mark.parametrize("end", ["\n\n", "\r\n\r\n", "\n\n\n\n"])
+def test_empty_lines_that_end_a_file_are_no_rows(tmp_path, rows, end):
+    """A file whose last line ends twice was refused ('line 101, field fields: expected 40
+    tab-separated fields, got 1'), and --skip-bad counted the empty line as a bad row."""
+    lines = random_lines(rows, seed=4)
+    ref = write(tmp_path / "ref.tsv", lines)
+    criteo.ingest([ref], tmp_path / "ref", IngestConfig(chunk_rows=50))
+    f = tmp_path / "a.tsv"
+    f.write_bytes(ref.read_bytes().rstrip(b"\n") + end.encode())
+    for skip_bad in (False, True):
+        out = tmp_path / f"out{skip_bad}"
+        m = criteo.ingest([f], out, IngestConfig(chunk_rows=50, skip_bad=skip_bad))
+        assert (m["rows"], m["bad_rows"]) == (rows, 0)
+        assert read(out).equals(read(tmp_path / "ref"))
+
+
+@pytest.mark.parametrize("at", [49, 50])  # a chunk's last line, or the next one's first
+def test_an_empty_line_that_more_lines_follow_is_a_bad_row(tmp_path, at):
+    """(Where a chunk ends with it, too: the chunk's empty lines wait for the next.)"""
+    lines = random_lines(100, seed=4)
+    f = tmp_path / "a.tsv"
+    f.write_text("".join(x + "\n" for x in lines[:at]) + "\n"
+                 + "".join(x + "\n" for x in lines[at:]))
+    with pytest.raises(DataError) as e:
+        criteo.ingest([f], tmp_path / "out", IngestConfig(chunk_rows=50))
+    assert (e.value.line, e.value.field) == (at + 1, "fields"), str(e.value)
+
+
 BAD = {
     "fewer_fields": ("\t".join(line().split("\t")[:39]), "fields",
                      "expected 40 tab-separated fields, got 39"),
@@ -189,14 +218,14 @@ def test_skip_bad_skips_and_counts_per_reason(tmp_path):
             BAD["label_2"][0], BAD["non_integer"][0], BAD["bad_hex"][0], BAD["short_hex"][0],
             line("1")]
     a = write(tmp_path / "a.tsv", rows)
-    b = write(tmp_path / "b.tsv", [line(), ""])
+    b = write(tmp_path / "b.tsv", ["", line()])  # (an empty line that ends a file: no row)
     m = criteo.ingest([a, b], tmp_path / "out", IngestConfig(skip_bad=True))
     assert m["rows"] == 4 and m["bad_rows"] == 7
     assert m["bad_by_reason"] == {"field_count": 3, "label": 1, "not_integer": 1,
                                   "not_hex_hash": 2}
     assert m["ctr"] == 0.5
     df = read(tmp_path / "out")
-    assert df["session_id"].to_list() == [0, 3, 8, 9]  # line numbers (from 0) across files
+    assert df["session_id"].to_list() == [0, 3, 8, 10]  # line numbers (from 0) across files
     assert df["day"].to_list() == [0, 0, 0, 1]
     assert df["label"].to_list() == [1, 0, 1, 0]
 

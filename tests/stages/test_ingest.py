@@ -119,7 +119,7 @@ def test_files_from_params_relative_to_cwd_with_skip_bad(tmp_path):
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "a.tsv").write_text("\n".join(random_lines(30, seed=1)) + "\n")
     (tmp_path / "raw" / "b.tsv").write_text(
-        "\n".join([*random_lines(10, seed=2), line("2"), ""]) + "\n")
+        "\n".join([*random_lines(10, seed=2), "", line("2")]) + "\n")
     params = _params(tmp_path, files=["raw/a.tsv", "raw/b.tsv"], skip_bad=False)
     out = _prepare_out(tmp_path, existed=True)
     args = ["--out", "out", "--params", str(params), "--metrics", "metrics/i.json"]
