@@ -396,3 +396,22 @@ def test_an_empty_line_between_rows_names_its_row(tmp_path, shift):
             item="item", time="ts")
     assert e.value.line == at + 1, str(e.value)
     assert "0 fields where the header has 4 (an empty line)" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv.gz"])
+def test_a_header_line_among_the_rows_is_named_as_one(tmp_path, suffix):
+    """Two exports joined with their headers: the second header line was refused as its
+    label, 'got 'clicked' (a count of clicks? ...)'."""
+    df = frame(_log())
+    a = write(df.head(3), tmp_path / f"a{suffix}").read_bytes()
+    b = write(df.tail(3), tmp_path / f"b{suffix}").read_bytes()
+    if suffix.endswith(".gz"):
+        a, b = gzip.decompress(a), gzip.decompress(b)
+    f = tmp_path / f"log{suffix}"
+    for second, named in ((b, True), (b.replace(b"clicked", b"Clicked"), False)):
+        # (one value that is not its column's name: a row, if a bad one)
+        f.write_bytes(gzip.compress(a + second) if suffix.endswith(".gz") else a + second)
+        with pytest.raises(RowError) as e:
+            run([f], tmp_path / "out", **BASE)
+        assert (e.value.file, e.value.line) == (f, 4), str(e.value)
+        assert ("the header line again" in str(e.value)) == named, str(e.value)

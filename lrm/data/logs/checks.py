@@ -244,11 +244,18 @@ def hashed(text: pl.Expr) -> pl.Expr:
     return pl.when(text.is_not_null()).then(text.hash(SEED))
 
 
+def _names_itself(df: pl.DataFrame, cols: Sequence[str], at: int) -> bool:
+    """Whether row `at` holds each column's name (a header line where a row should be: its
+    first bad value alone would read as a label 'clicked' or a time 'ts')."""
+    return bool(cols) and all(df.schema[c] == pl.String and df[c][at] == c for c in cols)
+
+
 def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
     """Raise the RowError of the first bad row (the earliest check at that row)."""
     flags = [c for c in checks if c.bad is not None]
     if not flags:
         return
+    read = [c for c in df.columns if c != ROW]  # (before the checks' own columns)
     pre = {k: e for c in flags for k, e in c.pre.items() if k not in df.columns}
     if pre:
         df = df.with_columns(**pre)
@@ -265,6 +272,10 @@ def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
     if best is None:
         return
     i, at = best
+    if src.format in ("csv", "tsv") and _names_itself(df, read, at):
+        raise RowError(src.path, int(rows[at]), None,
+                       "the header line again, among the rows (files joined with their "
+                       "headers? give them apart)")
     raw: Any = df[flags[i].shown or flags[i].column][at]
     if isinstance(raw, pl.Series):
         raw = raw.to_list()
