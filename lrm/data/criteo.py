@@ -58,7 +58,7 @@ import polars as pl
 
 from lrm import fanout, io
 from lrm.config import IngestConfig
-from lrm.data.logs.files import check_files, gzip_check
+from lrm.data.logs.files import check_files, compression, gzip_check
 from lrm.data.schema import (
     CRITEO_CAT,
     CRITEO_INT,
@@ -306,6 +306,10 @@ def ingest(files: Sequence[Path], out: Path, cfg: IngestConfig) -> dict[str, Any
     """
     files = [Path(f) for f in files]
     check_files(files)
+    for f in files:  # (polars' line scan reads zstd as it reads gzip)
+        with open(f, "rb") as fh:
+            if (compressed := compression(fh.read(10), read=("zstd",))) is not None:
+                raise DataError(f, None, None, compressed)
     names = [f.name for f in files]
     counts = fanout.map_units("ingest lines", line_count, files[:-1], names[:-1])
     first_lines = [0, *itertools.accumulate(counts)]

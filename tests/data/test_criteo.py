@@ -146,6 +146,26 @@ def test_an_empty_line_that_more_lines_follow_is_a_bad_row(tmp_path, at):
     assert (e.value.line, e.value.field) == (at + 1, "fields"), str(e.value)
 
 
+def test_a_bzip2_file_says_so_and_zstd_reads(tmp_path):
+    """A bzip2 file was refused as polars' 'CSV file contained column names not specified in
+    schema (n_extra = 4)'; polars' line scan reads zstd as it reads gzip."""
+    import bz2
+
+    import pyarrow as pa
+
+    plain = write(tmp_path / "plain.tsv", random_lines(20, seed=6))
+    criteo.ingest([plain], tmp_path / "ref", IngestConfig())
+    f = tmp_path / "day.tsv"
+    f.write_bytes(bz2.compress(plain.read_bytes()))
+    with pytest.raises(DataError) as e:
+        criteo.ingest([f], tmp_path / "out", IngestConfig())
+    assert e.value.file == f and "bzip2-compressed: lrm reads gzip and zstd only; " \
+        "decompress it (bunzip2)" in str(e.value), str(e.value)
+    f.write_bytes(pa.compress(plain.read_bytes(), codec="zstd", asbytes=True))
+    criteo.ingest([f], tmp_path / "zstd", IngestConfig())
+    assert read(tmp_path / "zstd").equals(read(tmp_path / "ref"))
+
+
 BAD = {
     "fewer_fields": ("\t".join(line().split("\t")[:39]), "fields",
                      "expected 40 tab-separated fields, got 39"),

@@ -415,3 +415,34 @@ def test_a_header_line_among_the_rows_is_named_as_one(tmp_path, suffix):
             run([f], tmp_path / "out", **BASE)
         assert (e.value.file, e.value.line) == (f, 4), str(e.value)
         assert ("the header line again" in str(e.value)) == named, str(e.value)
+
+
+def _compressed(how: str, data: bytes) -> bytes:
+    import bz2
+    import io
+    import lzma
+    import zipfile
+
+    import pyarrow as pa
+
+    if how == "zip":
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("log.csv", data)
+        return buf.getvalue()
+    return {"bzip2": bz2.compress, "xz": lzma.compress,
+            "zstd": lambda d: pa.compress(d, codec="zstd", asbytes=True)}[how](data)
+
+
+@pytest.mark.parametrize("name", ["log.csv", "log.csv.{suffix}"])
+@pytest.mark.parametrize("how", ["bzip2", "xz", "zip", "zstd"])
+def test_a_log_in_another_compression_than_gzip_says_which(tmp_path, how, name):
+    """A bzip2 log named .csv was refused as 'column missing (... the file has: BZh91AY&SY...)'
+    and a zstd one as '1 fields where the header has 6': its bytes read as text."""
+    suffix = {"bzip2": "bz2", "zstd": "zst"}.get(how, how)
+    f = tmp_path / name.format(suffix=suffix)
+    f.write_bytes(_compressed(how, write(frame(_log()), tmp_path / "ref.csv").read_bytes()))
+    with pytest.raises(DataError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert e.value.file == f and f"{how}-compressed: lrm reads gzip only" in str(e.value)
+    assert not (tmp_path / "out").exists()

@@ -11,7 +11,7 @@ import gzip
 import hashlib
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,10 @@ def file_format(path: Path, fmt: str) -> str:
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
     found = FORMAT_OF.get(Path(name).suffix.lower())
     if found is None:
+        with open(path, "rb") as fh:
+            compressed = compression(fh.read(10))
+        if compressed is not None:  # (a log.csv.zst: its compression is what to say)
+            raise DataError(path, None, None, compressed)
         raise DataError(path, None, None, "cannot tell the format from the name; give "
                                           "--format parquet|csv|tsv|jsonl")
     return found
@@ -68,13 +72,21 @@ def sources(files: Sequence[Path], fmt: str) -> list[Source]:
 
 
 PARQUET_MAGIC, GZIP_MAGIC = b"PAR1", b"\x1f\x8b"
+# other compressions, told from their first bytes: read as text they were fields of binary
+OTHER_COMPRESSION = {b"\x28\xb5\x2f\xfd": ("zstd", "zstd -d"), b"\xfd7zXZ\x00": ("xz", "unxz"),
+                     b"PK\x03\x04": ("zip", "unzip"),
+                     b"BZh?1AY&SY": ("bzip2", "bunzip2")}  # ?: the level, 1-9
 
 
 def check_kind(src: Source) -> None:
     """A file whose first bytes say another format than its name (or --format) does: one
     line saying which, where a reader would fail with a message of its own bytes."""
     with open(src.path, "rb") as fh:
-        head = fh.read(4)
+        head = fh.read(10)
+    compressed = compression(head)
+    if compressed is not None:
+        raise DataError(src.path, None, None, compressed)
+    head = head[:4]
     gz = src.path.name.endswith(".gz")
     if head[:2] == GZIP_MAGIC and not gz:
         raise DataError(src.path, None, None, "gzip-compressed, but its name does not end "
@@ -88,6 +100,18 @@ def check_kind(src: Source) -> None:
     if src.format == "parquet" and head != PARQUET_MAGIC:
         raise DataError(src.path, None, None, "not a Parquet file (it does not start with "
                                               "PAR1): give its --format (csv, tsv, jsonl)")
+
+
+def compression(head: bytes, read: Collection[str] = ()) -> str | None:
+    """What to do with a file whose first bytes say a compression other than gzip (the log
+    reader's blocks read .gz only) and `read`'s; None: not one of those."""
+    for magic, (name, undo) in OTHER_COMPRESSION.items():
+        if name in read:
+            continue
+        if len(head) >= len(magic) and all(m in (h, ord("?")) for m, h in zip(magic, head)):
+            return (f"{name}-compressed: lrm reads {' and '.join(['gzip', *read])} only; "
+                    f"decompress it ({undo}) or compress it with gzip")
+    return None
 
 
 def content_size(path: Path) -> int:
