@@ -446,3 +446,21 @@ def test_a_log_in_another_compression_than_gzip_says_which(tmp_path, how, name):
         run([f], tmp_path / "out", **BASE)
     assert e.value.file == f and f"{how}-compressed: lrm reads gzip only" in str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("name", "sep", "words"), [
+    ("log.csv", "\t", "tabs separate its header, give --format tsv"),
+    ("log.tsv", ",", "commas separate its header, give --format csv"),
+    ("log.csv", ";", "';' separates its header; lrm reads commas (csv) and tabs (tsv)"),
+    ("log.csv", "|", "'|' separates its header"),
+])
+def test_a_header_of_another_separator_says_which(tmp_path, name, sep, words):
+    """A TSV named .csv (or a ';'-separated export) read as one column: only 'column
+    missing (... the file has: user;ts;item;...)'."""
+    f = tmp_path / name
+    f.write_text(frame(_log()).write_csv(separator=sep))
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert "column missing" in str(e.value) and words in str(e.value), str(e.value)
+    if sep in ",\t":  # and the option it names reads it
+        run([f], tmp_path / "ok", format="tsv" if sep == "\t" else "csv", **BASE)

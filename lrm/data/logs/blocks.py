@@ -73,8 +73,24 @@ def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, p
         if col not in schema:
             have = ", ".join(c for c in schema if c != ROW)
             raise RowError(src.path, None, col, f"column missing (the {role} column; the file "
-                                                f"has: {have})")
+                                                f"has: {have}){_separated(src, schema)}")
     return schema
+
+
+def _separated(src: Source, schema: dict[str, pl.DataType]) -> str:
+    """Where a CSV/TSV header read as one column holds another separator: which, and what
+    to give (polars' reader reads the line whole)."""
+    names = [c for c in schema if c != ROW]
+    if src.format not in ("csv", "tsv") or len(names) != 1:
+        return ""
+    if src.format == "csv" and "\t" in names[0]:
+        return ": tabs separate its header, give --format tsv"
+    if src.format == "tsv" and "," in names[0]:
+        return ": commas separate its header, give --format csv"
+    for sep in (";", "|"):
+        if sep in names[0]:
+            return f": '{sep}' separates its header; lrm reads commas (csv) and tabs (tsv)"
+    return ""
 
 
 
