@@ -464,3 +464,25 @@ def test_a_header_of_another_separator_says_which(tmp_path, name, sep, words):
     assert "column missing" in str(e.value) and words in str(e.value), str(e.value)
     if sep in ",\t":  # and the option it names reads it
         run([f], tmp_path / "ok", format="tsv" if sep == "\t" else "csv", **BASE)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv.gz", ".jsonl", ".jsonl.gz"])
+def test_a_byte_order_mark_is_no_part_of_the_first_row(tmp_path, suffix):
+    """A JSON-lines file from a Windows tool (UTF-8 with a BOM) was refused as 'cannot read
+    as jsonl: InternalError(TapeError) at character 0'."""
+    rows = _log()
+    ref = write(frame(rows), tmp_path / f"ref{suffix}")
+    bad_ref = write(frame([{**rows[0], "clicked": 2}, *rows[1:]]), tmp_path / f"bad{suffix}")
+    f = tmp_path / f"log{suffix}"
+    for g, bad in ((ref, False), (bad_ref, True)):
+        data = gzip.decompress(g.read_bytes()) if suffix.endswith(".gz") else g.read_bytes()
+        data = b"\xef\xbb\xbf" + data
+        f.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+        if bad:  # (its first row's error names that row)
+            with pytest.raises(RowError) as e:
+                run([f], tmp_path / "bad", **BASE)
+            assert (e.value.line, e.value.field) == (1, "clicked"), str(e.value)
+            continue
+        _, rows = run([f], tmp_path / "out", **BASE)
+        _, want = run([ref], tmp_path / "ref", **BASE)
+        assert rows.equals(want)

@@ -6,6 +6,7 @@ one line naming the file (and, through lrm.data.logs.culprits, the row and colum
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,6 +44,8 @@ def scan(src: Source, cfg: LogsConfig) -> pl.LazyFrame:
     p = src.path
     if src.format == "parquet":
         lf = _plain_text(pl.scan_parquet(p))
+    elif src.format == "jsonl" and (head := _bom_lines(src)) is not None:
+        lf = pl.scan_ndjson(head, infer_schema_length=files.JSON_INFER_ROWS)
     elif src.format == "jsonl":
         lf = pl.scan_ndjson(p, infer_schema_length=files.JSON_INFER_ROWS)
     else:
@@ -52,6 +55,26 @@ def scan(src: Source, cfg: LogsConfig) -> pl.LazyFrame:
                          infer_schema=False, quote_char=None if src.format == "tsv" else '"',
                          encoding="utf8-lossy")
     return lf.with_row_index(ROW, offset=1)
+
+
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark: Windows tools start a text file with it
+
+
+def _skip_bom(fh: Any) -> None:
+    if fh.read(len(BOM)) != BOM:
+        fh.seek(0)
+
+
+def _bom_lines(src: Source) -> io.BytesIO | None:
+    """A JSON-lines file that starts with a BOM (polars' JSON reader fails on it): its
+    lines that type the columns, without it; None: no BOM (polars' CSV reader skips one)."""
+    try:
+        with open_file(src.path) as fh:
+            if fh.read(len(BOM)) != BOM:
+                return None
+            return io.BytesIO(b"".join(itertools.islice(fh, files.JSON_INFER_ROWS)))
+    except GZIP_ERRORS:
+        return None  # (a broken .gz: the read names it)
 
 
 def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, pl.DataType]:
@@ -158,6 +181,7 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
     id_texts = [c for role, c in cfg.roles() if role in ID_ROLES and c in texts]
     n = 1
     with open_file(src.path) as fh:
+        _skip_bom(fh)
         if src.format != "jsonl" and not cfg.columns:
             fh.readline()  # the header: `names` already holds it
         block = 1 << 16  # bytes; fitted to `rows` lines after the first block
