@@ -486,3 +486,21 @@ def test_a_byte_order_mark_is_no_part_of_the_first_row(tmp_path, suffix):
         _, rows = run([f], tmp_path / "out", **BASE)
         _, want = run([ref], tmp_path / "ref", **BASE)
         assert rows.equals(want)
+
+
+@pytest.mark.parametrize(("case", "words"), [
+    ("array", "a JSON array, not JSON lines (one object a line): jq -c '.[]' writes them"),
+    ("array_indented", "a JSON array, not JSON lines"),
+    ("objects_indented", "an object over several lines, not JSON lines"),
+])
+def test_json_that_is_not_json_lines_says_what_it_is(tmp_path, case, words):
+    """An exported JSON array was refused as 'row 1: not a JSON object: b'[{"user": ...'."""
+    rows = _log()
+    text = {"array": json.dumps(rows), "array_indented": json.dumps(rows, indent=2),
+            "objects_indented": "".join(json.dumps(r, indent=1) + "\n" for r in rows)}[case]
+    f = tmp_path / "log.json"
+    f.write_text(text)
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert e.value.line == 1 and words in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists()

@@ -108,6 +108,18 @@ def _json_allowed(dtype: pl.DataType) -> tuple[type, ...] | None:
             pl.Struct: (dict,), pl.Null: ()}.get(dtype.base_type())
 
 
+def _not_lines(line: bytes) -> str:
+    """What a bad JSON line's start says the file is instead: an array of objects, or
+    objects written over several lines (`jq -c` writes either as JSON lines)."""
+    start = line.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if start.startswith(b"["):
+        return "; a JSON array, not JSON lines (one object a line): jq -c '.[]' writes them"
+    if start.rstrip() == b"{":
+        return ("; an object over several lines, not JSON lines (one object a line): jq -c "
+                "writes them")
+    return ""
+
+
 def json_culprit(path: Path, lines: Iterable[bytes], first_row: int,
                   schema: dict[str, pl.DataType] | None = None) -> RowError | None:
     """The first row of `lines` (data rows from `first_row`; blank lines are not rows) that
@@ -125,11 +137,12 @@ def json_culprit(path: Path, lines: Iterable[bytes], first_row: int,
             obj = json.loads(line.strip())
         except json.JSONDecodeError as e:
             return RowError(path, row, None, f"not a JSON line ({e.msg} at character "
-                                             f"{e.pos + 1})")
+                                             f"{e.pos + 1}){_not_lines(line)}")
         except ValueError as e:  # bytes that are not UTF-8
             return RowError(path, row, None, f"not a JSON line ({e})")
         if not isinstance(obj, dict):
-            return RowError(path, row, None, f"not a JSON object: {line[:80]!r}")
+            return RowError(path, row, None, f"not a JSON object: {line[:80]!r}"
+                                             f"{_not_lines(line)}")
         for col, v in obj.items():
             if v is None:
                 continue
