@@ -504,3 +504,23 @@ def test_json_that_is_not_json_lines_says_what_it_is(tmp_path, case, words):
         run([f], tmp_path / "out", **BASE)
     assert e.value.line == 1 and words in str(e.value), str(e.value)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("ts", "words"), [
+    ("2019-11-09T10:00:00+01:00", " (ISO 8601 text: give --time-unit iso)"),
+    ("2019-11-09 10:00:00Z", " (ISO 8601 text: give --time-unit iso)"),
+    ("11/09/2019 10:00:00 AM",
+     " (text: give its --time-format, e.g. '%m/%d/%Y %I:%M:%S %p')"),
+    ("NULL", ""),
+])
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_text_time_read_as_a_number_names_the_option_that_reads_it(tmp_path, ts, words,
+                                                                    suffix):
+    """ISO times with the default --time-unit s said only 'time does not parse as a number
+    of s since 1970 (UTC): '2019-11-09T10:00:00+01:00''."""
+    rows = [{**r, "ts": str(r["ts"])} for r in _log()]
+    rows[3]["ts"] = ts
+    with pytest.raises(RowError) as e:
+        run([write(frame(rows), tmp_path / f"log{suffix}")], tmp_path / "out", **BASE)
+    assert (e.value.line, e.value.field) == (4, "ts"), str(e.value)
+    assert str(e.value).endswith(f"since 1970 (UTC): {ts!r}{words}"), str(e.value)

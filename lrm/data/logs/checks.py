@@ -13,7 +13,8 @@ with no value at all is a column of missing values.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ class Check:
     shown: str = ""  # the column whose value the message shows ("": `column`)
     # columns `value` and `bad` both read, computed first (a parse shared, never run twice)
     pre: dict[str, pl.Expr] = field(default_factory=dict)
+    hint: Callable[[Any], str] | None = None  # more to say, from the raw value
 
 
 def _text_float(s: pl.Series) -> pl.Series:
@@ -201,8 +203,17 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
         x = pl.col(name)
         return Check(col, x.round().cast(pl.Int64, strict=False), _bad_time(x),
                      _TIME_WHY.format(unit=cfg.time_unit),
-                     pre={name: text_float(col) * UNIT_US[cfg.time_unit]})
+                     pre={name: text_float(col) * UNIT_US[cfg.time_unit]}, hint=_time_text)
     return Check(col, parsed.dt.epoch("us"), parsed.is_null(), "time does not parse: {value}")
+
+
+def _time_text(raw: Any) -> str:
+    """A text time where a number was expected: the option that reads it."""
+    if isinstance(raw, str) and re.match(r"\s*\d{4}-\d\d-\d\d", raw):
+        return " (ISO 8601 text: give --time-unit iso)"
+    if isinstance(raw, str) and re.search(r"\d[/:.]\d", raw) and re.search(r"[/:]", raw):
+        return " (text: give its --time-format, e.g. '%m/%d/%Y %I:%M:%S %p')"
+    return ""
 
 
 def before_epoch(time: Check) -> Check:
@@ -282,5 +293,7 @@ def first_bad(src: Source, df: pl.DataFrame, checks: Sequence[Check]) -> None:
     shown = repr(raw) if raw is not None else "missing"
     if isinstance(raw, str) and len(raw) > 40:
         shown = repr(raw[:40] + "...")
-    raise RowError(src.path, int(rows[at]), flags[i].column, flags[i].why.format(value=shown))
+    hint = flags[i].hint(raw) if flags[i].hint is not None else ""
+    raise RowError(src.path, int(rows[at]), flags[i].column,
+                   flags[i].why.format(value=shown) + hint)
 
