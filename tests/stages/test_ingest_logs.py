@@ -202,3 +202,41 @@ def test_a_file_given_twice_is_refused(tmp_path):
     rc, _, err = _run(str(tmp_path / "in"), str(f), "--out", str(tmp_path / "out"), *FLAGS)
     assert rc == 2 and f"{f}: given twice" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_exports_as_tools_write_them_go_in_as_their_clean_copies(tmp_path):
+    """Through `lrm ingest logs`: a CSV from a Windows tool (a byte order mark, CRLF, its
+    last line ended twice) beside a Parquet file of pandas `category` columns reads as the
+    plain files do; the same CSV in bzip2 exits 2 naming the file, --out never made."""
+    import bz2
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"uid": f"u{i % 3}", "when": T0 + 600 * i, "ad": f"a{i % 4}", "click": i % 2,
+             "bid": str(0.5 * i)} for i in range(8)]
+    clean = tmp_path / "clean"
+    clean.mkdir()
+    a = write(frame(rows[:4]), clean / "a.csv")
+    b = write(frame(rows[4:]), clean / "b.parquet")
+    tool = tmp_path / "tool"
+    tool.mkdir()
+    (tool / "a.csv").write_bytes(b"\xef\xbb\xbf" + a.read_bytes().replace(b"\n", b"\r\n")
+                                 + b"\r\n")
+    t = pq.read_table(b)
+    for col in ("uid", "ad"):
+        t = t.set_column(t.schema.get_field_index(col), col, t[col].dictionary_encode())
+    pq.write_table(t, tool / "b.parquet")
+    outs = {}
+    for name, folder in (("clean", clean), ("tool", tool)):
+        rc, _, err = _run(str(folder / "a.csv"), str(folder / "b.parquet"), "--out",
+                          str(tmp_path / f"out-{name}"), "--metrics",
+                          str(tmp_path / f"{name}.json"), *FLAGS)
+        assert rc == 0, err
+        outs[name] = pl.concat([pl.read_parquet(f) for fs in day_files(
+            tmp_path / f"out-{name}").values() for f in fs])
+    assert outs["tool"].equals(outs["clean"]) and outs["tool"].height == 8
+    (tool / "c.csv").write_bytes(bz2.compress(a.read_bytes()))
+    rc, _, err = _run(str(tool / "c.csv"), "--out", str(tmp_path / "out-bz"), *FLAGS)
+    assert rc == 2 and "c.csv: bzip2-compressed: lrm reads gzip only" in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out-bz").exists()
