@@ -524,3 +524,21 @@ def test_a_text_time_read_as_a_number_names_the_option_that_reads_it(tmp_path, t
         run([write(frame(rows), tmp_path / f"log{suffix}")], tmp_path / "out", **BASE)
     assert (e.value.line, e.value.field) == (4, "ts"), str(e.value)
     assert str(e.value).endswith(f"since 1970 (UTC): {ts!r}{words}"), str(e.value)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_blanks_around_a_text_label_are_no_part_of_it(tmp_path, suffix):
+    """`1, 0` (a blank after the separator) read the time and dense values (blanks are
+    stripped there) but refused the label: "label must be 0 or 1 ..., got ' 1'"."""
+    rows = [{**r, "clicked": str(r["clicked"])} for r in _log()]
+    _, ref = run([write(frame(rows), tmp_path / f"ref{suffix}")], tmp_path / "ref", **BASE)
+    blank = [{**r, "clicked": f" {r['clicked']}" if i % 2 else f"{r['clicked']} "}
+             for i, r in enumerate(rows)]
+    blank[1]["clicked"] = " true "  # (and a boolean's text, as with the others)
+    blank[4]["clicked"] = "\tFALSE"
+    _, got = run([write(frame(blank), tmp_path / f"log{suffix}")], tmp_path / "out", **BASE)
+    assert got.equals(ref)
+    blank[3]["clicked"] = " 2"
+    with pytest.raises(RowError) as e:
+        run([write(frame(blank), tmp_path / f"bad{suffix}")], tmp_path / "bad", **BASE)
+    assert (e.value.line, e.value.field) == (4, "clicked") and "got ' 2'" in str(e.value)

@@ -141,7 +141,11 @@ def _label_text(s: pl.Series) -> pl.Series:
     one = s == "1"
     if (one | (s == "0")).all():  # nulls too: they stay null
         return one.cast(pl.Int8)
-    return s.replace_strict(_LABEL_TEXT, default=None, return_dtype=pl.Int8)
+    x = s.replace_strict(_LABEL_TEXT, default=None, return_dtype=pl.Int8)
+    if x.null_count() > s.null_count():  # blanks around a value (` 1`, as a time or a dense
+        # value may have them): only a chunk that has one is stripped
+        x = s.str.strip_chars().replace_strict(_LABEL_TEXT, default=None, return_dtype=pl.Int8)
+    return x
 
 
 def label(src: Source, col: str, dtype: pl.DataType, count: bool) -> tuple[Check, str]:
