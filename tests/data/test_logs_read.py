@@ -542,3 +542,16 @@ def test_blanks_around_a_text_label_are_no_part_of_it(tmp_path, suffix):
     with pytest.raises(RowError) as e:
         run([write(frame(blank), tmp_path / f"bad{suffix}")], tmp_path / "bad", **BASE)
     assert (e.value.line, e.value.field) == (4, "clicked") and "got ' 2'" in str(e.value)
+
+
+def test_a_header_name_with_blanks_around_it_is_shown_so(tmp_path):
+    """`user, ts, item` names the columns ' ts', ' item': 'column missing (... the file has:
+    user,  ts,  item, ...)' hid the blanks in its own separators."""
+    f = tmp_path / "log.csv"
+    f.write_text(frame(_log()).write_csv(separator=",").replace(",", ", "))
+    with pytest.raises(RowError) as e:
+        run([f], tmp_path / "out", **BASE)
+    col = e.value.field
+    assert col in BASE.values() and col != "user", str(e.value)  # (user: its name as is)
+    assert f"the file has: user, ' ts', ' item'" in str(e.value), str(e.value)
+    assert str(e.value).endswith(f"the file's is ' {col}', with blanks"), str(e.value)

@@ -94,9 +94,12 @@ def check_columns(src: Source, lf: pl.LazyFrame, cfg: LogsConfig) -> dict[str, p
         raise twice
     for role, col in cfg.roles():
         if col not in schema:
-            have = ", ".join(c for c in schema if c != ROW)
+            # (a name with blanks around it shown quoted: `user, ts` has the column ' ts')
+            have = ", ".join(repr(c) if c != c.strip() else c for c in schema if c != ROW)
+            blanks = [c for c in schema if c != ROW and c != col and c.strip() == col.strip()]
+            near = f": the file's is {blanks[0]!r}, with blanks" if blanks else ""
             raise RowError(src.path, None, col, f"column missing (the {role} column; the file "
-                                                f"has: {have}){_separated(src, schema)}")
+                                                f"has: {have}){near}{_separated(src, schema)}")
     return schema
 
 
