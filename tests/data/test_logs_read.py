@@ -555,3 +555,24 @@ def test_a_header_name_with_blanks_around_it_is_shown_so(tmp_path):
     assert col in BASE.values() and col != "user", str(e.value)  # (user: its name as is)
     assert f"the file has: user, ' ts', ' item'" in str(e.value), str(e.value)
     assert str(e.value).endswith(f"the file's is ' {col}', with blanks"), str(e.value)
+
+
+def test_iso_times_with_their_zone_as_exports_write_it(tmp_path):
+    """BigQuery writes a TIMESTAMP to CSV as '2019-11-09 10:00:00 UTC': refused as 'time
+    does not parse'. Each zone's time reads as its UTC instant."""
+    from datetime import datetime, timedelta, timezone
+
+    rows = _log()
+    utc = [datetime.fromtimestamp(r["ts"], timezone.utc) for r in rows]
+    forms = [lambda t: t.strftime("%Y-%m-%d %H:%M:%S UTC"),
+             lambda t: t.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+             lambda t: t.astimezone(timezone(timedelta(hours=1))).isoformat(),
+             lambda t: t.strftime("%Y-%m-%d %H:%M:%S GMT"),
+             lambda t: t.astimezone(timezone(timedelta(hours=-5))).strftime(
+                 "%Y-%m-%dT%H:%M:%S%z"),
+             lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ")]
+    text = [{**r, "ts": forms[i](t)} for i, (r, t) in enumerate(zip(rows, utc))]
+    _, want = run([write(frame(rows), tmp_path / "ref.csv")], tmp_path / "ref", **BASE)
+    _, got = run([write(frame(text), tmp_path / "log.csv")], tmp_path / "out",
+                 **{**BASE, "time_unit": "iso"})
+    assert got.equals(want)

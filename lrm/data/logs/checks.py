@@ -198,7 +198,8 @@ def time_us(src: Source, col: str, dtype: pl.DataType, cfg: LogsConfig) -> Check
     if cfg.time_format:
         parsed = c.str.strptime(pl.Datetime("us", "UTC"), cfg.time_format, strict=False)
     elif cfg.time_unit == "iso":
-        norm = c.str.strip_chars().str.replace(r"[Zz]$", "+00:00").str.replace(
+        # Z, or UTC as BigQuery's exports write it ('2019-11-09 10:00:00 UTC')
+        norm = c.str.strip_chars().str.replace(r"\s*(?:[Zz]|UTC|GMT)$", "+00:00").str.replace(
             "T", " ", literal=True)
         parsed = pl.coalesce([norm.str.strptime(pl.Datetime("us", "UTC"), f, strict=False)
                               for f in _ISO])
