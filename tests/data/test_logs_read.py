@@ -576,3 +576,20 @@ def test_iso_times_with_their_zone_as_exports_write_it(tmp_path):
     _, got = run([write(frame(text), tmp_path / "log.csv")], tmp_path / "out",
                  **{**BASE, "time_unit": "iso"})
     assert got.equals(want)
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+@pytest.mark.parametrize("suffix", [".tsv", ".csv.gz", ".jsonl"])
+def test_utf16_text_says_so(tmp_path, encoding, suffix):
+    """Excel's "Unicode text" (UTF-16 with its BOM) was read as UTF-8: 'column missing (...
+    the file has: \\ufffd\\ufffdu s e r ...)'."""
+    text = write(frame(_log()), tmp_path / f"ref{suffix.removesuffix('.gz')}").read_text()
+    data = text.encode(encoding)
+    if encoding == "utf-16-be":
+        data = b"\xfe\xff" + data
+    f = tmp_path / f"log{suffix}"
+    f.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    with pytest.raises(DataError) as e:
+        run([f], tmp_path / "out", **BASE)
+    assert e.value.file == f and "UTF-16 text, and lrm reads UTF-8: convert it (iconv -f " \
+        "UTF-16 -t UTF-8)" in str(e.value), str(e.value)

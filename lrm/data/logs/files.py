@@ -72,6 +72,7 @@ def sources(files: Sequence[Path], fmt: str) -> list[Source]:
 
 
 PARQUET_MAGIC, GZIP_MAGIC = b"PAR1", b"\x1f\x8b"
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 # other compressions, told from their first bytes: read as text they were fields of binary
 OTHER_COMPRESSION = {b"\x28\xb5\x2f\xfd": ("zstd", "zstd -d"), b"\xfd7zXZ\x00": ("xz", "unxz"),
                      b"PK\x03\x04": ("zip", "unzip"),
@@ -86,13 +87,19 @@ def check_kind(src: Source) -> None:
     compressed = compression(head)
     if compressed is not None:
         raise DataError(src.path, None, None, compressed)
+    _check_utf16(src, head)
     head = head[:4]
     gz = src.path.name.endswith(".gz")
     if head[:2] == GZIP_MAGIC and not gz:
         raise DataError(src.path, None, None, "gzip-compressed, but its name does not end "
                                               "with .gz: rename it NAME.gz")
     if gz:
-        return  # (what it holds: its reader says, naming the file)
+        try:
+            with gzip.open(src.path) as fh:
+                _check_utf16(src, fh.read(2))
+        except GZIP_ERRORS:
+            pass
+        return  # (what else it holds: its reader says, naming the file)
     if head == PARQUET_MAGIC and src.format != "parquet":
         raise DataError(src.path, None, None, f"a Parquet file, read as {src.format} (its "
                                               f"name or --format says so): rename it "
@@ -100,6 +107,14 @@ def check_kind(src: Source) -> None:
     if src.format == "parquet" and head != PARQUET_MAGIC:
         raise DataError(src.path, None, None, "not a Parquet file (it does not start with "
                                               "PAR1): give its --format (csv, tsv, jsonl)")
+
+
+def _check_utf16(src: Source, head: bytes) -> None:
+    """Text that starts with UTF-16's byte order mark (Excel's "Unicode text", PowerShell's
+    `>`): read as UTF-8 its header was letters between NUL bytes."""
+    if head[:2] in UTF16_BOMS and src.format != "parquet":
+        raise DataError(src.path, None, None, "UTF-16 text, and lrm reads UTF-8: convert it "
+                                              "(iconv -f UTF-16 -t UTF-8)")
 
 
 def compression(head: bytes, read: Collection[str] = ()) -> str | None:
