@@ -593,3 +593,24 @@ def test_utf16_text_says_so(tmp_path, encoding, suffix):
         run([f], tmp_path / "out", **BASE)
     assert e.value.file == f and "UTF-16 text, and lrm reads UTF-8: convert it (iconv -f " \
         "UTF-16 -t UTF-8)" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".tsv.gz"])
+def test_bytes_that_are_not_utf8_are_said_with_their_row(tmp_path, suffix, caplog):
+    """A cp1252 export (Excel's CSV on Windows) made 'Müller' and 'Möller' one user, each
+    'M\\ufffdller', without a word."""
+    rows = _log()
+    rows[2]["user"], rows[4]["user"] = "Müller", "Möller"
+    ref = write(frame(rows), tmp_path / f"ref{suffix}")
+    text = gzip.decompress(ref.read_bytes()) if suffix.endswith(".gz") else ref.read_bytes()
+    data = text.decode().encode("cp1252")
+    f = tmp_path / f"log{suffix}"
+    f.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    with caplog.at_level("WARNING", logger="lrm"):
+        run([ref], tmp_path / "ref", **BASE)
+    assert "not UTF-8" not in caplog.text
+    with caplog.at_level("WARNING", logger="lrm"):
+        m, _ = run([f], tmp_path / "out", **BASE)
+    assert f"{f}, row 3: bytes that are not UTF-8" in caplog.text, caplog.text
+    assert "iconv -f cp1252 -t utf-8" in caplog.text and caplog.text.count("not UTF-8") == 1
+    assert m["rows"] == 6

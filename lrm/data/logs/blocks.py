@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from lrm.data.logs.frame import ROW, dense_names
 from lrm.errors import DataError
 
 F = TypeVar("F", pl.DataFrame, pl.LazyFrame)
+log = logging.getLogger("lrm")
 
 
 def _polars_error(path: Path, e: Exception) -> DataError:
@@ -183,6 +185,7 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
     texts = [c for c in dict.fromkeys(c for _, c in cfg.roles()) if types.get(c) == pl.String]
     id_texts = [c for role, c in cfg.roles() if role in ID_ROLES and c in texts]
     n = 1
+    said = False  # (bytes that are not UTF-8: said once a file)
     with open_file(src.path) as fh:
         _skip_bom(fh)
         if src.format != "jsonl" and not cfg.columns:
@@ -204,6 +207,7 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                 data, blank = _trailing_blank(data)
                 if not data:
                     continue
+            lossy = False  # (a CSV/TSV block read with bytes that are not UTF-8 replaced)
             if src.format == "jsonl":
                 schema = {c: types[c] for c in names}
                 try:
@@ -227,13 +231,13 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                 df = None
                 if numbers and not quotes:
                     try:
-                        df = _read_text(data, names, sep, quoted, numbers)
+                        df, lossy = _read_text(data, names, sep, quoted, numbers)
                     except pl.exceptions.PolarsError:
                         pass  # a value that is not a number (or a block that starts with
                         # an empty line: one column, to polars): read as text, checked there
                 if df is None:
                     try:
-                        df = _read_text(data, names, sep, quoted)
+                        df, lossy = _read_text(data, names, sep, quoted)
                     except pl.exceptions.PolarsError:
                         culprit = culprits.csv_culprit(src.path, data, n, len(names), sep,
                                                        quoted, named)
@@ -251,6 +255,9 @@ def _text_chunks(src: Source, names: list[str], types: dict[str, pl.DataType],
                 if short and (culprit := culprits.csv_culprit(src.path, data, n, len(names),
                                                               sep, quoted, named)):
                     raise culprit
+            if lossy and not said:
+                said = True
+                _say_not_utf8(src.path, data, n, quotes)
             if df.height:  # (at most BLOCK_MAX: a line of megabytes is a block on its own)
                 block = max(1 << 12, min(BLOCK_MAX, len(data) * rows // df.height))
             # contiguous columns: the readers' come in pieces, and each query on a frame
@@ -275,7 +282,7 @@ def _trailing_blank(data: bytes) -> tuple[bytes, bytes]:
 
 
 def _read_text(data: bytes, names: list[str], sep: str, quoted: bool,
-               numbers: Sequence[str] = ()) -> pl.DataFrame:
+               numbers: Sequence[str] = ()) -> tuple[pl.DataFrame, bool]:
     """A block of CSV/TSV lines, every column as text but `numbers` (float64); bytes that
     are not UTF-8 replaced (checking for them costs a sixth of the parse: only a block that
     fails reads again)."""
@@ -283,7 +290,23 @@ def _read_text(data: bytes, names: list[str], sep: str, quoted: bool,
                                 infer_schema=False, quote_char='"' if quoted else None,
                                 schema_overrides={c: pl.Float64 for c in numbers} or None)
     try:
-        return pl.read_csv(data, encoding="utf8", **opts)
+        return pl.read_csv(data, encoding="utf8", **opts), False
     except pl.exceptions.ComputeError:
-        return pl.read_csv(data, encoding="utf8-lossy", **opts)
+        return pl.read_csv(data, encoding="utf8-lossy", **opts), True
+
+
+def _say_not_utf8(path: Path, data: bytes, first_row: int, quotes: bool) -> None:
+    """A warning for a file whose bytes are not all UTF-8 (a Latin-1 or cp1252 export, as
+    Excel writes CSV on Windows): read as U+FFFD, ids that differ only there are one."""
+    at = ""
+    if not quotes:  # (a line is a row: no quoted line break)
+        for k, line in enumerate(data.splitlines()):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                at = f", row {first_row + k}"
+                break
+    log.warning("%s%s: bytes that are not UTF-8, each read as U+FFFD (ids that differ only "
+                "there become one id): a Latin-1 or cp1252 export? convert it (iconv -f "
+                "cp1252 -t utf-8)", path, at)
 
