@@ -191,8 +191,20 @@ def _first_failures(path: Path, bad_lines: pl.DataFrame,
     for name in FIELDS:
         value = pl.when(pl.col("_field") == name).then(pl.col(name)).otherwise(value)
     rows = (_split(bad_lines.lazy()).with_columns(field.alias("_field"))
-            .select(LINENO, "_field", "_nfields", value.alias("_value")).collect().iter_rows())
-    return [DataError(path, line, name, _message(name, n, raw)) for line, name, n, raw in rows]
+            .select(LINENO, "_field", "_nfields", value.alias("_value"),
+                    pl.col(LABEL).alias("_first")).collect().iter_rows())
+    return [DataError(path, line, name, _message(name, n, raw) + _looks(line, name, n, first))
+            for line, name, n, raw, first in rows]
+
+
+def _looks(line: int, field: str, nfields: int, first: str | None) -> str:
+    """What a bad line looks like, where that says more than its first bad field: an empty
+    line, or a header line (Criteo's TSV has none)."""
+    if field == "fields" and nfields == 1 and not first:
+        return " (an empty line)"
+    if line == 1 and field == LABEL and first is not None and first.strip().isidentifier():
+        return " (a header line? Criteo's TSV has none: remove it)"
+    return ""
 
 
 def _parse(chunk: pl.DataFrame, values: dict[str, pl.Expr], bad: pl.Expr) -> pl.DataFrame:

@@ -166,6 +166,24 @@ def test_a_bzip2_file_says_so_and_zstd_reads(tmp_path):
     assert read(tmp_path / "zstd").equals(read(tmp_path / "ref"))
 
 
+HEADER = "\t".join(["label", *(f"I{k}" for k in range(1, 14)), *(f"C{k}" for k in range(1, 27))])
+
+
+@pytest.mark.parametrize(("first", "field", "words"), [
+    (HEADER, "label", "got 'label' (a header line? Criteo's TSV has none: remove it)"),
+    ("", "fields", "expected 40 tab-separated fields, got 1 (an empty line)"),
+    (line("2"), "label", "got '2'"),  # (a bad row, not a header)
+])
+def test_a_header_or_an_empty_line_is_named_as_one(tmp_path, first, field, words):
+    """Both were only their first bad field: "label must be 0 or 1, got 'label'", "expected
+    40 tab-separated fields, got 1"."""
+    f = write(tmp_path / "a.tsv", [first, *random_lines(3)])
+    with pytest.raises(DataError) as e:
+        criteo.ingest([f], tmp_path / "out", IngestConfig())
+    assert (e.value.line, e.value.field) == (1, field), str(e.value)
+    assert str(e.value).endswith(words), str(e.value)
+
+
 BAD = {
     "fewer_fields": ("\t".join(line().split("\t")[:39]), "fields",
                      "expected 40 tab-separated fields, got 39"),
