@@ -161,6 +161,9 @@ def _blank_tail_dropped(chunks: Iterator[pl.DataFrame]) -> Iterator[pl.DataFrame
     for chunk in chunks:
         if held is not None:
             chunk, held = pl.concat([held, chunk]), None
+        if chunk.height and chunk[LINE][-1] not in ("", "\r"):
+            yield chunk  # (the common case: a look at its last line only)
+            continue
         filled = ~chunk[LINE].is_in(["", "\r"]).to_numpy()
         if not filled.any():
             held = chunk
