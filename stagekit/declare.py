@@ -43,8 +43,11 @@ def split_named(value: str | Path) -> tuple[str | None, Path]:
     is a path as it stands (hive folders: `day=5/model`), or whose part before "=" holds a
     "/" (`/stream/day=5`), is a PATH."""
     key, sep, path = str(value).partition("=")
-    if not sep or not key or "/" in key or Path(value).exists():
+    if not sep or "/" in key or Path(value).exists():
         return None, Path(value)
+    if not key or not path:  # `a=` was Path("") (the current folder), `=m` a folder "=m"
+        raise ConfigError(f"{str(value)!r}: give NAME=PATH, both parts (the "
+                          f"{'name' if not key else 'path'} is empty)")
     return key, Path(path)
 
 

@@ -73,6 +73,11 @@ def test_bad_input_exits_2(datasets, model_dir, tmp_path):  # noqa: F811
     cases = {
         "no model": (["--model", tmp_path / "nope", "--data", datasets["raw"]], "no model.json"),
         "names": (["--model", model_dir, "--model", model_dir], "name every model"),
+        # NAME= was the current folder ("e.json lies inside input ."), =DIR a folder "=DIR"
+        "no path": (["--model", "a=", "--data", datasets["raw"]], "'a=': give NAME=PATH, "
+                                                                  "both parts (the path"),
+        "no name": (["--model", f"={model_dir}", "--data", datasets["raw"]], "the name is "
+                                                                             "empty"),
     }
     procs = {k: _cli(tmp_path / k, *a, "--out", "e.json") for k, (a, _) in cases.items()
              if (tmp_path / k).mkdir() is None}
