@@ -128,7 +128,13 @@ app.add_typer(models_app, name="models")
 
 
 def _cfg(params: list[Path] | None) -> ParamsConfig:
-    return load_params([Path(p) for p in params] if params else None)
+    """The params, the tracking store opened: one that is not there is an error (a mistyped
+    URI), not a new empty store these commands would read."""
+    from lrm import tracking
+
+    cfg = load_params([Path(p) for p in params] if params else None)
+    tracking.connect(cfg.tracking, existing=True)
+    return cfg
 
 
 def _num(x: str | None) -> str:

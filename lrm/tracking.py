@@ -18,6 +18,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from lrm.config import TrackingConfig
@@ -98,12 +99,65 @@ def _writing(uri: str) -> Iterator[None]:
                           f"read-only file or mount?") from None
 
 
-def connect(cfg: TrackingConfig | None = None) -> Any:
+MLFLOW_TABLES = frozenset({"alembic_version", "experiments", "runs"})  # in every MLflow store
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI (SQLAlchemy's path or SQLite's own file: form,
+    query dropped); None for a server or an in-memory store."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    db = uri[len(prefix):].split("?", 1)[0].removeprefix("file:")
+    return None if not db or db.startswith(":memory:") else Path(db)
+
+
+def _check_sqlite(uri: str, existing: bool) -> None:
+    """A ConfigError for a SQLite file MLflow would take over or invent: another program's
+    database (MLflow added its ~80 tables beside the user's, then listed no models), and,
+    with `existing`, a file that is not there (a mistyped URI was a fresh store, folders
+    made, "no registered lrm models yet"). The file is opened read-only; a file that is
+    not a database is left to MLflow's open, which names it."""
+    import sqlite3
+
+    path = sqlite_file(uri)
+    if path is None:
+        return
+    if not path.exists():
+        if existing:
+            raise ConfigError(f"{_store(uri)}: {path} does not exist (mistyped? a training "
+                              f"run creates it)")
+        return
+    if not path.is_file():
+        return
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            con.close()
+    except sqlite3.DatabaseError:
+        return
+    if MLFLOW_TABLES <= tables:
+        return
+    if tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise ConfigError(f"{_store(uri)}: {path} is a SQLite database but not an MLflow "
+                          f"store (tables {shown}); left as it is")
+    if existing:
+        raise ConfigError(f"{_store(uri)}: {path} holds no MLflow store (an empty database; "
+                          f"a training run fills it)")
+
+
+def connect(cfg: TrackingConfig | None = None, existing: bool = False) -> Any:
     """An MlflowClient on the tracking store, mlflow pointed at it, the store opened (once a
     process). A store MLflow refuses (an unknown scheme, the file store MLflow 3 no longer
     opens, a file that is not a database), or a server that does not answer within REACH_S,
     is a ConfigError naming the URI and where it came from, not MLflow's traceback (or a
-    silent wait of minutes)."""
+    silent wait of minutes). A SQLite file of another program is refused, left untouched;
+    `existing` (a command that only reads or moves aliases): a store that is not there yet
+    too, rather than created."""
     import mlflow
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
@@ -114,6 +168,7 @@ def connect(cfg: TrackingConfig | None = None) -> Any:
         return mlflow.MlflowClient()
     if uri.startswith(("http://", "https://")):
         _reachable(uri)
+    _check_sqlite(uri, existing)
     try:
         client = mlflow.MlflowClient()
         client.search_experiments(max_results=1)  # opens the store now, not mid-stage
@@ -143,8 +198,6 @@ def artifact_root(uri: str) -> str | None:
     """Where a new experiment of a local SQLite store keeps its artifacts: `mlruns/` beside
     the database file (a file URI); None where MLflow's default is that already (the store
     is in this folder) and for any other store."""
-    from pathlib import Path
-
     prefix = "sqlite:///"
     db = uri[len(prefix):] if uri.startswith(prefix) else ""
     if not db or db.startswith(":memory:"):

@@ -128,3 +128,51 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it_in_bounded_time(
     assert f"tracking store {uri!r} (params tracking.uri" in str(e.value) and \
         says in str(e.value) and "\n" not in str(e.value)
     assert time.monotonic() - t0 < 4 * tracking.REACH_S  # not MLflow's minutes of retries
+
+
+def test_a_sqlite_file_of_another_program_is_refused_and_left_as_it_is(tmp_path, monkeypatch):
+    """The ops probe: MLflow added its tables into another program's SQLite database, then
+    went on as if it were a store. Red with `_check_sqlite` dropped from `connect`."""
+    import hashlib
+    import sqlite3
+
+    from lrm.errors import ConfigError
+
+    db = tmp_path / "app.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE orders (id INTEGER)")
+    con.close()
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    uri = f"sqlite:///{db}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    with pytest.raises(ConfigError) as e, tracking.run("probe"):
+        pass
+    assert f"tracking store {uri!r}" in str(e.value) and \
+        "is a SQLite database but not an MLflow store (tables orders)" in str(e.value)
+    assert hashlib.sha256(db.read_bytes()).hexdigest() == before
+
+
+@pytest.mark.parametrize("case", ["missing", "empty"])
+def test_lrm_models_on_a_store_that_is_not_there_is_exit_2_and_creates_nothing(
+        case, tmp_path):
+    """The ops probe: `lrm models list` on a mistyped URI created the folder and a fresh
+    store and said "no registered lrm models yet" (rc 0); rollback said "has no version".
+    Red with `existing=True` dropped from flows/cli.py's `_cfg`."""
+    import os
+    import subprocess
+    import sys
+
+    db = tmp_path / "typo" / "mlflow.db"
+    if case == "empty":
+        db.parent.mkdir()
+        db.touch()
+    says = "does not exist (mistyped?" if case == "missing" else "holds no MLflow store"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
+    lrm = Path(sys.executable).parent / "lrm"
+    done = subprocess.run([str(lrm), "models", "list"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path)
+    assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    assert made == ([] if case == "missing" else ["typo", "typo/mlflow.db"])
+    assert case == "missing" or db.stat().st_size == 0
