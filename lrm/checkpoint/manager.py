@@ -60,15 +60,28 @@ class Stateful(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> Any: ...
 
 
-def _differences(then: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+SHOWN = 4  # differing keys named under one identity key (another kind differs in all)
+
+
+def _differences(then: Mapping[str, Any], now: Mapping[str, Any], prefix: str = ""
+                 ) -> list[str]:
+    """`key: A then, B now` per differing key; nested settings by their dotted key (the
+    model's whole JSON, cut at 120 characters, hid which one changed: model.embedding_dim)."""
     out = []
     for k in sorted(set(then) | set(now)):
-        if then.get(k) != now.get(k):
-            a, b = json.dumps(then.get(k), sort_keys=True), json.dumps(now.get(k), sort_keys=True)
-            if k == "data" and isinstance(then.get(k), dict) and isinstance(now.get(k), dict):
-                out.append(f"data: {_data_difference(then[k], now[k])}")
-            else:
-                out.append(f"{k}: {a[:120]} then, {b[:120]} now")
+        x, y = then.get(k), now.get(k)
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            if not prefix and k == "data":
+                out.append(f"data: {_data_difference(x, y)}")
+                continue
+            inner = _differences(x, y, f"{prefix}{k}.")
+            out += inner[:SHOWN] + ([f"{prefix}{k}: {len(inner) - SHOWN} more"]
+                                    if len(inner) > SHOWN else [])
+            continue
+        a, b = json.dumps(x, sort_keys=True), json.dumps(y, sort_keys=True)
+        out.append(f"{prefix}{k}: {a[:120]} then, {b[:120]} now")
     return out
 
 

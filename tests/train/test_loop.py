@@ -144,6 +144,8 @@ def test_resume_from_a_quantized_chain_stays_close(datasets, tmp_path):
     ("average", "ema_decay: null then, 0.9 now"),
     ("kind", "kind"),
     ("tables", "table_rows"),
+    # the ops probe: the model's whole JSON, cut at 120 characters, hid the key that changed
+    ("dim", "model.embedding_dim: 8 then, 4 now"),
     ("data", "data: day 1's part-00000.parquet changed its rows"),
     ("labels", r"data: day 1's part-00000.parquet changed its content \(sha256\)"),
 ])
@@ -160,6 +162,9 @@ def test_resume_of_another_run_says_what_differs(datasets, tmp_path, change, say
         cfg = tiny_train(steps=8, ema_decay=0.9)
     elif change == "kind":
         kind = "teacher"
+    elif change == "dim":
+        model = dataclasses.replace(SMALL_MODEL, student=dataclasses.replace(
+            SMALL_MODEL.student, embedding_dim=4))
     elif change == "tables":
         model = dataclasses.replace(SMALL_MODEL, tables=dataclasses.replace(
             SMALL_MODEL.tables, max_rows=100))
