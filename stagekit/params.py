@@ -20,6 +20,18 @@ from lrm.errors import ConfigError
 PARAMS = Path("params.yaml")
 log = logging.getLogger("lrm")
 
+def _where(e: yaml.YAMLError) -> str:
+    """", line L, column C" of a parse error (PyYAML counts from 0)."""
+    mark = getattr(e, "problem_mark", None)
+    return f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _problem(e: yaml.YAMLError) -> str:
+    """What is wrong (PyYAML's first line is only the context: "while parsing a flow
+    sequence")."""
+    return getattr(e, "problem", None) or str(e).splitlines()[0]
+
+
 def read_params_file(path: Path, what: str = "params") -> dict[str, Any]:
     """One params YAML file (or another YAML mapping: `what` names its kind) as a mapping
     (exit-2 errors name the file)."""
@@ -30,7 +42,7 @@ def read_params_file(path: Path, what: str = "params") -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: cannot read the {what} file ({e})") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{path}{_where(e)}: not valid YAML: {_problem(e)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
