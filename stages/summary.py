@@ -41,8 +41,54 @@ def _read(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _object(doc: Any, path: Path, field: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise DataError(path, None, field, f"expected an object, got {json.dumps(doc)[:60]} "
+                                           f"(not its stage's metrics?)")
+    return doc
+
+
+def _scores(m: dict[str, Any], path: Path, field: str) -> None:
+    for k in ("ne", "auc"):
+        v = m.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise DataError(path, None, f"{field}{k}", f"expected a number, got "
+                            f"{json.dumps(v)[:60]} (not its stage's metrics?)")
+
+
+def check(evaluation: dict[str, Any], exfm: dict[str, Any], eval_path: Path, exfm_path: Path
+          ) -> None:
+    """A DataError naming the file and field where a metrics file is not what its stage
+    writes: an evaluated model without NE or AUC was a row of "nan" (rc 0), a `verticals`
+    that is not an object a traceback."""
+    if "ne" in evaluation:
+        _scores(evaluation, eval_path, "")
+    else:
+        for name, m in evaluation.items():
+            if isinstance(m, dict):
+                _scores(m, eval_path, f"{name}.")
+    verticals = _object(exfm.get("verticals", {}), exfm_path, "verticals")
+    for vertical, v in verticals.items():
+        at = f"verticals.{vertical}"
+        _object(v, exfm_path, at)
+        _object(v.get("teacher", {}), exfm_path, f"{at}.teacher")
+        for size, st in _object(v.get("students", {}), exfm_path, f"{at}.students").items():
+            _object(st, exfm_path, f"{at}.students.{size}")
+            for name, m in _object(st.get("variants"), exfm_path,
+                                   f"{at}.students.{size}.variants").items():
+                _scores(_object(m, exfm_path, f"{at}.students.{size}.variants.{name}"),
+                        exfm_path, f"{at}.students.{size}.variants.{name}.")
+
+
 def _pick(m: dict[str, Any]) -> dict[str, float]:
     return {k: round(float(m[k]), 4) for k in ("ne", "auc") if k in m}
+
+
+def _scored_on(m: dict[str, Any]) -> str:
+    """"day D", or "days A-B pooled" for `lrm evaluate --days` (it was "day ")."""
+    if "day" not in m and isinstance(m.get("days"), list) and m["days"]:
+        return f"days {m['days'][0]}-{m['days'][-1]} pooled"
+    return f"day {m.get('day', '')}"
 
 
 def models(evaluation: dict[str, Any], exfm: dict[str, Any]
@@ -53,7 +99,7 @@ def models(evaluation: dict[str, Any], exfm: dict[str, Any]
     single = "ne" in evaluation  # one model's flat metrics
     evaluated = {"model": evaluation} if single else \
         {k: m for k, m in evaluation.items() if isinstance(m, dict)}
-    out = [(f"day {m.get('day', '')}", name, name, _pick(m)) for name, m in evaluated.items()]
+    out = [(_scored_on(m), name, name, _pick(m)) for name, m in evaluated.items()]
     verticals = exfm.get("verticals", {})
     for vertical, v in verticals.items():
         day = f"ExFM, day {exfm.get('eval_day', '')}, {vertical}"
@@ -92,6 +138,7 @@ def run(*, evaluation: Path = Path("metrics/eval.json"),
         force: bool = False) -> Metrics:
     """Write the headline NE/AUC of every model the pipeline trained."""
     ev, ex = _read(evaluation), _read(exfm)
+    check(ev, ex, evaluation, exfm)
     doc = headline(ev, ex)
     io.write_json(doc, out, stage=NAME, force=force)
     io.write_text(markdown(ev, ex), table, stage=NAME, force=force)
