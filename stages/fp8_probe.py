@@ -36,16 +36,19 @@ def run(*, cfg: FP8Config, device: str, amp: bool, batch_size: int, models: list
         ) -> Metrics:
     """Probe saved models: per layer, FP8 error and speed, and the layers to run in FP8."""
     from lrm.fp8 import report as R  # torch import: only when the stage runs
+    from lrm.models.saved import read_card
 
     if not models:
         raise ConfigError("fp8_probe: give at least one --model DIR (or NAME=DIR)")
-    results: dict[str, Any] = {}
+    named: dict[str, Path] = {}  # every name known before any probe (each takes minutes)
     for name, path in map(split_named, models):
-        res = R.probe_saved(path, data, cfg, device=device, amp=amp, batch_size=batch_size)
-        key = name or res["kind"]
-        if key in results:
+        key = name or read_card(path).kind
+        if key in named:
             raise ConfigError(f"--model: two models named {key!r}; name them (NAME=DIR)")
-        results[key] = res
+        named[key] = path
+    results: dict[str, Any] = {
+        key: R.probe_saved(path, data, cfg, device=device, amp=amp, batch_size=batch_size)
+        for key, path in named.items()}
     doc = R.build(results, cfg, R.resolve_device(device), amp)
     io.write_json(doc, out, stage=NAME, force=force)
     io.write_text(R.markdown(doc) + "\n", table, stage=NAME, force=force)

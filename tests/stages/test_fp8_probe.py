@@ -71,6 +71,25 @@ def test_a_folder_that_is_no_model_is_exit_2(datasets, tmp_path):  # noqa: F811
     assert not (tmp_path / "r.json").exists()
 
 
+def test_two_models_of_one_name_are_refused_before_any_probe(datasets, model_dir,  # noqa: F811
+                                                             tmp_path, monkeypatch):
+    """The ops probe: `--model a=M --model a=N` probed both (minutes each on a real model),
+    then refused the name. Red with the names checked after probing."""
+    from lrm.fp8 import report
+
+    probed = []
+    monkeypatch.setattr(report, "probe_saved",
+                        lambda path, *a, **k: probed.append(path) or {"kind": "student"})
+    for given in (["a=" + str(model_dir), "a=" + str(model_dir)],
+                  [str(model_dir), str(model_dir)]):  # both named by their kind, student
+        r = CliRunner().invoke(app(stage.STAGE), [
+            *[w for m in given for w in ("--model", m)], "--data", str(datasets["sessions"]),
+            "--out", str(tmp_path / "r.json"), "--table", str(tmp_path / "r.md"),
+            "--metrics", str(tmp_path / "m.json")])
+        assert r.exit_code == 2 and "--model: two models named" in r.output + r.stderr
+    assert probed == [] and not (tmp_path / "r.json").exists()
+
+
 def test_train_fp8_hands_the_training_loop_a_dispatch_transform(tmp_path, monkeypatch):
     import lrm.train
     from lrm.config import (CheckpointConfig, LoaderConfig, SplitConfig, StudentModelConfig,
