@@ -96,7 +96,9 @@ def load_params(files: Sequence[Path] | None = None,
         return from_dict(ParamsConfig, data, "")
     except ConfigError as e:  # "params.yaml: train.batch_size: must be >= 1"
         msg = str(e).lstrip(".: ")
-        given = [k for k in _keys(msg.split(": ", 1)[0]) if k in (overrides or {})]
+        named = _keys(msg.split(": ", 1)[0])  # an item's or entry's key is its option's
+        given = [k for k in (overrides or {})  # (tune.space.lr[0] is --tune.space.lr's)
+                 if any(h == k or h.startswith((f"{k}.", f"{k}[")) for h in named)]
         if given:  # a value from the command line, not the file: say so
             where = f"{', '.join(f'--{k}' for k in given)} (over {where})"
         raise ConfigError(f"{where}: {msg}") from None

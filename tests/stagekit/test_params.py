@@ -32,6 +32,10 @@ def test_params_files_are_laid_over_each_other_and_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"^--train.embedding_lr \(over \S+/a.yaml, \S+/b.yaml\): "
                                           r"train.lr/embedding_lr: must be > 0"):
         load_params([a, b], {"train.embedding_lr": -1.0})
+    # an item of a list option (it blamed the files: "a.yaml, b.yaml: tune.space.lr[0]")
+    with pytest.raises(ConfigError, match=r"^--tune.space.lr \(over \S+/a.yaml, \S+/b.yaml\): "
+                                          r"tune.space.lr\[0\]: expected float, got 'abc'"):
+        load_params([a, b], {"tune.space.lr": ["abc", 0.1]})
     b.write_text("train: [1, 2\n")
     with pytest.raises(ConfigError, match="b.yaml, line 2, column 1: not valid YAML: "
                                           "expected ',' or ']', but got '<stream end>'"):
