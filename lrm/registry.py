@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -393,19 +393,34 @@ def rollback(name: str, version: str, cfg: TrackingConfig | None = None, *,
 
 # ------------------------------------------------------------------------- reading
 
+def _pages(search: Any, filter_string: str | None = None) -> Iterator[Any]:
+    """Every result of an MLflow search, page after page."""
+    token = None
+    while True:
+        page = search(filter_string, page_token=token)
+        yield from page
+        token = page.token
+        if not token:
+            return
+
+
 def list_models(prefixes: Sequence[str] = ("lrm-",), cfg: TrackingConfig | None = None
                 ) -> list[dict[str, Any]]:
     """Every version of the registered models whose names start with one of `prefixes`:
     aliases, NE and decision."""
     c = client(cfg)
     rows: list[dict[str, Any]] = []
-    found = {rm.name: rm for p in dict.fromkeys(prefixes) if p
-             for rm in c.search_registered_models(f"name LIKE '{p}%'")}
+    # every page, matched here: a LIKE filter took a prefix's ' for its end (a traceback)
+    # and its _ and % for wildcards, and one page of 100 models was all there was
+    wanted = tuple(p for p in prefixes if p)
+    found = {rm.name: rm for rm in _pages(c.search_registered_models)
+             if rm.name.startswith(wanted)}
     for rm in sorted(found.values(), key=lambda m: m.name):
         aliases: dict[str, list[str]] = {}
         for alias, v in (rm.aliases or {}).items():
             aliases.setdefault(str(v), []).append(alias)
-        for mv in sorted(c.search_model_versions(f"name = '{rm.name}'"),
+        quote = '"' if "'" in rm.name else "'"
+        for mv in sorted(_pages(c.search_model_versions, f"name = {quote}{rm.name}{quote}"),
                          key=lambda v: int(v.version)):
             t = mv.tags or {}
             rows.append({"name": rm.name, "version": str(mv.version),

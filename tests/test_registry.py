@@ -375,3 +375,18 @@ def test_models_list_shows_the_names_params_give(folders, tmp_path):
     assert r.exit_code == 0 and "probe-student-small" in r.output, r.output
     r = CliRunner().invoke(app, ["models", "list"])  # the defaults: lrm-* only
     assert r.exit_code == 0 and "probe-student-small" not in r.output, r.output
+
+
+def test_models_list_matches_names_as_written_on_every_page(tmp_path, monkeypatch):
+    """The ops probe: a prefix with a quote (registry.student_prefix "it's-") was
+    MlflowException's traceback (the LIKE filter ended at the quote); its _ was a wildcard
+    ("lrm_" listed lrmXstudent); and past 100 registered models the rest were not listed.
+    Red with the LIKE filter back (one page)."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
+    c = registry.client()
+    names = ["it's-a", "lrmXstudent", "lrm_b", *(f"lrm-m{i:03d}" for i in range(101))]
+    for name in names:
+        c.create_registered_model(name)
+        c.create_model_version(name, source=str(tmp_path))
+    listed = {r["name"] for r in registry.list_models(("lrm-", "lrm_", "it's-"))}
+    assert listed == set(names) - {"lrmXstudent"}
