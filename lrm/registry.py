@@ -157,10 +157,17 @@ def alias_version(name: str, alias: str, cfg: TrackingConfig | None = None) -> s
 def _version(name: str, version: str, cfg: TrackingConfig | None) -> Any:
     from mlflow.exceptions import MlflowException
 
+    c = client(cfg)
     try:
-        return client(cfg).get_model_version(name, str(version))
+        return c.get_model_version(name, str(version))
     except MlflowException:
-        raise ConfigError(f"registry: {name} has no version {version!r}") from None
+        pass
+    try:
+        c.get_registered_model(name)
+    except MlflowException:  # (it said "nope has no version '1'")
+        raise ConfigError(f"registry: no registered model {name!r} (`lrm models list` "
+                          f"lists them)") from None
+    raise ConfigError(f"registry: {name} has no version {version!r}") from None
 
 
 def register(model_dir: Path, name: str, *, example_data: Path, example_day: int,
@@ -335,7 +342,9 @@ def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: 
     trained on is refused, naming the overlap (its NE there says how well it fit, not how it
     does on new rows: the stream's champion scored 0.872 on its own training day, 0.991 on
     its held-out slice); held_out: `eval_data` is the stream's held-out slice of the day."""
-    tags = _version(name, version, cfg).tags or {}
+    mv = _version(name, version, cfg)
+    version = str(mv.version)  # MLflow's number: "01" is v1 (it was judged against itself)
+    tags = mv.tags or {}
     verticals = json.loads(tags[VERTICALS_TAG]) if VERTICALS_TAG in tags else None
     champ_version = alias_version(name, CHAMPION, cfg)
     if champ_version == str(version):
@@ -368,6 +377,7 @@ def rollback(name: str, version: str, cfg: TrackingConfig | None = None, *,
     is an earlier champion; any other earlier version, one the rule kept out, needs
     `force`, and the returned line (also its tag) says which decision it overrides."""
     mv = _version(name, version, cfg)
+    version = str(mv.version)  # MLflow's number ("01" is v1)
     now = alias_version(name, CHAMPION, cfg)
     if now is None:
         raise ConfigError(f"registry: {name} has no @{CHAMPION} to roll back")

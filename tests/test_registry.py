@@ -390,3 +390,23 @@ def test_models_list_matches_names_as_written_on_every_page(tmp_path, monkeypatc
         c.create_model_version(name, source=str(tmp_path))
     listed = {r["name"] for r in registry.list_models(("lrm-", "lrm_", "it's-"))}
     assert listed == set(names) - {"lrmXstudent"}
+
+
+def test_a_version_is_read_as_mlflow_numbers_it_and_a_name_not_registered_is_said(
+        tmp_path, monkeypatch):
+    """The ops probe: `lrm models promote NAME 01` of the champion v1 scored v1 against
+    itself and tagged the champion "kept"; `lrm models rollback nope 1` said "nope has no
+    version '1'". Red with the version taken as typed, or with the name not looked up."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
+    c = registry.client()
+    c.create_registered_model("m")
+    for _ in range(2):
+        c.create_model_version("m", source=str(tmp_path))
+    c.set_registered_model_alias("m", registry.CHAMPION, "1")
+    with pytest.raises(ConfigError, match=r"^registry: m v1 is already @champion$"):
+        registry.promote("m", "01", eval_data=tmp_path, eval_day=0, margin=0.0)
+    assert registry.DECISION_TAG not in _tags("m", "1")
+    with pytest.raises(ConfigError, match=r"^registry: no registered model 'nope' "):
+        registry.rollback("nope", "1")
+    with pytest.raises(ConfigError, match=r"^registry: m has no version '3'$"):
+        registry.rollback("m", "3")
