@@ -234,14 +234,16 @@ def _why_not_replaceable(out: Path, names: tuple[str, ...] | None) -> str | None
     return None
 
 
-def check_replaceable(out: Path, stage: Stage, *, force: bool = False) -> None:
+def check_replaceable(out: Path, stage: Stage, *, force: bool = False,
+                      option: str = "--out") -> None:
     """Raise OutputError unless lrm may replace `out` for `stage` (a name, several names, or
     None for any lrm stage).
 
     Replaceable: an absent path; an empty folder; a folder whose marker names one of the stages
     and which holds no file lrm did not write. Not replaceable: a folder without marker, or
     written by another stage, or with a user's files in it; a plain file; a symbolic link.
-    `force=True` makes everything replaceable (the user asked to replace it).
+    `force=True` makes everything replaceable (the user asked to replace it). `option`: the
+    command-line option that named `out`, said in the error.
     """
     names = _names(stage)
     if force:
@@ -252,7 +254,8 @@ def check_replaceable(out: Path, stage: Stage, *, force: bool = False) -> None:
     except OSError as e:
         why = f"lrm cannot tell what it holds ({e.strerror}: {e.filename})"
     if why is not None:
-        raise OutputError(f"{out}: {why}; pass --force to replace it, or choose another --out")
+        raise OutputError(f"{out}: {why}; pass --force to replace it, or choose another "
+                          f"{option}")
 
 
 def _write_marker(folder: Path, stage: str, files: list[str] | None) -> None:
@@ -620,7 +623,8 @@ def check_file_replaceable(path: Path, stage: Stage, *, force: bool = False) -> 
         _check_file(path, _names(stage), force)
 
 
-def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> list[Path]:
+def claim_dir(path: Path, stage: Stage, *, force: bool = False, option: str = "--out"
+              ) -> list[Path]:
     """Make `path` a folder `stage` keeps and adds to run after run (checkpoints, the
     augmented days): created with a marker that names the stage and lists no files (the
     stage manages what is inside), or checked to be one already (check_replaceable).
@@ -628,7 +632,7 @@ def claim_dir(path: Path, stage: Stage, *, force: bool = False) -> list[Path]:
     `path` was there; see `release_claim`)."""
     path = Path(path)
     names = _names(stage)
-    check_replaceable(path, names, force=force)
+    check_replaceable(path, names, force=force, option=option)
     marker = _read_marker(path) if path.is_dir() else None
     if marker is not None and (names is None or marker["stage"] in names):
         return []  # already the stage's (what it adds later carries its own markers)

@@ -72,12 +72,13 @@ def execute(stage: Stage, args: Mapping[str, Any], params: ParamsConfig, *,
                 io.check_file_replaceable(p, stage.name, force=force)
             elif a.role == "state" or a.persist:  # kept and added to, run after run
                 mark = io.marked_by_claim(p)
-                if made := io.claim_dir(p, stage.name, force=force):
+                if made := io.claim_dir(p, stage.name, force=force,
+                                        option=a.flag or "path"):
                     claimed.append(made)
                 elif mark:
                     marked.append(p)
             else:
-                io.check_replaceable(p, stage.name, force=force)
+                io.check_replaceable(p, stage.name, force=force, option=a.flag or "path")
     try:
         return _run_logged(stage, args, params, configs, call, title, outputs, tags, force,
                            parent)

@@ -100,3 +100,27 @@ def test_a_run_that_fails_before_writing_leaves_its_state_folders_as_it_found_th
         with pytest.raises(LrmError, match="stopped before writing"):
             execute(stage, {"src": tmp_path / "src", "state": state}, ParamsConfig())
     assert not (tmp_path / "made").exists() and list((tmp_path / "mine").iterdir()) == []
+
+
+def test_a_folder_lrm_did_not_write_is_refused_naming_the_option_that_gave_it(tmp_path):
+    """The ops probe: `lrm train --checkpoints DIR` on a user's folder said "choose another
+    --out". Red with the option not passed to io.check_replaceable / io.claim_dir."""
+    calls: list = []
+
+    def run(*, src: Path, out: Path, state: Path) -> dict:
+        calls.append(src)
+        return {}
+
+    stage = Stage(name="two", run=run, reads={},
+                  args={"src": Arg("--in", "in", "in"), "out": Arg("--model-out", "o", "out"),
+                        "state": Arg("--checkpoints", "s", "state")})
+    for name in ("src", "users", "free"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "users" / "notes.txt").write_text("mine")
+    for args, option in (({"out": "users", "state": "free"}, "--model-out"),
+                         ({"out": "free", "state": "users"}, "--checkpoints")):
+        with pytest.raises(LrmError) as err:
+            execute(stage, {"src": tmp_path / "src",
+                            **{k: tmp_path / v for k, v in args.items()}}, ParamsConfig())
+        assert str(err.value).endswith(f"or choose another {option}"), err.value
+    assert calls == [] and (tmp_path / "users" / "notes.txt").read_text() == "mine"
