@@ -39,6 +39,8 @@ def _size(n: int) -> str:
 
 
 def _folder(root: Path) -> Store:
+    if Path(root).exists() and not Path(root).is_dir():  # (it said "no such folder")
+        raise CheckpointError(f"{root}: a file, not a checkpoint folder")
     if not Path(root).is_dir():
         raise CheckpointError(f"{root}: no such checkpoint folder")
     return Store(root)

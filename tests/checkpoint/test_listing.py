@@ -57,3 +57,7 @@ def test_verify_passes_then_names_the_bad_file_with_exit_2(folder, tmp_path):
     assert "newest restorable: 000001-step-2" in line  # step 5 builds on the bad delta
     code, _, err = _cli("verify", tmp_path / "nope")
     assert code == 2 and "no such checkpoint folder" in err
+    (tmp_path / "a.txt").write_text("not a folder")  # the ops probe: "no such folder"
+    for cmd in ("ls", "verify"):
+        code, _, err = _cli(cmd, tmp_path / "a.txt")
+        assert code == 2 and "a.txt: a file, not a checkpoint folder" in err
