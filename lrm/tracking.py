@@ -122,6 +122,9 @@ def _check_sqlite(uri: str, existing: bool) -> None:
 
     path = sqlite_file(uri)
     if path is None:
+        if existing and uri.startswith("sqlite:"):  # sqlite:// (it listed no models, rc 0)
+            raise ConfigError(f"{_store(uri)}: an in-memory store holds nothing between "
+                              f"commands; give the file, e.g. sqlite:///mlflow.db")
         return
     if not path.exists():
         if existing:
@@ -179,6 +182,9 @@ def connect(cfg: TrackingConfig | None = None, existing: bool = False) -> Any:
     except SQLAlchemyError as e:
         raise ConfigError(f"{_store(uri)}: cannot be opened ({_first_line(e.orig or e)})"
                           ) from None
+    except ModuleNotFoundError as e:  # a database's driver (postgresql: psycopg2)
+        raise ConfigError(f"{_store(uri)}: needs the Python module {e.name!r}, not "
+                          f"installed here") from None
     _opened.add(uri)
     return client
 

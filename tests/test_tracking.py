@@ -99,14 +99,15 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nobody listens there once closed
 
 
-@pytest.mark.parametrize("case", ["not a database", "read-only", "no server"])
+@pytest.mark.parametrize("case", ["not a database", "read-only", "no server", "no driver"])
 def test_a_store_that_cannot_be_opened_is_one_line_naming_it_in_bounded_time(
         case, tmp_path, monkeypatch):
     """The issue-45 probe: a SQLite file that is not a database (DatabaseError) and one on
     a read-only mount (OperationalError at the first write) were tracebacks; a server that
     is not there (`http://127.0.0.1:9`) hung past 120 s printing nothing. Red with the
     SQLAlchemy errors not caught (first two) or the reachability check dropped (the
-    last: MLflow retries for minutes)."""
+    third: MLflow retries for minutes); the ops probe's missing driver, with
+    ModuleNotFoundError not caught."""
     import time
 
     from lrm.errors import ConfigError
@@ -118,9 +119,15 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it_in_bounded_time(
         mlflow.MlflowClient(f"sqlite:///{tmp_path}/m.db").search_experiments()
         uri = f"sqlite:///file:{tmp_path}/m.db?mode=ro&uri=true"
         says = "cannot write to it ((sqlite3.OperationalError) attempt to write a readonly"
-    else:
+    elif case == "no server":
         uri = f"http://127.0.0.1:{_closed_port()}"
         says = f"no answer within {tracking.REACH_S:g} s"
+    else:  # the ops probe: ModuleNotFoundError's traceback (postgresql://: psycopg2)
+        import importlib.util
+
+        if importlib.util.find_spec("MySQLdb") is not None:
+            pytest.skip("mysqlclient is installed here")
+        uri, says = f"mysql://x@127.0.0.1:{_closed_port()}/db", "needs the Python module "
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     t0 = time.monotonic()
     with pytest.raises(ConfigError) as e, tracking.run("probe"):
@@ -152,12 +159,13 @@ def test_a_sqlite_file_of_another_program_is_refused_and_left_as_it_is(tmp_path,
     assert hashlib.sha256(db.read_bytes()).hexdigest() == before
 
 
-@pytest.mark.parametrize("case", ["missing", "empty"])
+@pytest.mark.parametrize("case", ["missing", "empty", "in memory"])
 def test_lrm_models_on_a_store_that_is_not_there_is_exit_2_and_creates_nothing(
         case, tmp_path):
     """The ops probe: `lrm models list` on a mistyped URI created the folder and a fresh
-    store and said "no registered lrm models yet" (rc 0); rollback said "has no version".
-    Red with `existing=True` dropped from flows/cli.py's `_cfg`."""
+    store and said "no registered lrm models yet" (rc 0), as it did of sqlite:// (a store
+    in memory); rollback said "has no version". Red with `existing=True` dropped from
+    flows/cli.py's `_cfg`."""
     import os
     import subprocess
     import sys
@@ -166,13 +174,15 @@ def test_lrm_models_on_a_store_that_is_not_there_is_exit_2_and_creates_nothing(
     if case == "empty":
         db.parent.mkdir()
         db.touch()
-    says = "does not exist (mistyped?" if case == "missing" else "holds no MLflow store"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
+    says = {"missing": "does not exist (mistyped?", "empty": "holds no MLflow store",
+            "in memory": "an in-memory store holds nothing between commands"}[case]
+    uri = "sqlite://" if case == "in memory" else f"sqlite:///{db}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     lrm = Path(sys.executable).parent / "lrm"
     done = subprocess.run([str(lrm), "models", "list"], capture_output=True, text=True,
                           env=env, cwd=tmp_path)
     assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     made = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    assert made == ([] if case == "missing" else ["typo", "typo/mlflow.db"])
-    assert case == "missing" or db.stat().st_size == 0
+    assert made == ([] if case != "empty" else ["typo", "typo/mlflow.db"])
+    assert case != "empty" or db.stat().st_size == 0
