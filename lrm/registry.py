@@ -206,9 +206,12 @@ def model_folder(name: str, version: str, dst: Path, cfg: TrackingConfig | None 
     import mlflow
     import yaml
 
-    _version(name, version, cfg)  # (its client set the tracking URI)
+    mv = _version(name, version, cfg)  # (its client set the tracking URI)
     local = Path(mlflow.artifacts.download_artifacts(f"models:/{name}/{version}",
                                                      dst_path=str(dst)))
+    if not (local / "MLmodel").is_file():  # MLflow copies nothing and says nothing
+        raise DataError(_artifacts(mv, cfg), None, None, f"{name} v{version}'s files are "
+                        f"not there (removed or moved from its artifact store)")
     meta = yaml.safe_load((local / "MLmodel").read_text())
     try:
         rel = meta["flavors"]["python_function"]["artifacts"]["model"]["path"]
@@ -221,6 +224,17 @@ def model_folder(name: str, version: str, dst: Path, cfg: TrackingConfig | None 
         _check_content(name, version, folder, cfg)  # the registry's hash vouches for it
         record_dir(folder)
     return folder
+
+
+def _artifacts(mv: Any, cfg: TrackingConfig | None) -> str:
+    """Where a version's files are kept: its logged model's artifact location (MLflow 3),
+    else its source URI."""
+    src = str(mv.source)
+    model_id = mv.model_id or (src.split("/")[1] if src.startswith("models:/m-") else None)
+    try:
+        return str(client(cfg).get_logged_model(model_id).artifact_location)
+    except Exception:  # an older store or version: no logged model, the source says where
+        return src
 
 
 def _check_content(name: str, version: str, folder: Path, cfg: TrackingConfig | None) -> None:

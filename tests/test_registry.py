@@ -410,3 +410,17 @@ def test_a_version_is_read_as_mlflow_numbers_it_and_a_name_not_registered_is_sai
         registry.rollback("nope", "1")
     with pytest.raises(ConfigError, match=r"^registry: m has no version '3'$"):
         registry.rollback("m", "3")
+
+
+def test_a_version_whose_files_are_gone_is_one_error_naming_where(tmp_path, monkeypatch):
+    """The ops probe: with the store's artifact folder moved away, `lrm models promote`
+    was FileNotFoundError's traceback (MLflow downloads nothing and says nothing). Red
+    without the MLmodel check in registry.model_folder."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
+    c = registry.client()
+    c.create_registered_model("m")
+    (tmp_path / "artifacts").mkdir()
+    c.create_model_version("m", source=str(tmp_path / "artifacts"))
+    (tmp_path / "artifacts").rmdir()  # removed or moved
+    with pytest.raises(DataError, match=r"m v1's files are not there \(removed or moved"):
+        registry.model_folder("m", "1", tmp_path / "dst")
