@@ -140,7 +140,10 @@ def _cfg(params: list[Path] | None) -> ParamsConfig:
 def _num(x: str | None) -> str:
     if not x:
         return ""
-    v = float(x)
+    try:
+        v = float(x)
+    except ValueError:  # a tag edited by hand (the MLflow UI): shown as it is, not a crash
+        return x
     return f"{v:.5f}" if math.isfinite(v) else x
 
 

@@ -424,3 +424,18 @@ def test_a_version_whose_files_are_gone_is_one_error_naming_where(tmp_path, monk
     (tmp_path / "artifacts").rmdir()  # removed or moved
     with pytest.raises(DataError, match=r"m v1's files are not there \(removed or moved"):
         registry.model_folder("m", "1", tmp_path / "dst")
+
+
+def test_lrm_models_list_shows_a_tag_edited_by_hand_as_it_is(tmp_path, monkeypatch):
+    """The ops probe: an NE tag that is not a number (edited in MLflow's UI) was
+    ValueError's traceback through `lrm models list`. Red with float() unguarded."""
+    from flows.cli import app
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
+    c = registry.client()
+    c.create_registered_model("lrm-m")
+    c.create_model_version("lrm-m", source=str(tmp_path), tags={registry.NE_TAG: "n/a"})
+    c.create_model_version("lrm-m", source=str(tmp_path), tags={registry.NE_TAG: "0.91"})
+    r = CliRunner().invoke(app, ["models", "list"])
+    assert r.exit_code == 0, r.output
+    assert "│ n/a " in r.output and "│ 0.91000 " in r.output
