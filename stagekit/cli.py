@@ -33,7 +33,7 @@ from lrm import progress
 from lrm.config import section_type
 from lrm.errors import ConfigError, LrmError
 from stagekit.declare import Stage, optional_inner
-from stagekit.params import load_params, read_params_file
+from stagekit.params import load_params, load_yaml, read_params_file
 from stagekit.runner import execute
 
 @dataclass(frozen=True)
@@ -144,9 +144,9 @@ def parse_option(opt: ConfigOption, text: Any) -> Any:
         return text
     origin = typing.get_origin(opt.type)
     if origin in (list, tuple) and not text.lstrip().startswith("["):
-        return [yaml.safe_load(t) for t in text.split(",") if t.strip()]
+        return [load_yaml(t) for t in text.split(",") if t.strip()]
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"--{opt.key}: not valid YAML: {str(e).splitlines()[0]}") from None
 

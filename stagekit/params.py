@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,39 @@ from lrm.errors import ConfigError
 
 PARAMS = Path("params.yaml")
 log = logging.getLogger("lrm")
+
+
+class ParamsLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, with YAML 1.2's floats and no duplicate keys.
+
+    PyYAML reads YAML 1.1, where `1e-3` (no dot) is a string: `train.lr: 1e-3` was
+    "expected float, got '1e-3'", though DVC (ruamel, YAML 1.2) reads it as the number. A
+    key given twice in one mapping (two `train:` sections) silently kept the later one.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = seen.setdefault(key, key_node.start_mark.line)
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if first != key_node.start_mark.line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first on line {first + 1})",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+ParamsLoader.add_implicit_resolver(  # 1e-3, 5E+2: floats without a dot (YAML 1.2)
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def load_yaml(text: str) -> Any:
+    """A params file's (or a params option's) YAML text, read by ParamsLoader."""
+    return yaml.load(text, Loader=ParamsLoader)  # noqa: S506 (a SafeLoader)
 
 def _where(e: yaml.YAMLError) -> str:
     """", line L, column C" of a parse error (PyYAML counts from 0)."""
@@ -36,7 +70,7 @@ def read_params_file(path: Path, what: str = "params") -> dict[str, Any]:
     """One params YAML file (or another YAML mapping: `what` names its kind) as a mapping
     (exit-2 errors name the file)."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = load_yaml(Path(path).read_text())
     except FileNotFoundError:
         raise ConfigError(f"{path}: {what} file not found") from None
     except (OSError, UnicodeDecodeError) as e:

@@ -40,3 +40,20 @@ def test_params_files_are_laid_over_each_other_and_checked(tmp_path):
     with pytest.raises(ConfigError, match="b.yaml, line 2, column 1: not valid YAML: "
                                           "expected ',' or ']', but got '<stream end>'"):
         load_params([b])  # (was the context alone: "while parsing a flow sequence")
+
+
+def test_floats_without_a_dot_are_numbers_and_a_key_given_twice_is_refused(tmp_path):
+    """The ops probe: PyYAML (YAML 1.1) read `lr: 1e-3` as the string '1e-3' ("expected
+    float"), where DVC reads the number; a second `train:` section silently replaced the
+    first. Red with yaml.safe_load back in read_params_file."""
+    f = tmp_path / "p.yaml"
+    f.write_text("train: {lr: 1e-3, steps: 2e1}\ntune:\n  space: {lr: [1e-4, 5E-2]}\n")
+    p = load_params([f])
+    assert (p.train.lr, p.train.steps, p.tune.space.lr) == (0.001, 20, [1e-4, 5e-2])
+    f.write_text("train: {lr: '1e-3'}\n")  # quoted: the string it says it is
+    with pytest.raises(ConfigError, match="train.lr: expected float, got '1e-3'"):
+        load_params([f])
+    f.write_text("train:\n  steps: 3\nmodel: {}\ntrain:\n  lr: 0.5\n")
+    with pytest.raises(ConfigError, match=r"p.yaml, line 4, column 1: not valid YAML: key "
+                                          r"'train' given twice \(first on line 1\)"):
+        load_params([f])
