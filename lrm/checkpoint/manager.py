@@ -216,6 +216,16 @@ class CheckpointManager:
                 f"{e.name}, step {e.step}); pass --resume to go on from them, or --force to "
                 f"remove them and start afresh")
 
+    def _strays(self) -> str | None:
+        """Why a fresh start must not clear the folder: a checkpoint in it holds a file lrm
+        did not write (a fresh start removed it with the checkpoint)."""
+        for e in self.store.entries():
+            if strays := e.strays():
+                return (f"{e.path / strays[0]}: a file lrm did not write, in a checkpoint a "
+                        f"fresh start would remove; move it away, or pass --force to remove "
+                        f"it too")
+        return None
+
     def _tidy(self, resume: bool) -> None:
         """Rank 0: remove unfinished writes; a fresh start removes every checkpoint too.
         Each removal is named in a log line."""
@@ -231,7 +241,7 @@ class CheckpointManager:
                 bad: Mapping[str, str]) -> dict[str, Any]:
         """Rank 0: the checkpoint to resume (verified, none of `bad`) or why none; the next
         seq. A fresh start clears the folder first, unless it refuses (`_foreign`)."""
-        refused = None if resume or force else self._foreign()
+        refused = None if resume or force else self._foreign() or self._strays()
         if refused is not None:
             return {"seq": 0, "nonce": "", "error": refused}
         if not bad:

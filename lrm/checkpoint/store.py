@@ -136,6 +136,15 @@ class Entry:
     def chain(self) -> str | None:
         return self.manifest.get("chain") if self.manifest else None
 
+    def strays(self) -> list[str]:
+        """The files in this folder its manifest does not name: not lrm's (a user's note);
+        [] without a readable manifest (then lrm cannot tell)."""
+        if not self.manifest:
+            return []
+        own = {MANIFEST, *self.manifest.get("files", {})}
+        return sorted(str(f.relative_to(self.path)) for f in self.path.rglob("*")
+                      if not f.is_dir() and str(f.relative_to(self.path)) not in own)
+
     @property
     def bytes(self) -> int:
         if not self.manifest:
@@ -445,11 +454,19 @@ class Store:
                                      if e.name in (current, pinned) and e.chain}
         oldest = min((e.seq for e in entries if e.name in kept), default=0)
         gone = [e.path for e in entries
-                if (e.chain is not None and e.chain not in kept)
-                or (e.chain is None and e.seq < oldest)]
+                if ((e.chain is not None and e.chain not in kept)
+                    or (e.chain is None and e.seq < oldest)) and not _kept_for(e)]
         for p in gone:
             self._remove(p)
         return gone
+
+
+def _kept_for(e: Entry) -> bool:
+    """A checkpoint not pruned: it holds a file lrm did not write (said in a log line)."""
+    if strays := e.strays():
+        log.warning("%s: not removed, it holds %s, a file lrm did not write", e.path,
+                    strays[0])
+    return bool(strays)
 
 
 def resumable(folder: Path | None) -> None:

@@ -168,3 +168,24 @@ def test_a_fresh_start_refuses_another_runs_checkpoints_and_names_what_it_remove
     assert f"removed 2 checkpoint(s) of an earlier run: {', '.join(before)}" in said
     fresh("../m_other", force=True)
     assert [e.manifest["owner"] for e in Store(tmp_path).entries()] == ["../m_other"] * 2
+
+
+def test_a_file_lrm_did_not_write_in_a_checkpoint_is_never_removed(env, tmp_path):
+    """The ops probe: a user's file inside a checkpoint folder went with it, on a fresh
+    start (`lrm train` without --resume) and when retention dropped its chain. A fresh
+    start now refuses naming it (--force removes it too); retention keeps that
+    checkpoint. Red without Store's strays check in _choose, and in prune."""
+    from lrm.errors import ConfigError
+
+    _run(env, tmp_path, 4, every=2)
+    first = Store(tmp_path).entries()[0].path
+    (first / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"000001-step-2/notes.txt: a file lrm did not "
+                                          r"write, in a checkpoint a fresh start would "):
+        _run(env, tmp_path, 4, every=2)
+    assert (first / "notes.txt").read_text() == "mine"
+    # resumed and run on: new chains, keep=1 drops the first chain but this checkpoint
+    _run(env, tmp_path, 12, every=2, deltas=1, keep=1, resume=True)
+    kept = [e.name for e in Store(tmp_path).entries()]
+    assert kept[0] == first.name and (first / "notes.txt").read_text() == "mine"
+    assert "000002-step-4" not in kept  # (the chain's other checkpoint went)
