@@ -23,7 +23,7 @@ import typer
 
 from flows.dag import STAGES
 from lrm.config import ParamsConfig
-from lrm.errors import LrmError
+from lrm.errors import ConfigError, LrmError
 from stagekit import load_params
 from stagekit.cli import command, fail, setup_logging
 
@@ -207,6 +207,9 @@ def promote(name: str = typer.Argument(..., help="registered model, e.g. lrm-stu
     try:
         cfg = _cfg(params)
         paths = StreamPaths(Path(cfg.streaming.root))
+        if data is None and day != -1:  # (the stream's day was used, --day unread)
+            raise ConfigError(f"--day {day}: give --data with it (without --data both are "
+                              f"scored on the rows the stream judged its newest day on)")
         if data is None:
             plan = sdays.judged_on(paths)
             data, chosen, label = plan.eval_data, plan.eval_day, plan.label

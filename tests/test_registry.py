@@ -439,3 +439,17 @@ def test_lrm_models_list_shows_a_tag_edited_by_hand_as_it_is(tmp_path, monkeypat
     r = CliRunner().invoke(app, ["models", "list"])
     assert r.exit_code == 0, r.output
     assert "│ n/a " in r.output and "│ 0.91000 " in r.output
+
+
+def test_lrm_models_promote_refuses_a_day_without_its_data(tmp_path, monkeypatch):
+    """The ops probe: `--day N` without `--data` was not read (the stream's newest judged
+    day was used instead, or its absence named). Red without the check."""
+    from flows.cli import app
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    c = registry.client()
+    c.create_registered_model("lrm-m")
+    c.create_model_version("lrm-m", source=str(tmp_path))
+    r = CliRunner().invoke(app, ["models", "promote", "lrm-m", "1", "--day", "3"])
+    assert r.exit_code == 2 and "--day 3: give --data with it" in r.output, r.output
