@@ -202,8 +202,14 @@ def _hidden(path: Path) -> bool:
 def day_files(root: Path) -> dict[int, list[Path]]:
     """Map day -> its Parquet files (sorted), for a dataset folder."""
     root = Path(root)
+    if root.exists() and not root.is_dir():  # (it said "does not exist")
+        raise DataError(root, None, None, "a file, not a dataset folder (day=N/*.parquet)")
     if not root.is_dir():
         raise DataError(root, None, None, "dataset folder does not exist")
+    if _DAY_DIR.match(root.name) and next(root.glob("*.parquet"), None) is not None:
+        # one day's folder given for the dataset (it said to move its files out)
+        raise DataError(root, None, None, f"a day's folder, not a dataset: give the folder "
+                                          f"that holds it, {root.parent}")
     out: dict[int, list[Path]] = {}
     for d in sorted(root.iterdir()):
         m = _DAY_DIR.match(d.name)

@@ -120,6 +120,20 @@ def test_a_folder_named_like_a_day_that_is_not_one_is_an_error(tmp_path):
     assert not (tmp_path / "sessions").exists()
 
 
+def test_a_day_folder_or_a_file_given_for_the_dataset_is_said_so(tmp_path):
+    """The ops probe: `--data raw/day=0` said to move its Parquet file out of the dataset,
+    `--data FILE` that the folder does not exist. Red without the two checks."""
+    _raw(tmp_path / "raw")
+    with pytest.raises(DataError, match=r"raw/day=0: a day's folder, not a dataset: give "
+                                        r"the folder that holds it, \S+/raw$"):
+        day_files(tmp_path / "raw" / "day=0")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(DataError, match=r"notes.txt: a file, not a dataset folder"):
+        day_files(tmp_path / "notes.txt")
+    with pytest.raises(DataError, match=r"nowhere: dataset folder does not exist"):
+        day_files(tmp_path / "nowhere")
+
+
 def test_a_run_checks_every_value_of_files_lrm_did_not_write_before_it_starts(tmp_path):
     """A file changed since lrm wrote it (or from elsewhere) is checked whole when a run
     opens its data, wherever the bad value lies: a DataError before a step or a checkpoint,
