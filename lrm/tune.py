@@ -178,6 +178,10 @@ def tune(kind: str, *, train: TrainConfig, model: ModelConfig, data: Path,
     from lrm.train.evaluate import evaluate_days
 
     train_days, valid, held = search_days(Path(data), split, cfg.valid_days)
+    if plan is not None:  # a plan that cannot be read: said now, not as trial 0's failure
+        from lrm.sharding.plan import read_file
+
+        read_file(plan)
     trials: list[Trial] = []
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per trial is ours
     study = optuna.create_study(direction="minimize",

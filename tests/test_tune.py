@@ -138,3 +138,18 @@ def test_a_search_needs_a_budget():
     with pytest.raises(ConfigError, match="budget"):
         TuneConfig(trials=0, minutes=0)
     assert dataclasses.replace(TuneConfig(), trials=0, minutes=1.0).minutes == 1.0
+
+
+def test_a_plan_that_cannot_be_read_is_refused_before_any_trial(datasets, tmp_path,
+                                                                 monkeypatch):
+    """The ops probe: `lrm tune --plan MISSING` started trial 0, which failed ("Trial 0
+    failed with value None") before the plan's error came. Red without the read up front."""
+    import lrm.train
+
+    built = []
+    monkeypatch.setattr(lrm.train, "build_job", lambda *a, **k: built.append(k) or 1 / 0)
+    with pytest.raises(ConfigError, match="nowhere.json: plan file not found"):
+        tune("student", train=tiny_train(), model=SMALL_MODEL, data=datasets["sessions"],
+             split=SplitConfig(), loader=LOADER, cfg=TuneConfig(space=SPACE, trials=1),
+             plan=tmp_path / "nowhere.json")
+    assert built == []  # (a trial that builds its job fails: 1 / 0)
