@@ -136,10 +136,17 @@ def _decision_from_tags(name: str, version: str, tags: Mapping[str, str],
 
 # ------------------------------------------------------------------------ versions
 
+def _quoted(value: str) -> str:
+    """`value` as a string in an MLflow search filter (a name with a ' in double quotes:
+    in single ones it ended the string, MlflowException's traceback)."""
+    return f'"{value}"' if "'" in value else f"'{value}'"
+
+
 def find_model_version(name: str, tag: str, value: str,
                        cfg: TrackingConfig | None = None) -> str | None:
     """The newest version of registered model `name` whose tag `tag` is `value`, or None."""
-    versions = client(cfg).search_model_versions(f"name = '{name}' and tags.`{tag}` = '{value}'")
+    versions = client(cfg).search_model_versions(
+        f"name = {_quoted(name)} and tags.`{tag}` = {_quoted(value)}")
     hits = [int(v.version) for v in versions]
     return str(max(hits)) if hits else None
 
@@ -443,8 +450,7 @@ def list_models(prefixes: Sequence[str] = ("lrm-",), cfg: TrackingConfig | None 
         aliases: dict[str, list[str]] = {}
         for alias, v in (rm.aliases or {}).items():
             aliases.setdefault(str(v), []).append(alias)
-        quote = '"' if "'" in rm.name else "'"
-        for mv in sorted(_pages(c.search_model_versions, f"name = {quote}{rm.name}{quote}"),
+        for mv in sorted(_pages(c.search_model_versions, f"name = {_quoted(rm.name)}"),
                          key=lambda v: int(v.version)):
             t = mv.tags or {}
             rows.append({"name": rm.name, "version": str(mv.version),

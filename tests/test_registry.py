@@ -390,6 +390,9 @@ def test_models_list_matches_names_as_written_on_every_page(tmp_path, monkeypatc
         c.create_model_version(name, source=str(tmp_path))
     listed = {r["name"] for r in registry.list_models(("lrm-", "lrm_", "it's-"))}
     assert listed == set(names) - {"lrmXstudent"}
+    # a registration looks its content up the same way (a traceback with "it's-")
+    c.set_model_version_tag("it's-a", "1", registry.HASH_TAG, "abc")
+    assert registry.find_model_version("it's-a", registry.HASH_TAG, "abc") == "1"
 
 
 def test_a_version_is_read_as_mlflow_numbers_it_and_a_name_not_registered_is_said(
