@@ -46,6 +46,9 @@ def parse_models(models: list[str], name: str | None = None) -> list[tuple[str |
         raise ConfigError("--model-dir: name every model (NAME=DIR) when evaluating several")
     if len(set(names)) != len(names):
         raise ConfigError(f"--model-dir: repeated names {names}")
+    if "ne" in names:  # a file with a top-level "ne" is read as one model's flat metrics
+        raise ConfigError("--model-dir: 'ne' names a metric of the file; name the model "
+                          "otherwise")
     return parsed
 
 

@@ -78,6 +78,10 @@ def test_bad_input_exits_2(datasets, model_dir, tmp_path):  # noqa: F811
                                                                   "both parts (the path"),
         "no name": (["--model", f"={model_dir}", "--data", datasets["raw"]], "the name is "
                                                                              "empty"),
+        # an entry "ne" made the file read as one model's metrics (replaced on the next
+        # merge; lrm summary: a traceback)
+        "metric": (["--model", f"ne={model_dir}", "--data", datasets["raw"]],
+                   "'ne' names a metric of the file"),
     }
     procs = {k: _cli(tmp_path / k, *a, "--out", "e.json") for k, (a, _) in cases.items()
              if (tmp_path / k).mkdir() is None}
