@@ -46,6 +46,16 @@ def _folder(root: Path) -> Store:
     return Store(root)
 
 
+def _chains_below(root: Path) -> str:
+    """"; its subfolders A, B hold checkpoints" when `root` holds folders of them (a
+    stream's checkpoints/: teacher/, students/NAME/), else ""."""
+    found = sorted(str(p.relative_to(root)) for p in Path(root).glob("*") if p.is_dir()
+                   and Store(p).entries()) + sorted(
+        str(p.relative_to(root)) for p in Path(root).glob("*/*") if p.is_dir()
+        and Store(p).entries())
+    return f"; its subfolders {', '.join(found)} hold checkpoints" if found else ""
+
+
 def ls(root: Path) -> str:
     """The listing `lrm checkpoint ls` prints."""
     store = _folder(root)
@@ -60,7 +70,7 @@ def ls(root: Path) -> str:
     out = ["  ".join(c.ljust(w) for c, w in zip(line[:-1], widths, strict=True)) + "  " + line[-1]
            for line in lines]
     if len(lines) == 1:
-        out.append(f"(no checkpoints in {root})")
+        out.append(f"(no checkpoints in {root}{_chains_below(root)})")
     for p in store.temps():
         out.append(f"{p.name}: unfinished (never read; the next run removes it)")
     for p in store.legacy():
@@ -79,7 +89,7 @@ def verify(root: Path) -> str:
         fallback = f"; newest restorable: {good[-1]}" if good else "; none restorable"
         raise CheckpointError(f"{len(bad)} problem(s) in {root}: {'; '.join(bad)}{fallback}")
     if not table:
-        raise CheckpointError(f"{root}: no checkpoints")
+        raise CheckpointError(f"{root}: no checkpoints{_chains_below(root)}")
     newest = table[-1]
     return (f"{len(table)} checkpoint(s) in {root} verify; newest {newest['name']} "
             f"(step {newest['step']}, {newest['kind']})")

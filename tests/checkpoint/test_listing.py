@@ -61,3 +61,17 @@ def test_verify_passes_then_names_the_bad_file_with_exit_2(folder, tmp_path):
     for cmd in ("ls", "verify"):
         code, _, err = _cli(cmd, tmp_path / "a.txt")
         assert code == 2 and "a.txt: a file, not a checkpoint folder" in err
+
+
+def test_a_folder_of_chains_names_the_subfolders_that_hold_checkpoints(folder, tmp_path):
+    """The ops probe: `lrm checkpoint ls stream/checkpoints` (teacher/, students/NAME/)
+    said only "no checkpoints". Red without _chains_below."""
+    import shutil
+
+    root = tmp_path / "checkpoints"
+    shutil.copytree(folder, root / "teacher")
+    shutil.copytree(folder, root / "students" / "small")
+    code, out, _ = _cli("ls", root)
+    assert code == 0 and "its subfolders teacher, students/small hold checkpoints" in out
+    code, _, err = _cli("verify", root)
+    assert code == 2 and "no checkpoints; its subfolders teacher, students/small" in err
