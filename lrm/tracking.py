@@ -131,8 +131,8 @@ def _check_sqlite(uri: str, existing: bool) -> None:
             raise ConfigError(f"{_store(uri)}: {path} does not exist (mistyped? a training "
                               f"run creates it)")
         return
-    if not path.is_file():
-        return
+    if path.is_dir():  # MLflow retried "unable to open database file" for 1m45s
+        raise ConfigError(f"{_store(uri)}: {path} is a folder, not a SQLite file")
     try:
         con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
         try:

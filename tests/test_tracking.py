@@ -99,7 +99,8 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # nobody listens there once closed
 
 
-@pytest.mark.parametrize("case", ["not a database", "read-only", "no server", "no driver"])
+@pytest.mark.parametrize("case", ["not a database", "read-only", "no server", "no driver",
+                                  "a folder"])
 def test_a_store_that_cannot_be_opened_is_one_line_naming_it_in_bounded_time(
         case, tmp_path, monkeypatch):
     """The issue-45 probe: a SQLite file that is not a database (DatabaseError) and one on
@@ -122,6 +123,8 @@ def test_a_store_that_cannot_be_opened_is_one_line_naming_it_in_bounded_time(
     elif case == "no server":
         uri = f"http://127.0.0.1:{_closed_port()}"
         says = f"no answer within {tracking.REACH_S:g} s"
+    elif case == "a folder":  # the ops probe: MLflow retried for 1m45s, then the error
+        uri, says = f"sqlite:///{tmp_path}", f"{tmp_path} is a folder, not a SQLite file"
     else:  # the ops probe: ModuleNotFoundError's traceback (postgresql://: psycopg2)
         import importlib.util
 
