@@ -334,6 +334,21 @@ def challenge(model_dir: Path, name: str, *, eval_data: Path, eval_day: int, mar
                   evaluated_on=evaluated_on, cfg=cfg, promote=promote)
 
 
+def _verticals(name: str, version: str, tags: Mapping[str, str]) -> list[int] | None:
+    """The verticals a version is scored on (its VERTICALS_TAG: JSON ids), or None."""
+    if VERTICALS_TAG not in tags:
+        return None
+    try:
+        got = json.loads(tags[VERTICALS_TAG])
+    except json.JSONDecodeError:
+        got = None
+    if not isinstance(got, list) or not all(isinstance(v, int) for v in got):
+        raise ConfigError(f"registry: {name} v{version}'s tag {VERTICALS_TAG} is "
+                          f"{tags[VERTICALS_TAG]!r}, not a JSON list of vertical ids (edited "
+                          f"by hand?)")
+    return got
+
+
 def seen(model_dir: Path, day: int, held_out: bool = False) -> str | None:
     """How a model folder's training saw day `day` (its card's train_days; a model carried
     from an earlier one, init_from, saw the days before its own too), else None: scored on
@@ -366,7 +381,7 @@ def promote(name: str, version: str, *, eval_data: Path, eval_day: int, margin: 
     mv = _version(name, version, cfg)
     version = str(mv.version)  # MLflow's number: "01" is v1 (it was judged against itself)
     tags = mv.tags or {}
-    verticals = json.loads(tags[VERTICALS_TAG]) if VERTICALS_TAG in tags else None
+    verticals = _verticals(name, version, tags)
     champ_version = alias_version(name, CHAMPION, cfg)
     if champ_version == str(version):
         raise ConfigError(f"registry: {name} v{version} is already @{CHAMPION}")

@@ -456,3 +456,16 @@ def test_lrm_models_promote_refuses_a_day_without_its_data(tmp_path, monkeypatch
     c.create_model_version("lrm-m", source=str(tmp_path))
     r = CliRunner().invoke(app, ["models", "promote", "lrm-m", "1", "--day", "3"])
     assert r.exit_code == 2 and "--day 3: give --data with it" in r.output, r.output
+
+
+def test_a_verticals_tag_edited_by_hand_is_named_not_a_traceback(tmp_path, monkeypatch):
+    """The ops probe: a version's lrm.verticals tag that is not JSON ids (edited in
+    MLflow's UI) was JSONDecodeError's traceback through `lrm models promote`. Red
+    without registry._verticals."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", new_store(tmp_path))
+    c = registry.client()
+    c.create_registered_model("m")
+    c.create_model_version("m", source=str(tmp_path), tags={registry.VERTICALS_TAG: "feed"})
+    with pytest.raises(ConfigError, match=r"^registry: m v1's tag lrm.verticals is 'feed', "
+                                          r"not a JSON list of vertical ids"):
+        registry.promote("m", "1", eval_data=tmp_path, eval_day=0, margin=0.0)
