@@ -54,6 +54,7 @@ def load_yaml(text: str) -> Any:
     """A params file's (or a params option's) YAML text, read by ParamsLoader."""
     return yaml.load(text, Loader=ParamsLoader)  # noqa: S506 (a SafeLoader)
 
+
 def _where(e: yaml.YAMLError) -> str:
     """", line L, column C" of a parse error (PyYAML counts from 0)."""
     mark = getattr(e, "problem_mark", None)
