@@ -204,11 +204,10 @@ def artifact_root(uri: str) -> str | None:
     """Where a new experiment of a local SQLite store keeps its artifacts: `mlruns/` beside
     the database file (a file URI); None where MLflow's default is that already (the store
     is in this folder) and for any other store."""
-    prefix = "sqlite:///"
-    db = uri[len(prefix):] if uri.startswith(prefix) else ""
-    if not db or db.startswith(":memory:"):
+    db = sqlite_file(uri)
+    if db is None:
         return None
-    folder = Path(db).resolve().parent
+    folder = db.resolve().parent
     return None if folder == Path.cwd().resolve() else (folder / "mlruns").as_uri()
 
 
