@@ -4,24 +4,31 @@ too), patterns."""
 from __future__ import annotations
 
 import glob
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
 from lrm import io
 from lrm.errors import ConfigError
 
+log = logging.getLogger("lrm")
 
-def _files_below(folder: Path) -> list[Path]:
+
+def _files_below(folder: Path, work: list[Path]) -> list[Path]:
     """Every file in `folder` and the folders below it, hidden ones (.name) aside: a log
-    exported a folder a day is taken whole, never skipped without a word."""
+    exported a folder a day is taken whole, never skipped without a word. Files under a
+    name that starts with _ go to `work`: Spark's and Hadoop's own (`_SUCCESS`, a job's
+    `_temporary/` attempts, half-written or repeated), not data; pyarrow's datasets and
+    Spark skip them too."""
     out: list[Path] = []
     for f in folder.iterdir():
         if f.name.startswith("."):
             continue
+        into = work if f.name.startswith("_") else out
         if f.is_dir():
-            out += _files_below(f)
+            into += _files_below(f, work)
         elif f.is_file():
-            out.append(f)
+            into.append(f)
     return out
 
 
@@ -33,7 +40,12 @@ def expand(paths: list[Path], names: tuple[str, ...], patterns: bool) -> list[Pa
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found = io.in_order(f for f in _files_below(p) if f.name.endswith(names))
+            work: list[Path] = []
+            found = io.in_order(f for f in _files_below(p, work) if f.name.endswith(names))
+            if skipped := [f for f in work if f.name.endswith(names)]:
+                log.warning("%s: %d file(s) under a name that starts with _ not read (%s): a "
+                            "job's work files (Spark, Hadoop), not its output; rename them to "
+                            "read them", p, len(skipped), skipped[0])
             if not found:
                 raise ConfigError(f"{p}: no {' or '.join('*' + n for n in names)} files in "
                                   f"this folder")

@@ -144,6 +144,30 @@ def test_files_in_subfolders_of_a_folder_are_read(tmp_path):
     assert (m["rows"], m["files"]) == (160, 3)  # day1/, day2/ and top.csv; .hidden/ is not
 
 
+def test_a_spark_output_folder_is_read_without_its_work_files(tmp_path, caplog):
+    """A folder as Spark writes it (`df.write.csv(DIR)`): its part files are the log; its
+    `_SUCCESS` marker and a task's attempt left in `_temporary/` (here cut mid-line, as a
+    killed task leaves it) are not, and the attempt not read is said. Red with names that
+    start with _ walked like any other (the attempt's rows read: a bad row, or the rows
+    twice)."""
+    log = _log()
+    (tmp_path / "in" / "_temporary" / "0" / "_temporary" / "attempt_0").mkdir(parents=True)
+    write(log.head(150), tmp_path / "in" / "part-00000.csv")
+    write(log.slice(150), tmp_path / "in" / "part-00001.csv")
+    (tmp_path / "in" / "_SUCCESS").write_bytes(b"")
+    attempt = tmp_path / "in" / "_temporary" / "0" / "_temporary" / "attempt_0" / "part-00001.csv"
+    text = write(log.slice(150), attempt).read_bytes()
+    attempt.write_bytes(text[:len(text) // 2])
+    with caplog.at_level("WARNING", logger="lrm"):
+        rc, err = _run(str(tmp_path / "in"), *FLAGS, "--out", str(tmp_path / "out"),
+                       "--metrics", str(tmp_path / "m.json"))
+    assert rc == 0, err
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert (m["rows"], m["files"]) == (300, 2)
+    said = [r.getMessage() for r in caplog.records if "_temporary" in r.getMessage()]
+    assert said and "1 file(s) under a name that starts with _ not read" in said[0], said
+
+
 def test_a_field_of_megabytes_is_read(tmp_path):
     """A 2 MB value (a history export gone long): the next block was sized for a chunk of
     rows like it (~400 GB: MemoryError); it is capped, and the value goes in."""
