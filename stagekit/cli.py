@@ -155,7 +155,6 @@ def _click_type(tp: Any) -> Any:
     return tp if tp in (int, float, bool) else str
 
 
-
 def setup_logging() -> None:
     """lrm's own INFO lines on stderr; libraries (fbgemm, torchrec, ...) only from WARNING."""
     progress.setup_logging()
@@ -296,6 +295,7 @@ def command(stage: Stage) -> Callable[..., None]:
         files = kw.pop("params", None) or None
         force = bool(kw.pop("force", False))
         laid = kw.pop("config_file", None)
+        origin: dict[str, str] = {}  # a value's source where it is not its flag
         try:
             if laid is not None and stage.config_file is not None:  # under the flags
                 key = stage.config_file[1]
@@ -303,10 +303,11 @@ def command(stage: Stage) -> Callable[..., None]:
                     param = ConfigOption(f"{key}.{k}", None, "").param
                     if kw.get(param) is None:
                         kw[param] = v
+                        origin[f"{key}.{k}"] = f"{laid}: {k}"
             overrides = {opts[k].key: parse_option(opts[k], v) for k, v in kw.items()
                          if k in opts and v is not None}
             args = stage.beside_outputs({k: v for k, v in kw.items() if k not in opts})
-            params = load_params(files, overrides)
+            params = load_params(files, overrides, origin)
             with terminated_as_exit():
                 execute(stage, args, params, force=force)
         except LrmError as e:

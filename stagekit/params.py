@@ -106,8 +106,10 @@ def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
 
 
 def load_params(files: Sequence[Path] | None = None,
-                overrides: Mapping[str, Any] | None = None) -> ParamsConfig:
-    """The validated params: `files` laid over each other, then dotted `overrides`.
+                overrides: Mapping[str, Any] | None = None,
+                origin: Mapping[str, str] | None = None) -> ParamsConfig:
+    """The validated params: `files` laid over each other, then dotted `overrides` (flags,
+    or where `origin` names another source for a key: a mapping file's "FILE: key").
 
     files None: ./params.yaml when present, else the built-in defaults (said in a log
     line). A named file that does not exist, an unknown section or key, or a bad value is
@@ -134,8 +136,9 @@ def load_params(files: Sequence[Path] | None = None,
         named = _keys(msg.split(": ", 1)[0])  # an item's or entry's key is its option's
         given = [k for k in (overrides or {})  # (tune.space.lr[0] is --tune.space.lr's)
                  if any(h == k or h.startswith((f"{k}.", f"{k}[")) for h in named)]
-        if given:  # a value from the command line, not the file: say so
-            where = f"{', '.join(f'--{k}' for k in given)} (over {where})"
+        if given:  # a value from the command line (or a mapping file), not the file: say so
+            names = [(origin or {}).get(k, f"--{k}") for k in given]
+            where = f"{', '.join(names)} (over {where})"
         raise ConfigError(f"{where}: {msg}") from None
 
 

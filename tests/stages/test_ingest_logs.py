@@ -90,6 +90,26 @@ def test_a_mapping_file_lies_under_the_flags(tmp_path):
     assert rc == 2 and "no.yaml: mapping file not found" in err and not (tmp_path / "c").exists()
 
 
+def test_a_bad_value_in_a_mapping_file_names_the_file_and_its_key(tmp_path):
+    """A value of the wrong type in `--map FILE` (`time_unit: 5`, a number among the
+    categorical columns) is the file's: the error names FILE and the key (it named the flag
+    the value never came from, `--ingest.logs.time_unit`); a flag given over it is named as
+    the flag. Red with the mapping's keys not recorded as coming from the file."""
+    f = _log(tmp_path)
+    mapping = tmp_path / "map.yaml"
+    base = {"label": "click", "user": "uid", "item": "ad", "time": "when"}
+    for bad, key in (({"time_unit": 5}, "time_unit"), ({"categorical": ["bid", 3]},
+                                                      "categorical")):
+        mapping.write_text(yaml.safe_dump({**base, **bad}))
+        rc, _, err = _run(str(f), "--out", str(tmp_path / "o"), "--map", str(mapping))
+        assert rc == 2 and err.startswith(f"error: {mapping}: {key} (over "), err
+        assert not (tmp_path / "o").exists()
+    mapping.write_text(yaml.safe_dump({**base, "time_unit": 5}))
+    rc, _, err = _run(str(f), "--out", str(tmp_path / "o"), "--map", str(mapping),
+                      "--time-unit", "7")
+    assert rc == 2 and err.startswith("error: --ingest.logs.time_unit (over "), err
+
+
 @pytest.mark.parametrize("existed", [False, True])
 @pytest.mark.parametrize("bad,column,words", [
     ({"click": "2"}, "click", "0 or 1"), ({"ad": ""}, "ad", "missing id"),
